@@ -1,0 +1,45 @@
+# Facecast — every target creates or reuses the virtual environment itself.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.facecast-installed
+ARGS ?=
+
+.PHONY: setup sysdeps test lint format serve render bench clean
+
+setup: $(STAMP)
+
+# CPU torch 2.13.0 goes in first where there is no NVIDIA GPU, so the range in
+# pyproject.toml is already satisfied and pip never pulls a CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q torch==2.13.0; fi
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+# Debian packages the tests use: a real browser and offline speech synthesis.
+sysdeps:
+	@bash scripts/install_sysdeps.sh
+
+test: setup sysdeps
+	$(PY) -m pytest -q $(ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check pipeline realtime tests bench
+	$(VENV)/bin/ruff format --check pipeline realtime tests bench
+
+format: setup
+	$(VENV)/bin/ruff format pipeline realtime tests bench
+	$(VENV)/bin/ruff check --fix pipeline realtime tests bench
+
+serve: setup
+	$(VENV)/bin/facecast serve $(ARGS)
+
+render: setup
+	$(VENV)/bin/facecast render --reference pipeline/assets/reference.png --audio pipeline/assets/sample_speech.wav --out out/sample.mp4 $(ARGS)
+
+bench: setup
+	$(VENV)/bin/facecast bench --config rt720 --seconds 20 --json bench/results/rt720.json $(ARGS)
+
+clean:
+	rm -rf $(VENV) out .pytest_cache
