@@ -1,0 +1,290 @@
+"""Typed configuration: dataclasses for every module and stage, loaded from YAML presets.
+
+`load_config("tiny")` reads `configs/tiny.yaml`; a path to any YAML file works too. Unknown
+keys, wrong types and out-of-range values raise `ConfigError` naming the key and what is
+allowed. Sizes here are in pixels (video) or latent frames (schedule); see `latent_grid`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from pipeline.errors import ConfigError
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+ATTENTION_BACKENDS = ("sdpa", "flex", "facecast")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class VideoConfig:
+    width: int = 128
+    height: int = 128
+    fps: int = 25
+
+    def validate(self) -> None:
+        _check(
+            self.fps == 25, "video.fps", "must be 25 (the engine's audio/video clock assumes it)"
+        )
+        _check(16 <= self.width <= 4096, "video.width", "must be in [16, 4096]")
+        _check(16 <= self.height <= 4096, "video.height", "must be in [16, 4096]")
+
+
+@dataclass
+class VAEConfig:
+    latent_channels: int = 8
+    spatial_ratio: int = 8  # pixels per latent cell, a power of two
+    temporal_ratio: int = 1  # video frames per latent frame
+    channels: list[int] = field(default_factory=lambda: [16, 32, 64])  # high-res → low-res
+    res_blocks: int = 1
+    # Rows/cols of the full-res latent grid are padded to multiples of these so tokens per
+    # frame align with attention tiles (e.g. 720p, 16x: 80x45 → 80x48 = 30x128 tokens).
+    grid_multiple_h: int = 1
+    grid_multiple_w: int = 1
+
+    def validate(self) -> None:
+        levels = len(self.channels)
+        _check(levels >= 1, "vae.channels", "needs at least one level")
+        _check(
+            self.spatial_ratio == 2**levels,
+            "vae.spatial_ratio",
+            f"must equal 2**len(vae.channels) = {2**levels} (one 2x resample per level)",
+        )
+        _check(self.temporal_ratio in (1, 2, 4), "vae.temporal_ratio", "must be 1, 2 or 4")
+        _check(self.latent_channels >= 1, "vae.latent_channels", "must be >= 1")
+
+
+@dataclass
+class AudioEncoderConfig:
+    n_mels: int = 80
+    dim: int = 64
+    layers: int = 1
+    heads: int = 4
+    out_dim: int = 64
+    context_frames: int = 8  # left audio context per chunk, in video frames
+    lookahead_frames: int = 2  # right context: latency vs. lip-sync anticipation
+
+    def validate(self) -> None:
+        _check(self.dim % self.heads == 0, "audio.dim", "must be divisible by audio.heads")
+        _check(self.context_frames >= 0, "audio.context_frames", "must be >= 0")
+        _check(self.lookahead_frames >= 0, "audio.lookahead_frames", "must be >= 0")
+
+
+@dataclass
+class A2VConfig:
+    dim: int = 64
+    depth: int = 2
+    heads: int = 4
+    mlp_ratio: float = 4.0
+    patch: list[int] = field(default_factory=lambda: [1, 1, 1])  # (t, h, w)
+    downscale: int = 2  # the A2V grid is the full-res latent grid divided by this
+
+    def validate(self) -> None:
+        _check(self.dim % self.heads == 0, "a2v.dim", "must be divisible by a2v.heads")
+        _check((self.dim // self.heads) % 2 == 0, "a2v.heads", "head dim must be even (RoPE)")
+        _check(
+            len(self.patch) == 3 and self.patch[0] == 1,
+            "a2v.patch",
+            "must be [1, ph, pw] (no temporal patching: chunks are whole latent frames)",
+        )
+        _check(self.downscale in (1, 2, 4), "a2v.downscale", "must be 1, 2 or 4")
+
+
+@dataclass
+class SRConfig:
+    dim: int = 64
+    depth: int = 2
+    heads: int = 4
+    mlp_ratio: float = 4.0
+    window: int = 1  # each frame attends frames within ±window, plus the reference frame
+    noise: float = 0.1  # noise mixed into the one-step input
+
+    def validate(self) -> None:
+        _check(self.dim % self.heads == 0, "sr.dim", "must be divisible by sr.heads")
+        _check((self.dim // self.heads) % 2 == 0, "sr.heads", "head dim must be even (RoPE)")
+        _check(self.window >= 0, "sr.window", "must be >= 0")
+
+
+@dataclass
+class ScheduleConfig:
+    chunk_latents: int = 6  # latent frames per N chunk
+    first_chunk_latents: int = 4  # shorter first chunk: faster first frame
+    seam_latents: int = 1  # w: each I chunk regenerates w frames either side of a seam
+    boundary_latents: int = 2  # b: previous N chunk frames an N chunk is conditioned on
+
+    def validate(self) -> None:
+        w = self.seam_latents
+        _check(w >= 0, "schedule.seam_latents", "must be >= 0")
+        _check(self.boundary_latents >= 0, "schedule.boundary_latents", "must be >= 0")
+        for key in ("chunk_latents", "first_chunk_latents"):
+            _check(
+                getattr(self, key) >= 2 * w + 1,
+                f"schedule.{key}",
+                f"must be >= 2*seam_latents+1 = {2 * w + 1} so each chunk keeps a body",
+            )
+
+
+@dataclass
+class SamplerConfig:
+    steps: int = 4
+    shift: float = 3.0
+
+    def validate(self) -> None:
+        _check(1 <= self.steps <= 1000, "sampler.steps", "must be in [1, 1000]")
+        _check(self.shift > 0, "sampler.shift", "must be > 0")
+
+
+@dataclass
+class RuntimeConfig:
+    dtype: str = "float32"
+    attention: str = "sdpa"
+    weights: str | None = None  # safetensors path, or "package:NAME" for shipped weights
+    init_seed: int = 0  # used when weights is None: deterministic random init
+
+    def validate(self) -> None:
+        _check(self.dtype in DTYPES, "runtime.dtype", f"must be one of {DTYPES}")
+        _check(
+            self.attention in ATTENTION_BACKENDS,
+            "runtime.attention",
+            f"must be one of {ATTENTION_BACKENDS}",
+        )
+
+
+@dataclass
+class FacecastConfig:
+    name: str = "custom"
+    video: VideoConfig = field(default_factory=VideoConfig)
+    vae: VAEConfig = field(default_factory=VAEConfig)
+    audio: AudioEncoderConfig = field(default_factory=AudioEncoderConfig)
+    a2v: A2VConfig = field(default_factory=A2VConfig)
+    sr: SRConfig = field(default_factory=SRConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if dataclasses.is_dataclass(value):
+                value.validate()
+        grid = latent_grid(self)
+        _check(
+            grid.full_h % self.a2v.downscale == 0 and grid.full_w % self.a2v.downscale == 0,
+            "a2v.downscale",
+            f"must divide the latent grid {grid.full_h}x{grid.full_w}",
+        )
+        _, ph, pw = self.a2v.patch
+        _check(
+            grid.low_h % ph == 0 and grid.low_w % pw == 0,
+            "a2v.patch",
+            f"must divide the A2V latent grid {grid.low_h}x{grid.low_w}",
+        )
+
+
+@dataclass(frozen=True)
+class LatentGrid:
+    """Where pixels and latents meet: padded pixel size and both latent grids."""
+
+    full_h: int  # full-res latent rows (padded)
+    full_w: int
+    low_h: int  # A2V latent rows
+    low_w: int
+    pixel_h: int  # padded pixel size the VAE decodes to (then cropped to the video size)
+    pixel_w: int
+
+
+def latent_grid(cfg: FacecastConfig) -> LatentGrid:
+    s = cfg.vae.spatial_ratio
+    full_h = _round_up(math.ceil(cfg.video.height / s), cfg.vae.grid_multiple_h)
+    full_w = _round_up(math.ceil(cfg.video.width / s), cfg.vae.grid_multiple_w)
+    d = cfg.a2v.downscale
+    return LatentGrid(full_h, full_w, full_h // d, full_w // d, full_h * s, full_w * s)
+
+
+def load_config(name_or_path: str | Path, overrides: dict | None = None) -> FacecastConfig:
+    """Load a preset from `configs/` by name, or any YAML file by path, then validate it."""
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        path = CONFIG_DIR / f"{name_or_path}.yaml"
+        if not path.is_file():
+            known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+            raise ConfigError(f"unknown config {str(name_or_path)!r}; known configs: {known}")
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config {path} must be a mapping at the top level")
+    raw.setdefault("name", path.stem)
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(raw, dotted, value)
+    cfg = _build(FacecastConfig, raw, prefix="")
+    cfg.validate()
+    return cfg
+
+
+def _build(cls: type, raw: dict, prefix: str):
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(raw) - set(fields)
+    if unknown:
+        raise ConfigError(
+            f"unknown config key {prefix}{sorted(unknown)[0]!r}; allowed: {sorted(fields)}"
+        )
+    kwargs = {}
+    for name, value in raw.items():
+        hint = hints[name]
+        key = f"{prefix}{name}"
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, value, prefix=f"{key}.")
+        else:
+            kwargs[name] = _coerce(value, hint, key)
+    return cls(**kwargs)
+
+
+def _coerce(value, hint, key: str):
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        hint = next(t for t in options if t is not type(None))
+        origin = typing.get_origin(hint)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"config key {key!r} must be a list, got {value!r}")
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
+        raise ConfigError(f"config key {key!r} must be {hint.__name__}, got {value!r}")
+    return value
+
+
+def _set_dotted(raw: dict, dotted: str, value) -> None:
+    *parents, leaf = dotted.split(".")
+    node = raw
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[leaf] = value
+
+
+def _check(ok: bool, key: str, rule: str) -> None:
+    if not ok:
+        raise ConfigError(f"bad config value for {key}: {rule}")
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple

@@ -1,0 +1,253 @@
+"""Pipeline layer: the engine (models, loaded once) and sessions (one per stream).
+
+A session is the streaming mode: audio is pushed as it arrives, `generate_ready()` runs
+every chunk the audio so far allows and returns the new frames, `finish()` closes the
+stream. Batch mode (`render_file` in `pipeline.render`) is the same loop fed from a file.
+
+Rolling memory: between chunks a session keeps only the reference conditioning, the last
+few latent frames of the latest N chunk (boundary and anchors), the last `window` low-res
+frames for SR, the VAE decoder's causal cache, and the audio that later chunks still read.
+Nothing grows with the stream's duration.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pipeline.config import FacecastConfig, latent_grid
+from pipeline.models.a2v_dit import A2VDiT
+from pipeline.models.audio_encoder import SAMPLES_PER_FRAME, AudioEncoder
+from pipeline.models.sr_dit import SRDiT
+from pipeline.models.vae import VAE, Cache
+from pipeline.module import DTYPES, Module, build_seeded, resolve_weights_dir
+from pipeline.schedule import Chunk, ChunkPlan
+from pipeline.stages.a2v import A2VStage
+from pipeline.stages.context import ContextStage
+from pipeline.stages.decode import DecodeStage
+from pipeline.stages.init import InitStage, ReferenceCond
+from pipeline.stages.sr import SRStage
+from pipeline.timeline import AudioTimeline
+
+log = logging.getLogger("facecast.engine")
+
+
+@dataclass
+class FrameBatch:
+    start: int  # index of the first frame; frame n covers audio [n*40 ms, (n+1)*40 ms)
+    frames: np.ndarray  # uint8 (N, H, W, 3) RGB
+
+
+@dataclass
+class StageTimes:
+    """Wall seconds per stage, accumulated; used by progress output and benchmarks."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, stage: str, dt: float) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + dt
+
+
+def build_models(cfg: FacecastConfig, device: torch.device | str = "cpu") -> dict:
+    """The four models of a config, randomly initialised from `runtime.init_seed`."""
+    seed = cfg.runtime.init_seed
+    a, r = cfg.runtime.attention, cfg.vae.temporal_ratio
+    C = cfg.vae.latent_channels
+    return {
+        "vae": build_seeded(lambda: VAE(cfg.vae), seed + 1, device),
+        "audio": build_seeded(lambda: AudioEncoder(cfg.audio), seed + 2, device),
+        "a2v": build_seeded(lambda: A2VDiT(cfg.a2v, C, cfg.audio.out_dim, r, a), seed + 3, device),
+        "sr": build_seeded(lambda: SRDiT(cfg.sr, C, cfg.a2v.downscale, a), seed + 4, device),
+    }
+
+
+class Engine:
+    """Models and stages shared by all sessions of one config on one device."""
+
+    def __init__(self, cfg: FacecastConfig, modules: dict[str, Module]) -> None:
+        self.cfg = cfg
+        self.modules = modules
+        self.device = modules["vae"].device
+
+    @classmethod
+    def load(cls, cfg: FacecastConfig, device: str = "cpu") -> Engine:
+        dev = torch.device(device)
+        dtype = DTYPES[cfg.runtime.dtype]
+        weights = resolve_weights_dir(cfg.runtime.weights) if cfg.runtime.weights else None
+        models = build_models(cfg, dev)
+        modules = {}
+        for name, model in models.items():
+            # the audio front end (STFT, mel) stays fp32; the rest runs in the config's dtype
+            mod_dtype = torch.float32 if name == "audio" else dtype
+            modules[name] = Module(name, model, mod_dtype, dev).load(weights).place()
+        return cls(cfg, modules)
+
+    def new_session(
+        self,
+        reference_rgb: np.ndarray,
+        seed: int = 0,
+        sinks: list[Callable[[FrameBatch], None]] | None = None,
+    ) -> Session:
+        return Session(self, reference_rgb, seed, sinks or [])
+
+
+class Session:
+    """One open-ended stream: push audio, collect frames in order, each exactly once."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        reference_rgb: np.ndarray,
+        seed: int,
+        sinks: list[Callable[[FrameBatch], None]],
+    ) -> None:
+        cfg = engine.cfg
+        self.cfg = cfg
+        self.seed = seed
+        self.sinks = sinks
+        self.plan = ChunkPlan(cfg.schedule)
+        self.r = cfg.vae.temporal_ratio
+        m = engine.modules
+        self.context = ContextStage(m["audio"], cfg, seed)
+        self.a2v = A2VStage(m["a2v"], cfg.sampler)
+        self.sr = SRStage(m["sr"], seed)
+        self.decode = DecodeStage(m["vae"], cfg.video.width, cfg.video.height)
+        self.times = StageTimes()
+        self.timeline = AudioTimeline()
+
+        t = time.perf_counter()
+        self.ref: ReferenceCond | None = InitStage(m["vae"], cfg).run(reference_rgb)
+        self.times.add("init", time.perf_counter() - t)
+
+        self.next_n = 0  # index of the next N chunk to generate
+        self.latents: dict[int, Tensor] = {}  # absolute latent pos → (1, C, 1, h, w), rolling
+        self.sr_context: Tensor | None = None  # last `window` emitted low-res frames
+        self.vae_cache: Cache | None = None
+        self.segments = 0
+        self.frames_emitted = 0
+        self.total_frames: int | None = None  # known once the stream ends
+        # the latest chunks in execution order, for tests and metrics (bounded)
+        self.chunk_log: deque[Chunk] = deque(maxlen=64)
+        self.closed = False
+
+    # -- streaming API -----------------------------------------------------------------
+    def push_audio(self, samples: np.ndarray) -> None:
+        if self.total_frames is not None:
+            raise RuntimeError("push_audio after finish(): the stream has ended")
+        self.timeline.append(samples)
+
+    def generate_ready(self) -> list[FrameBatch]:
+        """Run every N chunk (and its I chunk) whose audio, lookahead included, has arrived."""
+        out: list[FrameBatch] = []
+        while self._audio_ready(self.next_n):
+            out += self._advance()
+        return out
+
+    def finish(self) -> list[FrameBatch]:
+        """End of stream: generate up to round(seconds * 25) frames and emit the rest."""
+        if self.total_frames is not None:
+            return []
+        self.total_frames = round(self.timeline.total / SAMPLES_PER_FRAME)
+        needed = -(-self.total_frames // self.r)
+        out: list[FrameBatch] = []
+        while self.next_n == 0 or self.plan.n_end(self.next_n - 1) < needed:
+            if self.total_frames == 0:
+                break
+            out += self._advance()
+        if self.next_n > 0:
+            out += self._emit(*self.plan.tail(self.next_n - 1))
+        self._release()
+        return out
+
+    def close(self) -> None:
+        self._release()
+        self.ref = None
+        self.closed = True
+
+    # -- internals ---------------------------------------------------------------------
+    def _audio_ready(self, k: int) -> bool:
+        chunk = self.plan.n_chunk(k)
+        _, needed_sample = self.context.audio_window(chunk)
+        return self.total_frames is None and self.timeline.total >= needed_sample
+
+    def _advance(self) -> list[FrameBatch]:
+        """Generate N_k, then I_{k-1}; emit what became final: I_{k-1} and N_k's body."""
+        k = self.next_n
+        n = self.plan.n_chunk(k)
+        n_lat = self._generate(n)
+        for i in range(n.length):
+            self.latents[n.start + i] = n_lat[:, :, i : i + 1]
+        out: list[FrameBatch] = []
+        if k > 0 and self.plan.w > 0:
+            ic = self.plan.i_chunk(k - 1)
+            i_lat = self._generate(ic)
+            out += self._emit_latents(i_lat[:, :, 1:-1], ic.emit[0])
+        out += self._emit(*n.emit)
+        self.next_n += 1
+        self._trim_memory()
+        return out
+
+    def _generate(self, chunk: Chunk) -> Tensor:
+        self.chunk_log.append(chunk)
+        t = time.perf_counter()
+        ctx = self.context.run(self.timeline, chunk, self.latents)
+        self.times.add("context", time.perf_counter() - t)
+        t = time.perf_counter()
+        lat = self.a2v.run(ctx, self.ref)
+        self.times.add("a2v", time.perf_counter() - t)
+        return lat
+
+    def _emit(self, begin: int, end: int) -> list[FrameBatch]:
+        if end <= begin:
+            return []
+        lat = torch.cat([self.latents[p] for p in range(begin, end)], dim=2)
+        return self._emit_latents(lat, begin)
+
+    def _emit_latents(self, low: Tensor, begin: int) -> list[FrameBatch]:
+        """SR + decode one segment of final low-res latents and hand its frames to sinks."""
+        first_frame = begin * self.r
+        if self.total_frames is not None and first_frame >= self.total_frames:
+            return []
+        assert first_frame == self.frames_emitted, "frames must leave in order, each once"
+        t = time.perf_counter()
+        ctx_n = 0 if self.sr_context is None else self.sr_context.shape[2]
+        seq = low if self.sr_context is None else torch.cat([self.sr_context, low], dim=2)
+        full = self.sr.run(seq, ctx_n, self.ref, self.segments)
+        w = self.cfg.sr.window
+        self.sr_context = seq[:, :, seq.shape[2] - min(w, seq.shape[2]) :] if w else None
+        self.times.add("sr", time.perf_counter() - t)
+        t = time.perf_counter()
+        frames, self.vae_cache = self.decode.run(full, self.vae_cache)
+        self.times.add("decode", time.perf_counter() - t)
+        self.segments += 1
+        if self.total_frames is not None:
+            frames = frames[: max(0, self.total_frames - first_frame)]
+        batch = FrameBatch(first_frame, frames)
+        self.frames_emitted = first_frame + len(frames)
+        for sink in self.sinks:
+            sink(batch)
+        return [batch]
+
+    def _trim_memory(self) -> None:
+        """Keep only latents that the next N chunk's boundary and the next I chunk read."""
+        last = self.next_n - 1
+        keep_from = min(
+            self.plan.n_end(last) - self.plan.b, self.plan.n_end(last) - self.plan.w - 1
+        )
+        for pos in [p for p in self.latents if p < keep_from]:
+            del self.latents[pos]
+        nxt = self.plan.n_chunk(self.next_n)
+        lo, _ = self.context.audio_window(self.plan.i_chunk(last) if self.plan.w else nxt)
+        self.timeline.drop_before(min(lo, self.context.audio_window(nxt)[0]))
+
+    def _release(self) -> None:
+        self.latents.clear()
+        self.sr_context = None
+        self.vae_cache = None

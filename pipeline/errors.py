@@ -1,0 +1,20 @@
+"""Typed exceptions for failures a user can fix (bad input, bad config, bad checkpoint).
+
+The CLI prints these as one line on stderr without a traceback; anything else is a bug.
+"""
+
+
+class FacecastError(Exception):
+    """Base class: a problem with what the user gave us, with a message saying how to fix it."""
+
+
+class ConfigError(FacecastError):
+    """An unknown config name, a bad key, or a value outside its allowed range."""
+
+
+class MediaError(FacecastError):
+    """A missing, unreadable, corrupt or unusable image or audio input."""
+
+
+class CheckpointError(FacecastError):
+    """A checkpoint that is missing, unreadable, or does not match the model's keys and shapes."""

@@ -1,0 +1,88 @@
+"""The one attention function every model calls, with a swappable backend.
+
+Backends (config `runtime.attention`):
+- `sdpa`: torch's scaled_dot_product_attention; the reference. A frame-window mask becomes
+  a dense boolean mask (built once per shape and kept).
+- `flex`: FlexAttention with a block mask whose blocks align with frames.
+- `facecast`: the project's Triton kernel (`pipeline.kernels.frame_attention`): block-sparse
+  by construction, with the bounded ("unchained") softmax.
+
+Shapes: q, k, v are (B, N, L, H) — batch, heads, tokens, head dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class FrameWindow:
+    """Sparsity of the SR stage: `ref_frames` reference frames, then video frames, each
+    `tokens_per_frame` contiguous tokens. A video frame's queries see the reference frames and
+    video frames within ±window; reference queries see only the reference frames."""
+
+    tokens_per_frame: int
+    window: int
+    ref_frames: int = 1
+
+
+def frame_window_dense_mask(num_tokens: int, spec: FrameWindow, device=None) -> Tensor:
+    """Boolean (L, L) mask, True where a query may attend a key."""
+    f = spec.tokens_per_frame
+    assert num_tokens % f == 0, "token count must be whole frames"
+    frame = torch.arange(num_tokens, device=device) // f  # frame id per token; ref first
+    q_frame, k_frame = frame[:, None], frame[None, :]
+    r = spec.ref_frames
+    q_is_ref, k_is_ref = q_frame < r, k_frame < r
+    near = (q_frame - k_frame).abs() <= spec.window
+    return torch.where(q_is_ref, k_is_ref, k_is_ref | (near & ~k_is_ref))
+
+
+class Attention(torch.nn.Module):
+    """Holds the backend choice and per-shape masks, so the hot path allocates nothing."""
+
+    def __init__(self, backend: str = "sdpa") -> None:
+        super().__init__()
+        self.backend = backend
+        self._masks: dict = {}
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, window: FrameWindow | None = None) -> Tensor:
+        if window is None:
+            return F.scaled_dot_product_attention(q, k, v)
+        if self.backend == "facecast":
+            from pipeline.kernels.frame_attention import frame_window_attention
+
+            return frame_window_attention(
+                q,
+                k,
+                v,
+                tokens_per_frame=window.tokens_per_frame,
+                window=window.window,
+                ref_frames=window.ref_frames,
+            )
+        key = (self.backend, q.shape[-2], window, q.device)
+        if key not in self._masks:
+            self._masks[key] = self._build_mask(q.shape[-2], window, q.device)
+        mask = self._masks[key]
+        if self.backend == "flex":
+            from torch.nn.attention.flex_attention import flex_attention
+
+            return flex_attention(q, k, v, block_mask=mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    def _build_mask(self, num_tokens: int, window: FrameWindow, device):
+        if self.backend == "flex":
+            from pipeline.kernels.frame_attention import frame_window_block_mask
+
+            return frame_window_block_mask(
+                num_tokens,
+                tokens_per_frame=window.tokens_per_frame,
+                window=window.window,
+                ref_frames=window.ref_frames,
+                device=device,
+            )
+        return frame_window_dense_mask(num_tokens, window, device)

@@ -1,0 +1,123 @@
+"""Building blocks shared by the two DiTs: 3D RoPE, adaLN modulation, the transformer block.
+
+Legend: B batch, L tokens, D model dim, N heads, H head dim, T latent frames.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from pipeline.models.attention import Attention, FrameWindow
+
+
+def rope_axis_dims(head_dim: int) -> tuple[int, int, int]:
+    """Split a head dim into even (t, h, w) parts; time gets the remainder."""
+    hw = 2 * (head_dim // 6)
+    return head_dim - 2 * hw, hw, hw
+
+
+def rope_angles(positions_L3: Tensor, head_dim: int, theta: float = 10000.0) -> Tensor:
+    """Rotation angles (L, H/2) for integer (t, h, w) positions of each token."""
+    parts = []
+    for axis, dim in enumerate(rope_axis_dims(head_dim)):
+        freqs = theta ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+        parts.append(positions_L3[:, axis, None].double() * freqs[None, :])
+    return torch.cat(parts, dim=-1).float()
+
+
+def apply_rope(x_BNLH: Tensor, cos_LH: Tensor, sin_LH: Tensor) -> Tensor:
+    x1, x2 = x_BNLH.float().unflatten(-1, (-1, 2)).unbind(-1)
+    out = torch.stack((x1 * cos_LH - x2 * sin_LH, x1 * sin_LH + x2 * cos_LH), dim=-1)
+    return out.flatten(-2).type_as(x_BNLH)
+
+
+def grid_positions(t: int, h: int, w: int, t_offset: int = 0) -> Tensor:
+    """(t*h*w, 3) integer positions in frame-major, row-major token order."""
+    tt, hh, ww = torch.meshgrid(
+        torch.arange(t) + t_offset, torch.arange(h), torch.arange(w), indexing="ij"
+    )
+    return torch.stack([tt, hh, ww], dim=-1).reshape(-1, 3)
+
+
+def timestep_embedding(t_B: Tensor, dim: int, max_period: float = 10000.0) -> Tensor:
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, device=t_B.device) / half)
+    args = t_B.float()[:, None] * 1000.0 * freqs[None, :]
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+def modulate(x_BLD: Tensor, shift_BD: Tensor, scale_BD: Tensor) -> Tensor:
+    return x_BLD * (1 + scale_BD[:, None, :]) + shift_BD[:, None, :]
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, dim: int, heads: int, backend: str) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.q_norm = nn.RMSNorm(dim // heads, eps=1e-6)
+        self.k_norm = nn.RMSNorm(dim // heads, eps=1e-6)
+        self.out = nn.Linear(dim, dim)
+        self.attend = Attention(backend)
+
+    def forward(self, x_BLD: Tensor, rope: tuple[Tensor, Tensor], window: FrameWindow | None):
+        B, L, D = x_BLD.shape
+        q, k, v = self.qkv(x_BLD).view(B, L, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        q, k = apply_rope(self.q_norm(q), *rope), apply_rope(self.k_norm(k), *rope)
+        o_BNLH = self.attend(q, k, v, window)
+        return self.out(o_BNLH.transpose(1, 2).reshape(B, L, D))
+
+
+class DiTBlock(nn.Module):
+    """Pre-norm transformer block with adaLN-style shift/scale/gate modulation.
+
+    The modulation vector comes from outside (timestep MLP) plus a learned per-block table,
+    so one shared projection serves every block (fewer parameters than a per-block MLP).
+    An optional per-frame conditioning vector (audio) is added to every token of its frame.
+    """
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: float, backend: str, cond_dim: int = 0):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.attn = SelfAttention(dim, heads, backend)
+        self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        hidden = int(dim * mlp_ratio)
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, dim)
+        )
+        self.modulation = nn.Parameter(torch.randn(6, dim) / dim**0.5)
+        self.cond = nn.Linear(cond_dim, dim) if cond_dim else None
+
+    def forward(self, x_BLD, mod_B6D, rope, window=None, cond_BLC=None):
+        shift1, scale1, gate1, shift2, scale2, gate2 = (mod_B6D + self.modulation).unbind(1)
+        if self.cond is not None and cond_BLC is not None:
+            x_BLD = x_BLD + self.cond(cond_BLC)
+        h = self.attn(modulate(self.norm1(x_BLD), shift1, scale1), rope, window)
+        x_BLD = x_BLD + gate1[:, None, :] * h
+        h = self.mlp(modulate(self.norm2(x_BLD), shift2, scale2))
+        return x_BLD + gate2[:, None, :] * h
+
+
+class FinalLayer(nn.Module):
+    def __init__(self, dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.modulation = nn.Parameter(torch.randn(2, dim) / dim**0.5)
+        self.linear = nn.Linear(dim, out_dim)
+
+    def forward(self, x_BLD: Tensor, emb_BD: Tensor) -> Tensor:
+        shift, scale = (emb_BD[:, None, :] + self.modulation).unbind(1)
+        return self.linear(modulate(self.norm(x_BLD), shift, scale))
+
+
+def silu_linear(dim_in: int, dim_out: int) -> nn.Sequential:
+    return nn.Sequential(nn.SiLU(), nn.Linear(dim_in, dim_out))
+
+
+def gelu_mlp(dim_in: int, dim_out: int) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Linear(dim_in, dim_out), nn.GELU(approximate="tanh"), nn.Linear(dim_out, dim_out)
+    )
