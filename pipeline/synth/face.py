@@ -193,6 +193,10 @@ def _circle(x: np.ndarray, y: np.ndarray, r) -> np.ndarray:
     return np.sqrt(x * x + y * y) - r
 
 
+def _disc(cx, cy, r) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    return lambda u, v: _circle(u - cx, v - cy, r)
+
+
 @dataclass
 class _Canvas:
     """A batch of frames being painted, with each frame's head-local coordinates."""
@@ -222,12 +226,13 @@ class _Canvas:
         colour,
         box: tuple[float, float, float, float] | None = None,
         opacity: float | np.ndarray = 1.0,
+        clip: np.ndarray | None = None,
     ) -> np.ndarray | None:
         """Composite `colour` where `shape(u, v) < 0`, with a one-pixel soft edge.
 
         `colour` is an RGB triple or a callable `(u, v) -> (..., 3)` for shading.
-        Returns the coverage (N, h, w) inside the window, for masks that clip later
-        shapes (the iris inside the eye).
+        Returns the coverage (N, h, w) inside the window, which later shapes in the
+        same window may pass as `clip` to stay inside it (the iris inside the eye).
         """
         ys, xs = self.roi(box) if box is not None else (slice(None), slice(None))
         u, v = self.u[:, ys, xs], self.v[:, ys, xs]
@@ -237,6 +242,8 @@ class _Canvas:
         if not np.isscalar(opacity):
             opacity = opacity[:, None, None] if np.ndim(opacity) == 1 else opacity
         alpha = alpha * opacity
+        if clip is not None:
+            alpha = np.minimum(alpha, clip)
         col = colour(u, v) if callable(colour) else np.asarray(colour, np.float32)
         region = self.img[:, ys, xs]
         region += alpha[..., None] * (col - region)
@@ -515,24 +522,28 @@ def _paint_mouth(c: _Canvas, ident: FaceIdentity, m: MotionTrack, skin) -> None:
     def cavity(u, v):
         return _ellipse(u, v - cy, half_w * 0.86, half_gap + 1e-4)
 
-    alpha = c.paint(cavity, (0.16, 0.05, 0.06), box)
-    if alpha is None:
+    inside = c.paint(cavity, (0.16, 0.05, 0.06), box)
+    if inside is None:
         return
-    ys, xs = c.roi(box)
-    u, v = c.u[:, ys, xs], c.v[:, ys, xs]
-    region = c.img[:, ys, xs]
-
-    def clipped(sd, colour, strength=1.0):
-        a = np.minimum(np.clip(0.5 - sd / c.px, 0, 1), alpha) * strength
-        region[:] += a[..., None] * (np.asarray(colour, np.float32) - region)
-
-    clipped(_ellipse(u, v - bottom, half_w * 0.55, 0.45 * half_gap + 0.004), (0.62, 0.25, 0.28))
     teeth_h = (0.4 * gap + 0.01) * teeth
-    clipped(np.maximum(v - (top + teeth_h), np.abs(u) - half_w * 0.62), ident.teeth)
-    clipped(
-        np.maximum((bottom - 0.25 * teeth_h) - v, np.abs(u) - half_w * 0.45),
+    c.paint(
+        lambda u, v: _ellipse(u, v - bottom, half_w * 0.55, 0.45 * half_gap + 0.004),
+        (0.62, 0.25, 0.28),
+        box,
+        clip=inside,
+    )
+    c.paint(
+        lambda u, v: np.maximum(v - (top + teeth_h), np.abs(u) - half_w * 0.62),
+        ident.teeth,
+        box,
+        clip=inside,
+    )
+    c.paint(
+        lambda u, v: np.maximum((bottom - 0.25 * teeth_h) - v, np.abs(u) - half_w * 0.45),
         np.array(ident.teeth) * 0.9,
-        0.8,
+        box,
+        opacity=0.8,
+        clip=inside,
     )
     # The seam between closed lips, fading out as they part.
     seam = np.clip(1.0 - gap / 0.02, 0, 1)[..., 0, 0]
@@ -554,6 +565,8 @@ def _paint_eyes(c: _Canvas, ident: FaceIdentity, m: MotionTrack, skin) -> None:
     gx = (0.35 * ew * m.gaze_x)[:, None, None].astype(np.float32)
     gy = (0.2 * eh * m.gaze_y)[:, None, None].astype(np.float32)
     iris = np.array(ident.iris, np.float32)
+    ir = eh * 0.95
+    py = ey + gy  # pupil centre height
     for s in (-1.0, 1.0):
         ex = s * ident.eye_spacing
         box = (ex - ew - 0.03, ey - eh - 0.03, ex + ew + 0.03, ey + eh + 0.03)
@@ -570,23 +583,22 @@ def _paint_eyes(c: _Canvas, ident: FaceIdentity, m: MotionTrack, skin) -> None:
         def sclera(u, v, ex=ex, cy=cy, h=h):
             return _ellipse(u - ex, v - cy, ew, h)
 
-        eye_alpha = c.paint(sclera, (0.96, 0.95, 0.93), box)
-        ys, xs = c.roi(box)
-        u, v = c.u[:, ys, xs], c.v[:, ys, xs]
-        region = c.img[:, ys, xs]
+        inside = c.paint(sclera, (0.96, 0.95, 0.93), box)
+        # Iris, pupil and a catch-light, all inside the visible eye.
+        px = ex + gx
+        for dx, dy, r, colour in (
+            (0.0, 0.0, ir, iris),
+            (0.0, 0.0, ir * 0.45, (0.03, 0.03, 0.04)),
+            (-0.35 * ir, -0.35 * ir, ir * 0.2, (1.0, 1.0, 1.0)),
+        ):
+            c.paint(_disc(px + dx, py + dy, r), colour, box, clip=inside)
 
-        def clipped(sd, colour):
-            a = np.minimum(np.clip(0.5 - sd / c.px, 0, 1), eye_alpha)
-            region[:] += a[..., None] * (np.asarray(colour, np.float32) - region)
-
-        ir = eh * 0.95
-        clipped(_circle(u - ex - gx, v - ey - gy, ir), iris)
-        clipped(_circle(u - ex - gx, v - ey - gy, ir * 0.45), (0.03, 0.03, 0.04))
-        clipped(_circle(u - ex - gx + ir * 0.35, v - ey - gy + ir * 0.35, ir * 0.2), (1, 1, 1))
         # Upper lid line (lashes), following the lid as it closes.
-        lid = np.abs(_ellipse(u - ex, v - cy, ew, h)) - 0.008
-        lid = np.maximum(lid, v - cy + 0.3 * h)
-        region[:] += np.clip(0.5 - lid / c.px, 0, 1)[..., None] * (0.1 - region) * 0.9
+        def lid(u, v, ex=ex, cy=cy, h=h):
+            ring = np.abs(_ellipse(u - ex, v - cy, ew, h)) - 0.008
+            return np.maximum(ring, v - cy + 0.3 * h)
+
+        c.paint(lid, (0.1, 0.1, 0.1), box, opacity=0.9)
 
 
 def _paint_brows(c: _Canvas, ident: FaceIdentity, m: MotionTrack, hair) -> None:
@@ -599,7 +611,7 @@ def _paint_brows(c: _Canvas, ident: FaceIdentity, m: MotionTrack, hair) -> None:
         bx = s * ident.eye_spacing
         ang = s * ident.brow_angle
 
-        def brow(u, v, bx=bx, ang=ang):
+        def brow(u, v, s=s, bx=bx, ang=ang):
             x = u - bx
             y = v - by + raise_
             ca, sa = np.cos(ang), np.sin(ang)
