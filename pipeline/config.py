@@ -240,7 +240,7 @@ def _build(cls: type, raw: dict, prefix: str):
     unknown = set(raw) - set(fields)
     if unknown:
         raise ConfigError(
-            f"unknown config key {prefix}{sorted(unknown)[0]!r}; allowed: {sorted(fields)}"
+            f"unknown config key '{prefix}{sorted(unknown)[0]}'; allowed: {sorted(fields)}"
         )
     kwargs = {}
     for name, value in raw.items():

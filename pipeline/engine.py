@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pipeline.config import FacecastConfig, latent_grid
+from pipeline.config import FacecastConfig
 from pipeline.models.a2v_dit import A2VDiT
 from pipeline.models.audio_encoder import SAMPLES_PER_FRAME, AudioEncoder
 from pipeline.models.sr_dit import SRDiT

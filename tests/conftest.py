@@ -1,0 +1,71 @@
+"""Shared fixtures: small real inputs made offline (espeak-ng speech, a synthetic photo)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+from pipeline.config import load_config
+from pipeline.engine import Engine
+
+
+def write_png(path: Path, rgb: np.ndarray) -> Path:
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("png")
+        s.width, s.height, s.pix_fmt = rgb.shape[1], rgb.shape[0], "rgb24"
+        c.mux(s.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
+        c.mux(s.encode(None))
+    return path
+
+
+def write_wav(path: Path, samples: np.ndarray, rate: int = 16_000, channels: int = 1) -> Path:
+    """float samples in [-1, 1], shape (n,) or (n, channels) → 16-bit PCM WAV."""
+    pcm = (np.clip(samples, -1, 1) * 32767).astype(np.int16).reshape(-1, channels)
+    with av.open(str(path), "w", format="wav") as c:
+        s = c.add_stream("pcm_s16le", rate=rate)
+        s.layout = "mono" if channels == 1 else "stereo"
+        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16",
+                                           layout=s.layout.name)
+        frame.sample_rate = rate
+        c.mux(s.encode(frame))
+        c.mux(s.encode(None))
+    return path
+
+
+def synthetic_reference(h: int = 160, w: int = 128) -> np.ndarray:
+    """A face-like test card: background gradient, skin oval, eyes, mouth."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    img = np.zeros((h, w, 3), np.uint8)
+    img[..., 2] = (60 + 120 * yy / h).astype(np.uint8)
+    face = ((yy - h * 0.5) / (h * 0.35)) ** 2 + ((xx - w * 0.5) / (w * 0.3)) ** 2 < 1
+    img[face] = (220, 180, 150)
+    for ex in (0.38, 0.62):
+        eye = ((yy - h * 0.42) ** 2 + (xx - w * ex) ** 2) < (w * 0.04) ** 2
+        img[eye] = (30, 30, 40)
+    mouth = (np.abs(yy - h * 0.65) < h * 0.02) & (np.abs(xx - w * 0.5) < w * 0.12)
+    img[mouth] = (150, 40, 50)
+    return img
+
+
+@pytest.fixture(scope="session")
+def assets(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("assets")
+    out = {"reference": write_png(d / "reference.png", synthetic_reference())}
+    if shutil.which("espeak-ng") is None:
+        pytest.fail("espeak-ng is missing: run `make sysdeps` (apt-get install espeak-ng)")
+    speech = d / "speech_22k.wav"
+    subprocess.run(["espeak-ng", "-s", "170", "-w", str(speech),
+                    "Hello there. This is Facecast, a talking avatar made of pixels."],
+                   check=True)
+    out["speech"] = speech
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_engine() -> Engine:
+    return Engine.load(load_config("tiny"), "cpu")

@@ -1,0 +1,131 @@
+"""Shared helpers for the real-time tests: speech WAVs with known edges, a live server.
+
+Speech is synthesised at test time with Debian's espeak-ng; each utterance is trimmed of its
+own leading/trailing silence and joined with digital silence of known length, so the true
+speech edges are known to the sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import subprocess
+import wave
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import av
+import numpy as np
+
+RATE = 48_000
+
+
+@dataclass
+class SpeechWav:
+    path: Path
+    pcm: np.ndarray  # int16 mono at 48 kHz
+    segments: list[tuple[float, float]] = field(default_factory=list)  # true speech (s, s)
+
+    @property
+    def duration(self) -> float:
+        return self.pcm.size / RATE
+
+
+def espeak(text: str, voice: str = "en", speed: int = 160) -> np.ndarray:
+    """One utterance as int16 mono 48 kHz, trimmed to its audible part."""
+    exe = shutil.which("espeak-ng")
+    assert exe, "espeak-ng is required (make sysdeps)"
+    raw = subprocess.run(
+        [exe, "-v", voice, "-s", str(speed), "--stdout", text], check=True, capture_output=True
+    ).stdout
+    with contextlib.closing(av.open(__import__("io").BytesIO(raw), format="wav")) as box:
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE)
+        chunks = [
+            f.to_ndarray().reshape(-1)
+            for frame in box.decode(audio=0)
+            for f in resampler.resample(frame)
+        ]
+        chunks += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+    pcm = np.concatenate(chunks).astype(np.int16)
+    loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > 300)
+    return pcm[loud[0] : loud[-1] + 1]
+
+
+def make_speech_wav(path: Path, plan: list[str | float], voice: str = "en") -> SpeechWav:
+    """Build a WAV from a plan: strings are spoken, floats are seconds of digital silence."""
+    parts: list[np.ndarray] = []
+    segments: list[tuple[float, float]] = []
+    pos = 0
+    for item in plan:
+        if isinstance(item, str):
+            pcm = espeak(item, voice)
+            segments.append((pos / RATE, (pos + pcm.size) / RATE))
+        else:
+            pcm = np.zeros(int(round(item * RATE)), np.int16)
+        parts.append(pcm)
+        pos += pcm.size
+    pcm = np.concatenate(parts)
+    write_wav(path, pcm)
+    return SpeechWav(path, pcm, segments)
+
+
+def write_wav(path: Path, pcm: np.ndarray, rate: int = RATE) -> None:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(np.asarray(pcm, np.int16).tobytes())
+
+
+def tone_wav(path: Path, seconds: float, freq: float, amp: float = 0.3) -> np.ndarray:
+    t = np.arange(int(seconds * RATE)) / RATE
+    pcm = (amp * 32767 * np.sin(2 * np.pi * freq * t)).astype(np.int16)
+    write_wav(path, pcm)
+    return pcm
+
+
+_ENGINE = None
+
+
+def load_test_engine():
+    """The real engine on CPU with the `tiny` config, loaded once per test process."""
+    global _ENGINE
+    if _ENGINE is None:
+        import os
+
+        if os.environ.get("FACECAST_DEV_FAKE_ENGINE"):  # dev-only, removed before review
+            import sys
+
+            sys.path.insert(0, "/tmp/fake")
+            import fake_engine
+
+            _ENGINE = fake_engine.Engine.load()
+        else:
+            from pipeline.config import load_config
+            from pipeline.engine import Engine
+
+            _ENGINE = Engine.load(load_config("tiny"), device="cpu")
+    return _ENGINE
+
+
+@contextlib.asynccontextmanager
+async def running_server(**overrides) -> AsyncIterator[tuple[str, object]]:
+    """Start the real aiohttp app on a loopback port; yields (base_url, app state)."""
+    from aiohttp import web
+
+    from realtime.server import ServerConfig, build_app
+
+    config = ServerConfig(port=0, **overrides)
+    engine = await asyncio.to_thread(load_test_engine)
+    app = build_app(config, engine=engine)
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        await runner.cleanup()
