@@ -1,0 +1,450 @@
+"""A Python WebRTC client for Facecast (aiortc): stream speech in, record the avatar out.
+
+As a library (what an agent or a test uses):
+
+    source = PcmSource.from_wav("hello.wav", speed=1.0)   # or PcmSource(); source.push(pcm)
+    async with FacecastClient("http://127.0.0.1:8080", source, record_to="out.mp4") as c:
+        await c.wait_frames(250)
+        played_ms = await c.interrupt()
+        print(c.stats())
+
+As a command: `python -m realtime.client http://127.0.0.1:8080 --wav hello.wav --out a.mp4`
+prints time to first frame, fps and the A/V offset as JSON.
+
+The A/V offset is measured from timestamps: both received tracks are placed on their RTP
+timelines (video frame n at n·40 ms, audio by sample), the received audio is aligned with
+the audio that was sent by cross-correlation, and the offset is where the sent content
+appears in the returned audio relative to the video frame generated from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fractions
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import av
+import numpy as np
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from realtime.audio_in import float_to_s16
+
+RATE = 48_000
+FRAME = 960  # 20 ms
+FPS = 25
+log = logging.getLogger(__name__)
+
+
+class PcmSource(MediaStreamTrack):
+    """Outgoing microphone-like audio: queued PCM, then silence, 20 ms per frame.
+
+    `speed` 1.0 sends in real time; 2.0 twice as fast (an agent pushing TTS ahead).
+    After the queued audio runs out it keeps sending silence like a muted mic, so the
+    call stays alive; `ended_at` is when the last queued sample was sent.
+    """
+
+    kind = "audio"
+
+    def __init__(self, pcm: np.ndarray | None = None, speed: float = 1.0) -> None:
+        super().__init__()
+        if speed <= 0:
+            raise ValueError("speed must be > 0")
+        self.speed = speed
+        self._buf = np.zeros(0, np.int16)
+        self.sent = np.zeros(0, np.int16)  # everything sent, for alignment
+        self._index = 0
+        self._t0: float | None = None
+        self.started_at: float | None = None  # monotonic time of the first frame
+        self.ended_at: float | None = None
+        if pcm is not None:
+            self.push(pcm)
+
+    @classmethod
+    def from_wav(cls, path: str | Path, speed: float = 1.0) -> PcmSource:
+        return cls(read_audio(path), speed)
+
+    def push(self, pcm: np.ndarray, rate: int = RATE) -> None:
+        """Queue mono PCM (int16, or float in [-1, 1]; NaN/clipping tolerated)."""
+        pcm = np.asarray(pcm).reshape(-1)
+        if pcm.dtype != np.int16:
+            pcm = float_to_s16(pcm)
+        if rate != RATE:
+            pcm = resample_s16(pcm, rate)
+        self._buf = np.concatenate([self._buf, pcm])
+        self.ended_at = None
+
+    @property
+    def queued(self) -> int:
+        return self._buf.size
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        now = time.monotonic()
+        if self._t0 is None:
+            self._t0 = self.started_at = now
+        deadline = self._t0 + self._index * FRAME / RATE / self.speed
+        if deadline > now:
+            await asyncio.sleep(deadline - now)
+        chunk, self._buf = self._buf[:FRAME], self._buf[FRAME:]
+        if chunk.size < FRAME:
+            if chunk.size or self.ended_at is None:
+                self.ended_at = time.monotonic()
+            chunk = np.concatenate([chunk, np.zeros(FRAME - chunk.size, np.int16)])
+        self.sent = np.concatenate([self.sent, chunk])
+        frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = RATE
+        frame.pts = self._index * FRAME
+        frame.time_base = fractions.Fraction(1, RATE)
+        self._index += 1
+        return frame
+
+
+@dataclass
+class Received:
+    """What came back: video frames and audio, each with RTP-derived pts and arrival time."""
+
+    video_pts: list[int] = field(default_factory=list)  # 90 kHz, first frame = 0
+    video_arrival: list[float] = field(default_factory=list)
+    frames: list[np.ndarray] = field(default_factory=list)  # kept when keep_frames
+    audio_pts: list[int] = field(default_factory=list)  # 48 kHz
+    audio_arrival: list[float] = field(default_factory=list)
+    audio: list[np.ndarray] = field(default_factory=list)  # int16 mono per frame
+
+    def audio_timeline(self) -> np.ndarray:
+        """Received audio placed by pts (relative to the first packet), mono int16."""
+        if not self.audio:
+            return np.zeros(0, np.int16)
+        base = self.audio_pts[0]
+        end = max(p - base + a.size for p, a in zip(self.audio_pts, self.audio, strict=True))
+        out = np.zeros(end, np.int16)
+        for pts, pcm in zip(self.audio_pts, self.audio, strict=True):
+            out[pts - base : pts - base + pcm.size] = pcm
+        return out
+
+
+class FacecastClient:
+    """One call to a Facecast server."""
+
+    def __init__(
+        self,
+        url: str,
+        source: PcmSource,
+        token: str | None = None,
+        seed: int = 0,
+        record_to: str | Path | None = None,
+        keep_frames: bool = False,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.source = source
+        self.token = token
+        self.seed = seed
+        self.keep_frames = keep_frames
+        self.received = Received()
+        self.events: list[dict] = []  # data-channel messages, each with "_t" (monotonic)
+        self.session_id: str | None = None
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self._channel = self.pc.createDataChannel("facecast")
+        self._tasks: list[asyncio.Task] = []
+        self._writer = Mp4Writer(record_to) if record_to else None
+        self._new_frame = asyncio.Condition()
+        self._new_event = asyncio.Condition()
+        self._interrupts: asyncio.Queue[int] = asyncio.Queue(maxsize=16)
+
+    async def __aenter__(self) -> FacecastClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    async def connect(self) -> None:
+        self.pc.addTrack(self.source)
+        self.pc.addTransceiver("video", direction="recvonly")
+        self.pc.on("track", self._on_track)
+        self._channel.on("message", self._on_message)
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        offer = {"sdp": self.pc.localDescription.sdp, "type": "offer", "seed": self.seed}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{self.url}/offer", json=offer, headers=self._headers()) as r:
+                body = await r.json(content_type=None)
+                if r.status != 200:
+                    await self.pc.close()
+                    raise ConnectionError(f"offer refused ({r.status}): {body.get('error')}")
+        self.session_id = body["session_id"]
+        await self.pc.setRemoteDescription(RTCSessionDescription(body["sdp"], body["type"]))
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        consume = self._consume_video if track.kind == "video" else self._consume_audio
+        self._tasks.append(asyncio.ensure_future(consume(track)))
+
+    async def _consume_video(self, track: MediaStreamTrack) -> None:
+        try:
+            while True:
+                frame = await track.recv()
+                now = time.monotonic()
+                rec = self.received
+                rec.video_pts.append(int(frame.pts))
+                rec.video_arrival.append(now)
+                rgb = frame.to_ndarray(format="rgb24")
+                if self.keep_frames:
+                    rec.frames.append(rgb)
+                if self._writer:
+                    await asyncio.to_thread(self._writer.video, rgb, frame.pts)
+                async with self._new_frame:
+                    self._new_frame.notify_all()
+        except MediaStreamError:
+            pass
+
+    async def _consume_audio(self, track: MediaStreamTrack) -> None:
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE)
+        try:
+            while True:
+                frame = await track.recv()
+                pts = int(frame.pts)
+                frame.pts = None
+                pcm = np.concatenate(
+                    [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
+                    or [np.zeros(0, np.int16)]
+                )
+                self.received.audio_pts.append(pts)
+                self.received.audio_arrival.append(time.monotonic())
+                self.received.audio.append(pcm)
+                if self._writer:
+                    await asyncio.to_thread(self._writer.audio, pcm, pts)
+        except MediaStreamError:
+            pass
+
+    def _on_message(self, raw: str | bytes) -> None:
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            log.warning("non-JSON data channel message: %r", raw)
+            return
+        msg["_t"] = time.monotonic()
+        self.events.append(msg)
+        if msg.get("type") == "interrupted" and not self._interrupts.full():
+            self._interrupts.put_nowait(int(msg["played_ms"]))
+        asyncio.ensure_future(self._notify_event())
+
+    async def _notify_event(self) -> None:
+        async with self._new_event:
+            self._new_event.notify_all()
+
+    async def wait_frames(self, count: int, timeout: float = 60.0) -> None:
+        """Wait until `count` video frames have arrived."""
+
+        async def wait() -> None:
+            async with self._new_frame:
+                await self._new_frame.wait_for(lambda: len(self.received.video_pts) >= count)
+
+        await asyncio.wait_for(wait(), timeout)
+
+    async def wait_event(self, kind: str, timeout: float = 30.0, after: float = 0.0) -> dict:
+        """Wait for a data-channel message of `kind` received after monotonic time `after`."""
+
+        def found() -> dict | None:
+            return next((e for e in self.events if e["type"] == kind and e["_t"] > after), None)
+
+        async def wait() -> None:
+            async with self._new_event:
+                await self._new_event.wait_for(lambda: found() is not None)
+
+        await asyncio.wait_for(wait(), timeout)
+        return found()  # type: ignore[return-value]
+
+    async def interrupt(self, timeout: float = 5.0) -> int:
+        """Interrupt over the data channel; returns the played position in ms."""
+        if self._channel.readyState != "open":
+            raise ConnectionError("data channel is not open")
+        self._channel.send(json.dumps({"type": "interrupt"}))
+        return await asyncio.wait_for(self._interrupts.get(), timeout)
+
+    async def close(self, release: bool = True) -> None:
+        """Hang up; with `release`, also ask the server to drop the session right away."""
+        if release and self.session_id:
+            try:
+                async with aiohttp.ClientSession() as http:
+                    await http.delete(
+                        f"{self.url}/sessions/{self.session_id}", headers=self._headers()
+                    )
+            except aiohttp.ClientError:
+                pass
+        await self.pc.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._writer:
+            await asyncio.to_thread(self._writer.close)
+
+    def stats(self) -> dict:
+        rec = self.received
+        out: dict = {"frames": len(rec.video_pts), "session_id": self.session_id}
+        if self.source.started_at is not None and rec.video_arrival:
+            out["ttff_ms"] = round((rec.video_arrival[0] - self.source.started_at) * 1000)
+        if len(rec.video_arrival) > 1:
+            span = rec.video_arrival[-1] - rec.video_arrival[0]
+            out["fps"] = round((len(rec.video_arrival) - 1) / span, 2)
+            pts_span = (rec.video_pts[-1] - rec.video_pts[0]) / 90_000
+            out["fps_pts"] = round((len(rec.video_pts) - 1) / pts_span, 2) if pts_span else None
+        offset = av_offset_ms(rec, self.source.sent)
+        if offset is not None:
+            out["av_offset_ms"] = round(offset, 1)
+        out["arrival_skew_ms"] = arrival_skew_ms(rec)
+        return out
+
+
+def av_offset_ms(rec: Received, sent: np.ndarray, max_lag_s: float = 1.0) -> float | None:
+    """Where the sent audio appears in the returned audio, in ms, against the video.
+
+    Video frame n (pts n·3600) is generated from input [n·40, (n+1)·40) ms, so a returned
+    audio stream in sync with the video carries input time t at audio pts t: lag 0.
+    """
+    got = rec.audio_timeline().astype(np.float32)
+    ref = sent.astype(np.float32)
+    n = min(got.size, ref.size)
+    if n < RATE or not rec.video_pts or np.abs(ref[:n]).max() == 0 or np.abs(got).max() == 0:
+        return None
+    # Both timelines start at their stream's first packet; video pts 0 is frame 0.
+    lag = _best_lag(got[:n], ref[:n], int(max_lag_s * RATE))
+    video_origin = rec.video_pts[0] / 90_000  # nonzero only if frame 0 was lost
+    return lag / RATE * 1000 - video_origin * 1000
+
+
+def _best_lag(got: np.ndarray, ref: np.ndarray, max_lag: int) -> int:
+    size = 1 << int(np.ceil(np.log2(got.size + ref.size)))
+    corr = np.fft.irfft(np.fft.rfft(got, size) * np.conj(np.fft.rfft(ref, size)), size)
+    lags = np.concatenate([np.arange(0, max_lag + 1), np.arange(-max_lag, 0)])
+    values = np.concatenate([corr[: max_lag + 1], corr[size - max_lag :]])
+    return int(lags[int(np.argmax(values))])
+
+
+def arrival_skew_ms(rec: Received) -> float | None:
+    """Median (arrival − pts time) of video minus that of audio: how far apart they arrive."""
+    if not rec.video_pts or not rec.audio_pts:
+        return None
+    v = np.median(np.array(rec.video_arrival) - np.array(rec.video_pts) / 90_000)
+    a0 = rec.audio_pts[0]
+    a = np.median(np.array(rec.audio_arrival) - (np.array(rec.audio_pts) - a0) / RATE)
+    return round(float(v - a) * 1000, 1)
+
+
+class Mp4Writer:
+    """Records the call to MP4 (H.264 + AAC) by pts."""
+
+    def __init__(self, path: str | Path) -> None:
+        self._box = av.open(str(path), "w")
+        self._v: av.VideoStream | None = None
+        self._a = self._box.add_stream("aac", rate=RATE, layout="mono")
+        self._a_resampler = av.AudioResampler(format="fltp", layout="mono", rate=RATE)
+        self._v0: int | None = None
+        self._a0: int | None = None
+
+    def video(self, rgb: np.ndarray, pts: int) -> None:
+        if self._v is None:
+            self._v = self._box.add_stream("libx264", rate=FPS)
+            self._v.width, self._v.height = rgb.shape[1], rgb.shape[0]
+            self._v.pix_fmt = "yuv420p"
+            self._v.time_base = fractions.Fraction(1, 90_000)
+        self._v0 = pts if self._v0 is None else self._v0
+        frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+        frame.pts = pts - self._v0
+        frame.time_base = fractions.Fraction(1, 90_000)
+        self._box.mux(self._v.encode(frame))
+
+    def audio(self, pcm: np.ndarray, pts: int) -> None:
+        if self._v is None:  # the MP4 header needs the video stream first
+            return
+        self._a0 = pts if self._a0 is None else self._a0
+        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = RATE
+        frame.pts = None
+        for f in self._a_resampler.resample(frame):
+            self._box.mux(self._a.encode(f))
+
+    def close(self) -> None:
+        if self._v is not None:
+            self._box.mux(self._v.encode(None))
+        self._box.mux(self._a.encode(None))
+        self._box.close()
+
+
+def read_audio(path: str | Path) -> np.ndarray:
+    """Any audio file → mono int16 at 48 kHz (PyAV)."""
+    with av.open(str(path)) as box:
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE)
+        out = [
+            f.to_ndarray().reshape(-1) for fr in box.decode(audio=0) for f in resampler.resample(fr)
+        ]
+        out += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+    return np.concatenate(out).astype(np.int16) if out else np.zeros(0, np.int16)
+
+
+def resample_s16(pcm: np.ndarray, rate: int) -> np.ndarray:
+    frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+    frame.sample_rate = rate
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE)
+    out = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
+    out += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+    return np.concatenate(out).astype(np.int16) if out else np.zeros(0, np.int16)
+
+
+# ---- command line --------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace) -> dict:
+    if args.wav:
+        pcm = read_audio(args.wav)
+    else:
+        raw = np.frombuffer(Path(args.pcm).read_bytes(), np.int16)
+        pcm = resample_s16(raw, args.pcm_rate)
+    source = PcmSource(pcm, speed=args.speed)
+    seconds = args.seconds or (pcm.size / RATE + 3.0)
+    client = FacecastClient(args.url, source, token=args.token, record_to=args.out)
+    await client.connect()
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        await client.close()
+    stats = client.stats()
+    stats["events"] = [e["type"] for e in client.events]
+    return stats
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m realtime.client",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("url", help="server base URL, e.g. http://127.0.0.1:8080")
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--wav", help="audio file to send (any format PyAV reads)")
+    src.add_argument("--pcm", help="raw s16le mono PCM file to send")
+    parser.add_argument("--pcm-rate", type=int, default=16_000)
+    parser.add_argument("--speed", type=float, default=1.0, help=">1 sends faster than real time")
+    parser.add_argument(
+        "--seconds", type=float, default=0, help="call length (default: audio + 3 s)"
+    )
+    parser.add_argument("--out", help="record the returned avatar to this MP4")
+    parser.add_argument("--token")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    stats = asyncio.run(run(args))
+    print(json.dumps(stats))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Typed exceptions for user-facing failures of the real-time service.
+
+Each carries an HTTP status so the server maps it to a response in one place; messages say
+what was wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class RealtimeError(Exception):
+    """Base class: a failure the peer or operator should be told about."""
+
+    status: int = 500
+
+
+class BadRequest(RealtimeError):
+    """The request body or the SDP offer cannot be used (HTTP 400)."""
+
+    status = 400
+
+
+class Unauthorized(RealtimeError):
+    """Missing or wrong `Authorization: Bearer …` token (HTTP 401)."""
+
+    status = 401
+
+
+class SessionNotFound(RealtimeError):
+    """No live session has this id (HTTP 404)."""
+
+    status = 404
+
+
+class ServerFull(RealtimeError):
+    """All `--max-sessions` slots are taken (HTTP 503)."""
+
+    status = 503
+
+
+class SessionClosed(RealtimeError):
+    """An operation was attempted on a session that has already closed."""
+
+    status = 409

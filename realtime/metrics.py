@@ -1,0 +1,82 @@
+"""Prometheus metrics of the real-time service, one registry per app (no globals).
+
+Generation health is visible as chunk generation time against chunk duration (the
+real-time factor, < 1 keeps up); playout health as repeated frames (generation was late
+and the last frame was shown again) and dropped frames (a frame came after its deadline).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE_LATEST", "RealtimeMetrics"]
+
+
+class RealtimeMetrics:
+    """All metrics of one server instance, registered in its own `CollectorRegistry`."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.active_sessions = Gauge(
+            "facecast_active_sessions", "Peers with a live session", registry=r
+        )
+        self.sessions_total = Counter("facecast_sessions_total", "Sessions started", registry=r)
+        self.sessions_rejected = Counter(
+            "facecast_sessions_rejected_total",
+            "Offers refused because the server was full",
+            registry=r,
+        )
+        self.ttff = Histogram(
+            "facecast_time_to_first_frame_seconds",
+            "From the first received audio to the first video frame sent",
+            buckets=(0.25, 0.5, 1, 1.5, 2, 3, 5, 8, 13, 20),
+            registry=r,
+        )
+        self.chunk_generation = Histogram(
+            "facecast_chunk_generation_seconds",
+            "Wall time of one generate_ready() call that produced frames",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8),
+            registry=r,
+        )
+        self.chunk_duration = Histogram(
+            "facecast_chunk_duration_seconds",
+            "Video duration produced by that call",
+            buckets=(0.04, 0.16, 0.32, 0.64, 1, 1.5, 2, 4),
+            registry=r,
+        )
+        self.realtime_factor = Histogram(
+            "facecast_generation_realtime_factor",
+            "Chunk generation time divided by chunk duration (< 1 keeps up with real time)",
+            buckets=(0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 4, 10),
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "facecast_video_queue_depth_frames",
+            "Generated frames waiting to be sent, summed over sessions",
+            registry=r,
+        )
+        self.frames_sent = Counter(
+            "facecast_video_frames_sent_total", "Video frames handed to the encoder", registry=r
+        )
+        self.frames_repeated = Counter(
+            "facecast_video_frames_repeated_total",
+            "Deadlines met by repeating the last frame because generation was late",
+            registry=r,
+        )
+        self.frames_dropped = Counter(
+            "facecast_video_frames_dropped_total",
+            "Frames that arrived after their deadline",
+            registry=r,
+        )
+        self.vad_transitions = Counter(
+            "facecast_vad_transitions_total", "VAD state changes", ["transition"], registry=r
+        )
+        self.session_errors = Counter(
+            "facecast_session_errors_total", "Sessions ended by an error", registry=r
+        )
+
+    def render(self) -> bytes:
+        """The registry in Prometheus text exposition format."""
+        return generate_latest(self.registry)

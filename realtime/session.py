@@ -1,0 +1,320 @@
+"""One peer: incoming audio → timeline → VAD → engine worker → paced A/V tracks, and events.
+
+Flow of one session (all on the event loop except the engine, which has its own thread):
+
+    peer audio track ──recv──▶ InputResampler ──48k──▶ AudioTimeline ──▶ AvatarAudioTrack
+                                       └─16k─▶ VoiceActivityDetector (events)
+                                       └─16k─▶ GenerationWorker ──▶ FrameQueue ──▶ AvatarVideoTrack
+
+Silence is part of the timeline: the peer's silent frames flow like speech, and if the
+peer stops sending, digital silence is padded so the avatar keeps moving (idle). A peer
+that sends nothing for `peer_timeout_s` is treated as gone and the session closes.
+Output frames and audio are also handed to `sinks` (e.g. the KVS mirror) as they are sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from aiortc import RTCDataChannel, RTCPeerConnection
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from realtime.audio_in import RATE_IN, AudioTimeline, InputResampler
+from realtime.errors import RealtimeError, SessionClosed
+from realtime.events import PlaybackTracker, message, parse_client_message
+from realtime.metrics import RealtimeMetrics
+from realtime.tracks import (
+    FPS,
+    AvatarAudioTrack,
+    AvatarVideoTrack,
+    FrameQueue,
+    MediaSink,
+    PlayoutClock,
+)
+from realtime.vad import VadConfig, VadEvent, VoiceActivityDetector
+from realtime.worker import ChunkStats, GenerationWorker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SessionConfig:
+    lead_s: float = 2.0  # generation may run at most this far ahead of playout
+    jitter_s: float = 0.3  # playout starts this long after the first frames exist
+    push_ahead_s: float = 3.0  # audio handed to the engine beyond playout
+    peer_timeout_s: float = 5.0  # no incoming audio for this long: the peer is gone
+    fill_margin_s: float = 0.3  # input this far behind the wall clock: pad silence
+    max_input_ahead_s: float = 120.0  # agent audio buffered beyond playout
+    seed: int = 0
+
+
+class Session:
+    """A live peer. Create, `attach` to the negotiated peer connection, then `close`."""
+
+    def __init__(
+        self,
+        session_id: str,
+        pc: RTCPeerConnection,
+        open_engine_session: Callable[[int], Any],
+        video_size: tuple[int, int],
+        config: SessionConfig,
+        metrics: RealtimeMetrics,
+        on_closed: Callable[[Session], Awaitable[None]],
+        engine_lock: threading.Lock | None = None,
+        vad_config: VadConfig | None = None,
+    ) -> None:
+        self.id = session_id
+        self.pc = pc
+        self.config = config
+        self.metrics = metrics
+        self.created = time.time()
+        self.state = "new"  # new → live → closed
+        self.close_reason = ""
+        self.sinks: list[MediaSink] = []  # attach mirrors here before media flows
+        self.ttff_s: float | None = None
+        self._on_closed = on_closed
+        self._loop = asyncio.get_running_loop()
+        self._tasks: set[asyncio.Task] = set()
+        self._channel: RTCDataChannel | None = None
+        self._first_audio: float | None = None
+        self._last_rx: float | None = None
+        self._closing: asyncio.Task | None = None
+
+        self.clock = PlayoutClock()
+        self.timeline = AudioTimeline(config.max_input_ahead_s)
+        self._resampler = InputResampler()
+        self.vad = VoiceActivityDetector(vad_config)
+        self.playback = PlaybackTracker(self._send)
+        lead = max(1, int(config.lead_s * FPS))
+        self.frames = FrameQueue(lead, capacity=lead + 10 * FPS)
+        self.worker = GenerationWorker(
+            lambda: open_engine_session(config.seed),
+            self.frames,
+            self.clock,
+            self._loop,
+            self._on_chunk,
+            self._on_worker_error,
+            session_id,
+            push_ahead_frames=max(lead, int(config.push_ahead_s * FPS)),
+            engine_lock=engine_lock,
+        )
+        self.video = AvatarVideoTrack(
+            self.clock,
+            self.frames,
+            video_size,
+            metrics,
+            self.sinks,
+            session_id,
+            on_first_frame=self._on_first_frame,
+        )
+        self.audio = AvatarAudioTrack(
+            self.clock, self.timeline, self.sinks, session_id, self.playback.played
+        )
+        pc.on("track", self._on_track)
+        pc.on("datachannel", self._on_datachannel)
+        pc.on("connectionstatechange", self._on_connection_state)
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start generation (after the answer is set); media flows once audio arrives."""
+        if self.state != "new":
+            raise SessionClosed(f"session {self.id} is {self.state}, cannot start")
+        self.state = "live"
+        self.worker.start()
+        self._spawn(self._watchdog(), "watchdog")
+
+    def close(self, reason: str = "closed") -> asyncio.Task:
+        """Close once (idempotent); returns the task doing it so callers may await it."""
+        if self._closing is None:
+            self.close_reason = reason
+            self._closing = self._loop.create_task(self._close())
+        return self._closing
+
+    async def _close(self) -> None:
+        log.info("session %s: closing (%s)", self.id, self.close_reason)
+        self.state = "closed"
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
+        self.worker.stop()
+        try:
+            self.video.stop()
+            self.audio.stop()
+            await self.pc.close()
+        except Exception:
+            log.exception("session %s: peer connection close failed", self.id)
+        finally:
+            # generate_ready() may be mid-chunk; wait for it off the loop.
+            if not await asyncio.to_thread(self.worker.join, 30.0):
+                log.error("session %s: generation thread did not stop", self.id)
+            await asyncio.gather(
+                *(t for t in self._tasks if t is not current), return_exceptions=True
+            )
+            await self._on_closed(self)
+
+    @property
+    def tasks(self) -> set[asyncio.Task]:
+        return set(self._tasks)
+
+    def _spawn(self, coro: Awaitable, name: str) -> None:
+        task = self._loop.create_task(coro, name=f"{name}-{self.id[:8]}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_connection_state(self) -> None:
+        if self.pc.connectionState in ("failed", "closed"):
+            self.close(f"connection {self.pc.connectionState}")
+
+    # ---- incoming audio --------------------------------------------------------------
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            self._spawn(self._receive(track), "audio-in")
+
+    async def _receive(self, track: MediaStreamTrack) -> None:
+        try:
+            while True:
+                frame = await track.recv()
+                self._last_rx = time.monotonic()
+                if self._first_audio is None:
+                    self._first_audio = self._last_rx
+                self._ingest(self._resampler.mono48(frame))
+        except MediaStreamError:
+            self.close("peer ended its audio track")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("session %s: audio input failed", self.id)
+            self._fail(exc)
+
+    def _ingest(self, pcm48: np.ndarray) -> None:
+        """Append to the timeline; VAD and the engine see the same audio."""
+        if self.timeline.overfull():
+            log.warning(
+                "session %s: input is %.0f s ahead of playout, dropping audio",
+                self.id,
+                self.config.max_input_ahead_s,
+            )
+            return
+        self.timeline.append(pcm48)
+        pcm16 = self._resampler.to16(pcm48)
+        for event in self.vad.feed(pcm16):
+            self._on_vad(event)
+        self.worker.push(pcm16)
+
+    def _on_vad(self, event: VadEvent) -> None:
+        self.metrics.vad_transitions.labels(event.kind).inc()
+        at48 = event.sample * 3
+        if event.kind == "speech_started":
+            self.playback.speech_started(at48)
+        else:
+            self.playback.speech_stopped(at48)
+        self._send(message(event.kind, at_ms=round(event.ms)))
+
+    async def _watchdog(self) -> None:
+        """Pad silence when the peer falls behind real time; close when it vanished."""
+        tick = 0.1
+        while True:
+            await asyncio.sleep(tick)
+            last = self._last_audio_age()
+            if last is not None and last > self.config.peer_timeout_s:
+                self.close(f"no audio from the peer for {self.config.peer_timeout_s:.0f} s")
+                return
+            if self._first_audio is None:
+                if time.time() - self.created > self.config.peer_timeout_s + 10:
+                    self.close("the peer never sent audio")
+                    return
+                continue
+            expected = int(
+                (time.monotonic() - self._first_audio - self.config.fill_margin_s) * RATE_IN
+            )
+            if expected > self.timeline.head:
+                self._ingest(np.zeros(expected - self.timeline.head, np.int16))
+
+    def _last_audio_age(self) -> float | None:
+        return None if self._last_rx is None else time.monotonic() - self._last_rx
+
+    # ---- generation callbacks (event loop) -------------------------------------------
+
+    def _on_chunk(self, stats: ChunkStats) -> None:
+        if self.clock.t0 is None:
+            self.clock.start(time.monotonic() + self.config.jitter_s)
+        duration = stats.frames / FPS
+        self.metrics.chunk_generation.observe(stats.seconds)
+        self.metrics.chunk_duration.observe(duration)
+        self.metrics.realtime_factor.observe(stats.seconds / duration)
+
+    def _on_first_frame(self) -> None:
+        if self._first_audio is not None:
+            self.ttff_s = time.monotonic() - self._first_audio
+            self.metrics.ttff.observe(self.ttff_s)
+
+    def _on_worker_error(self, exc: BaseException) -> None:
+        self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.metrics.session_errors.inc()
+        self._send(message("error", message=f"{type(exc).__name__}: {exc}"))
+        self.close(f"error: {type(exc).__name__}")
+
+    # ---- agent control ---------------------------------------------------------------
+
+    def interrupt(self) -> int:
+        """Flush queued speech: stop saying it now; returns ms of the current speech played."""
+        if self.state != "live":
+            raise SessionClosed(f"session {self.id} is {self.state}; cannot interrupt")
+        played_ms = self.playback.interrupt()
+        dropped16 = self.worker.flush_pending()
+        if dropped16:
+            self.timeline.truncate(self.timeline.head - dropped16 * 3)
+        self.timeline.mute(self.audio.position, self.timeline.head)
+        stop = self.vad.force_silence()
+        if stop is not None:
+            self.metrics.vad_transitions.labels(stop.kind).inc()
+        self.vad.rebase(self.timeline.head // 3)
+        self._send(message("interrupted", played_ms=played_ms))
+        return played_ms
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        self._channel = channel
+
+        @channel.on("message")
+        def _message(raw: str | bytes) -> None:
+            try:
+                msg = parse_client_message(raw)
+                if msg["type"] == "interrupt":
+                    self.interrupt()
+                elif msg["type"] == "ping":
+                    self._send(message("pong", t=msg.get("t")))
+            except RealtimeError as exc:
+                self._send(message("error", message=str(exc)))
+
+    def _send(self, text: str) -> None:
+        channel = self._channel
+        if channel is not None and channel.readyState == "open":
+            try:
+                channel.send(text)
+            except Exception:
+                log.exception("session %s: data channel send failed", self.id)
+
+    def describe(self) -> dict:
+        return {
+            "id": self.id,
+            "state": self.state,
+            "age_s": round(time.time() - self.created, 1),
+            "ttff_ms": None if self.ttff_s is None else round(self.ttff_s * 1000),
+            "frames_sent": self.video.sent,
+            "frames_repeated": self.video.repeated,
+            "frames_dropped": self.video.dropped,
+            "queue_depth": self.frames.depth(),
+            "speaking": self.vad.speaking,
+        }

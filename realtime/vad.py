@@ -1,0 +1,102 @@
+"""Voice activity detection with silero-vad, per session, on exact 512-sample windows.
+
+The model shipped inside the silero-vad wheel is loaded per detector (it carries its own
+recurrent state, so sessions never share one). Speech starts when a window's probability
+reaches `threshold`; it stops after `min_silence_ms` below `neg_threshold` (hysteresis, so
+one quiet syllable does not split a sentence). Reported edges are sample positions at
+16 kHz; a start edge is moved back by `start_pad_ms` for the model's onset latency.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from silero_vad import load_silero_vad
+
+WINDOW = 512  # silero-vad's only supported window at 16 kHz (32 ms)
+RATE = 16_000
+
+
+@dataclass
+class VadConfig:
+    threshold: float = 0.5
+    # Silero's probability decays over ~60-90 ms after the last phoneme; ending where it
+    # first falls below 0.5 (no extra pad) keeps the stop edge within ~50 ms of the truth.
+    neg_threshold: float = 0.5
+    min_silence_ms: int = 300  # longer than a comma pause: one sentence stays one segment
+    min_speech_ms: int = 64
+    start_pad_ms: int = 32  # the model needs ~one window of speech before it is sure
+
+
+@dataclass(frozen=True)
+class VadEvent:
+    kind: str  # "speech_started" | "speech_stopped"
+    sample: int  # 16 kHz position of the edge
+
+    @property
+    def ms(self) -> float:
+        return self.sample * 1000.0 / RATE
+
+
+class VoiceActivityDetector:
+    """Feed any-length float32 16 kHz audio; get speech edges as they become certain."""
+
+    def __init__(self, config: VadConfig | None = None) -> None:
+        self.config = config or VadConfig()
+        self._model = load_silero_vad()
+        self._pending = np.zeros(0, np.float32)
+        self._pos = 0  # 16 kHz position of the next window's first sample
+        self.speaking = False
+        self._candidate: int | None = None  # first window of a possible state change
+        self._count = 0  # consecutive windows supporting the candidate
+
+    def feed(self, pcm16: np.ndarray) -> list[VadEvent]:
+        x = np.nan_to_num(np.asarray(pcm16, np.float32).reshape(-1), nan=0.0)
+        self._pending = np.concatenate([self._pending, np.clip(x, -1.0, 1.0)])
+        events: list[VadEvent] = []
+        while self._pending.size >= WINDOW:
+            window, self._pending = self._pending[:WINDOW], self._pending[WINDOW:]
+            event = self._step(self._prob(window))
+            self._pos += WINDOW
+            if event:
+                events.append(event)
+        return events
+
+    def force_silence(self) -> VadEvent | None:
+        """End a running speech segment now (used by interrupt); returns its stop event."""
+        self._candidate, self._count = None, 0
+        if not self.speaking:
+            return None
+        self.speaking = False
+        return VadEvent("speech_stopped", self._pos)
+
+    def rebase(self, pos16: int) -> None:
+        """Continue at another timeline position (queued audio was cut) with fresh state."""
+        self._model.reset_states()
+        self._pending = np.zeros(0, np.float32)
+        self._pos = pos16
+        self._candidate, self._count = None, 0
+
+    def _prob(self, window: np.ndarray) -> float:
+        with torch.inference_mode():
+            return float(self._model(torch.from_numpy(window), RATE))
+
+    def _step(self, prob: float) -> VadEvent | None:
+        cfg = self.config
+        wanted = prob < cfg.neg_threshold if self.speaking else prob >= cfg.threshold
+        if not wanted:
+            self._candidate, self._count = None, 0
+            return None
+        if self._candidate is None:
+            self._candidate = self._pos
+        self._count += 1
+        need_ms = cfg.min_silence_ms if self.speaking else cfg.min_speech_ms
+        if self._count * WINDOW * 1000 < need_ms * RATE:
+            return None
+        edge, self._candidate, self._count = self._candidate, None, 0
+        self.speaking = not self.speaking
+        if self.speaking:
+            return VadEvent("speech_started", max(0, edge - cfg.start_pad_ms * RATE // 1000))
+        return VadEvent("speech_stopped", edge)
