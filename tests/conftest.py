@@ -29,10 +29,12 @@ def write_wav(path: Path, samples: np.ndarray, rate: int = 16_000, channels: int
     with av.open(str(path), "w", format="wav") as c:
         s = c.add_stream("pcm_s16le", rate=rate)
         s.layout = "mono" if channels == 1 else "stereo"
-        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16",
-                                           layout=s.layout.name)
-        frame.sample_rate = rate
-        c.mux(s.encode(frame))
+        if pcm.size:
+            frame = av.AudioFrame.from_ndarray(
+                pcm.reshape(1, -1), format="s16", layout=s.layout.name
+            )
+            frame.sample_rate = rate
+            c.mux(s.encode(frame))
         c.mux(s.encode(None))
     return path
 
@@ -59,9 +61,17 @@ def assets(tmp_path_factory) -> dict[str, Path]:
     if shutil.which("espeak-ng") is None:
         pytest.fail("espeak-ng is missing: run `make sysdeps` (apt-get install espeak-ng)")
     speech = d / "speech_22k.wav"
-    subprocess.run(["espeak-ng", "-s", "170", "-w", str(speech),
-                    "Hello there. This is Facecast, a talking avatar made of pixels."],
-                   check=True)
+    subprocess.run(
+        [
+            "espeak-ng",
+            "-s",
+            "170",
+            "-w",
+            str(speech),
+            "Hello there. This is Facecast, a talking avatar made of pixels.",
+        ],
+        check=True,
+    )
     out["speech"] = speech
     return out
 

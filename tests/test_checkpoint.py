@@ -15,7 +15,9 @@ def test_round_trip_gives_identical_outputs(tmp_path):
     models = build_models(cfg)
     for name, model in models.items():
         save_checkpoint(model, tmp_path / f"{name}.safetensors")
-    other = load_config("tiny", overrides={"runtime.init_seed": 123, "runtime.weights": str(tmp_path)})
+    other = load_config(
+        "tiny", overrides={"runtime.init_seed": 123, "runtime.weights": str(tmp_path)}
+    )
     loaded = Engine.load(other)
     for name, model in models.items():
         for key, value in model.state_dict().items():
@@ -36,7 +38,10 @@ def test_shape_mismatch_names_the_key(tmp_path):
     small = build_models(load_config("tiny"))["a2v"]
     save_checkpoint(small, tmp_path / "a2v.safetensors")
     bigger = build_models(load_config("tiny", overrides={"a2v.dim": 96}))["a2v"]
-    with pytest.raises(CheckpointError, match=r"other shapes .*audio_mlp.0.bias: checkpoint \(64,\) vs model \(96,\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"other shapes .*audio_mlp.0.bias: checkpoint \(64,\) vs model \(96,\)",
+    ):
         load_checkpoint(bigger, tmp_path / "a2v.safetensors")
 
 

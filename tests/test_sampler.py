@@ -40,5 +40,6 @@ def test_chunk_noise_is_reproducible():
     g1, g2 = chunk_generator(3, "N", 5), chunk_generator(3, "N", 5)
     assert torch.equal(torch.randn(8, generator=g1), torch.randn(8, generator=g2))
     g3 = chunk_generator(3, "I", 5)
-    assert not torch.equal(torch.randn(8, generator=chunk_generator(3, "N", 5)),
-                           torch.randn(8, generator=g3))
+    assert not torch.equal(
+        torch.randn(8, generator=chunk_generator(3, "N", 5)), torch.randn(8, generator=g3)
+    )

@@ -18,8 +18,9 @@ def test_execution_order_n0_n1_i0_n2_i1():
 
 @pytest.mark.parametrize("w,b", [(1, 2), (2, 1), (0, 2)])
 def test_plan_emits_each_latent_frame_once_in_order(w, b):
-    plan = ChunkPlan(ScheduleConfig(chunk_latents=7, first_chunk_latents=5, seam_latents=w,
-                                    boundary_latents=b))
+    plan = ChunkPlan(
+        ScheduleConfig(chunk_latents=7, first_chunk_latents=5, seam_latents=w, boundary_latents=b)
+    )
     emitted = []
     for k in range(5):
         emitted += range(*plan.n_chunk(k).emit) if k == 0 else []
@@ -47,8 +48,10 @@ def _coded_session(engine, monkeypatch_target):
 
     def fake_a2v(ctx, ref):
         c = ctx.chunk
-        codes = torch.tensor([KIND[c.kind] * 1e6 + c.index * 1e3 + c.start + i
-                              for i in range(c.length)], dtype=torch.float64)
+        codes = torch.tensor(
+            [KIND[c.kind] * 1e6 + c.index * 1e3 + c.start + i for i in range(c.length)],
+            dtype=torch.float64,
+        )
         return codes.view(1, 1, -1, 1, 1).expand_as(ctx.noise_BCThw.double()).float().clone()
 
     def fake_sr(low, context_frames, ref, segment_index):
