@@ -53,7 +53,7 @@ def _frame_attention_fwd(
     Q,  # (B*H*L, D) bf16/fp16: a pointer, or a TensorDescriptor when USE_TMA
     K,
     V,
-    O,  # out, same layout and dtype as Q
+    O,  # noqa: E741  (out, same layout and dtype as Q)
     Cm,  # (B*H*NF, D) fp32 frame key means, from _frame_key_stats
     Rad,  # (B*H*NF,) fp32 frame key radii
     Flags,  # out (B*H*NUM_MB,) int8: 1 where the row block ran the bounded softmax
@@ -191,7 +191,18 @@ def _frame_attention_fwd(
 
 
 def interpreting() -> bool:
-    """True when triton.jit hands out CPU-interpreted kernels (TRITON_INTERPRET=1 at import)."""
+    """True when the kernels run in Triton's CPU interpreter, False when they compile for CUDA.
+
+    Raises if the two disagree: TRITON_INTERPRET=1 was set after triton.language was imported,
+    so our kernels are interpreted but the library functions they call (tl.zeros...) are not.
+    """
     from triton.runtime.interpreter import InterpretedFunction
 
-    return isinstance(_frame_attention_fwd, InterpretedFunction)
+    ours = isinstance(_frame_attention_fwd, InterpretedFunction)
+    library = isinstance(tl.zeros, InterpretedFunction)
+    if ours != library:
+        raise RuntimeError(
+            "TRITON_INTERPRET changed after triton was imported: set it before anything "
+            "imports triton (torch.compile does), or run in a fresh process"
+        )
+    return ours

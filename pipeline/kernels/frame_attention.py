@@ -105,11 +105,15 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Frame
             f"{tuple(k.shape)}, {tuple(v.shape)}"
         )
     if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k, v must all be bfloat16 or float16, got {q.dtype}, {k.dtype}, {v.dtype}")
+        raise ValueError(
+            f"q, k, v must all be bfloat16 or float16, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
     head_dim = q.shape[-1]
     if head_dim < 16 or head_dim & (head_dim - 1):
         raise ValueError(f"head_dim must be a power of two >= 16 (64 or 128), got {head_dim}")
-    return spec.num_video_frames(q.shape[2])
+    num_video = spec.num_video_frames(q.shape[2])
+    _tile_dividing(spec.tokens_per_frame, _TILES[0])  # raises unless F is a multiple of 16
+    return num_video
 
 
 def _resolve_config(
