@@ -324,11 +324,11 @@ def motion_from_audio(samples_16k: np.ndarray, seed: int, fps: int = FPS) -> Mot
     env = _smooth(mouth.jaw, 0.12, fps) if n else mouth.jaw
     rise = np.clip(np.diff(env, prepend=env[:1]) * 8.0, 0, 1)
     emph = _smooth(rise, 0.15, fps) if n else rise
-    gain = 0.5 + 1.0 * talk  # idle motion is half the talking sway
+    gain = 0.6 + 0.9 * talk  # idle motion: smaller than the talking sway, never zero
 
     breath = np.sin(2 * np.pi * rng.uniform(0.2, 0.3) * np.arange(n) / fps + rng.uniform(0, 6.3))
-    head_x = 0.012 * gain * _wander(n, rng, (0.05, 0.35))
-    head_y = 0.006 * gain * _wander(n, rng, (0.05, 0.35)) + 0.003 * breath + 0.01 * emph
+    head_x = 0.02 * gain * _wander(n, rng, (0.05, 0.35))
+    head_y = 0.01 * gain * _wander(n, rng, (0.05, 0.35)) + 0.004 * breath + 0.01 * emph
     roll = 0.03 * gain * _wander(n, rng, (0.04, 0.3))
     yaw = 0.35 * gain * _wander(n, rng, (0.03, 0.25))
     pitch = 0.25 * gain * _wander(n, rng, (0.05, 0.3)) + 0.8 * emph

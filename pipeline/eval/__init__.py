@@ -1,0 +1,1 @@
+"""Quality metrics against the synthetic face world's ground truth (`facecast eval`)."""
