@@ -52,7 +52,7 @@ def test_missing_and_unexpected_keys(tmp_path):
     with pytest.raises(CheckpointError, match="missing"):
         load_checkpoint(deeper, tmp_path / "sr.safetensors")
     shallower = build_models(load_config("tiny", overrides={"sr.depth": 1, "sr.dim": 48}))["sr"]
-    shallower.blocks = shallower.blocks[:0]
+    shallower.transformer.blocks = shallower.transformer.blocks[:0]
     with pytest.raises(CheckpointError, match="unexpected"):
         load_checkpoint(shallower, tmp_path / "sr.safetensors")
 

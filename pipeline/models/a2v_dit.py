@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from pipeline.config import A2VConfig
 from pipeline.models.layers import (
+    BlockStack,
     DiTBlock,
     FinalLayer,
     gelu_mlp,
@@ -49,8 +50,8 @@ class A2VDiT(nn.Module):
         self.time_mod = silu_linear(D, 6 * D)
         # the r audio feature vectors of a latent frame's video frames, concatenated
         self.audio_mlp = gelu_mlp(temporal_ratio * audio_dim, D)
-        self.blocks = nn.ModuleList(
-            DiTBlock(D, cfg.heads, cfg.mlp_ratio, attention, cond_dim=D) for _ in range(cfg.depth)
+        self.transformer = BlockStack(
+            [DiTBlock(D, cfg.heads, cfg.mlp_ratio, attention, cond_dim=D) for _ in range(cfg.depth)]
         )
         self.final = FinalLayer(D, ph * pw * latent_channels)
         self._rope_cache: dict = {}
@@ -86,8 +87,7 @@ class A2VDiT(nn.Module):
             dim=1,
         )
         rope = self._rope(T, gh, gw, seq.device)
-        for block in self.blocks:
-            seq = block(seq, mod_B6D, rope, None, cond)
+        seq = self.transformer(seq, mod_B6D, rope, None, cond)
         out_BLP = self.final(seq[:, n_ref:], emb_BD)
         out = out_BLP.view(B, T, gh, gw, C, ph, pw).permute(0, 4, 1, 2, 5, 3, 6)
         return out.reshape(B, C, T, h, w)

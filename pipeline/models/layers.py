@@ -101,6 +101,20 @@ class DiTBlock(nn.Module):
         return x_BLD + gate2[:, None, :] * h
 
 
+class BlockStack(nn.Module):
+    """The DiT's transformer blocks run in order. A seam on purpose: parallelism (sequence
+    sharding) and offload wrap or hook this stack from outside; the model stays unchanged."""
+
+    def __init__(self, blocks: list[DiTBlock]) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x_BLD, mod_B6D, rope, window=None, cond_BLD=None):
+        for block in self.blocks:
+            x_BLD = block(x_BLD, mod_B6D, rope, window, cond_BLD)
+        return x_BLD
+
+
 class FinalLayer(nn.Module):
     def __init__(self, dim: int, out_dim: int) -> None:
         super().__init__()

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from pipeline.config import SRConfig
 from pipeline.models.attention import FrameWindow
-from pipeline.models.layers import DiTBlock, FinalLayer, grid_positions, rope_angles
+from pipeline.models.layers import BlockStack, DiTBlock, FinalLayer, grid_positions, rope_angles
 
 
 class SRDiT(nn.Module):
@@ -33,8 +33,8 @@ class SRDiT(nn.Module):
         # one fixed step: the "timestep" modulation is a learned constant
         self.mod = nn.Parameter(torch.zeros(1, 6, D))
         self.emb = nn.Parameter(torch.zeros(1, D))
-        self.blocks = nn.ModuleList(
-            DiTBlock(D, cfg.heads, cfg.mlp_ratio, attention) for _ in range(cfg.depth)
+        self.transformer = BlockStack(
+            [DiTBlock(D, cfg.heads, cfg.mlp_ratio, attention) for _ in range(cfg.depth)]
         )
         self.final = FinalLayer(D, latent_channels)
         self._rope_cache: dict = {}
@@ -49,8 +49,7 @@ class SRDiT(nn.Module):
         window = FrameWindow(tokens_per_frame=H * W, window=self.cfg.window, ref_frames=1)
         rope = self._rope(T, H, W, seq.device)
         mod = self.mod.expand(B, -1, -1)
-        for block in self.blocks:
-            seq = block(seq, mod, rope, window)
+        seq = self.transformer(seq, mod, rope, window)
         out_BLC = self.final(seq[:, H * W :], self.emb.expand(B, -1))
         residual = out_BLC.transpose(1, 2).reshape(B, C, T, H, W)
         return up + residual
