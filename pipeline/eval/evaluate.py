@@ -116,7 +116,12 @@ def measure_video(
 ) -> tuple[Series, M.FaceLayout]:
     """One pass over the video; the reference defaults to the video's first frame."""
     layout = ref_feat = prev = None
-    parts: dict[str, list[np.ndarray]] = {"opening": [], "offsets": [], "identity": [], "change": []}
+    parts: dict[str, list[np.ndarray]] = {
+        "opening": [],
+        "offsets": [],
+        "identity": [],
+        "change": [],
+    }
     for batch in _batches(video):
         x = M.to_working(batch)
         if layout is None:

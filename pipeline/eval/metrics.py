@@ -106,7 +106,9 @@ def measure_layout(reference: np.ndarray, size: int = WORK) -> FaceLayout:
     # Refine: the median of everything the first guess calls skin near the centre.
     core = mask[int(0.3 * s) : int(0.7 * s), int(0.3 * s) : int(0.7 * s)] > 0.5
     if core.sum() > 20:
-        skin = np.median(ref[int(0.3 * s) : int(0.7 * s), int(0.3 * s) : int(0.7 * s)][core], axis=0)
+        skin = np.median(
+            ref[int(0.3 * s) : int(0.7 * s), int(0.3 * s) : int(0.7 * s)][core], axis=0
+        )
         mask = skin_mask(ref, skin)
 
     # Lips: clearly redder than skin, below the nose, near the centre line.
@@ -349,7 +351,9 @@ def idle_motion(
     speed = float(np.percentile(np.concatenate(speeds), 95))
     ch = float(np.nanmean(change[inside]))
     speech = opening[~inside]
-    mouth = float(np.mean(opening[inside]) / max(float(np.mean(speech)), 1e-6)) if len(speech) else 0.0
+    mouth = (
+        float(np.mean(opening[inside]) / max(float(np.mean(speech)), 1e-6)) if len(speech) else 0.0
+    )
     present = ch >= IDLE_MIN_CHANGE and motion >= IDLE_MIN_MOTION
     bounded = motion <= IDLE_MAX_MOTION and speed <= IDLE_MAX_SPEED
     return IdleScore(motion, ch, speed, mouth, present, bounded)
