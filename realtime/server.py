@@ -286,17 +286,18 @@ async def _close_all(app: web.Application) -> None:
 
 def load_reference(path: str | None, width: int, height: int) -> np.ndarray:
     """The identity image as uint8 (H, W, 3) at the engine's size."""
+    from pipeline.media import load_image
+
     if path is None:
         packaged = Path(__file__).resolve().parent.parent / "pipeline" / "assets" / "reference.png"
         if not packaged.exists():
             return _placeholder_reference(width, height)
         path = str(packaged)
-    try:
-        with av.open(path) as box:
-            frame = next(box.decode(video=0))
-    except (OSError, av.FFmpegError, StopIteration) as exc:
-        raise BadRequest(f"cannot read reference image {path!r}: {exc}") from exc
-    return frame.to_ndarray(width=width, height=height, format="rgb24")
+    rgb = load_image(path)
+    if rgb.shape[:2] != (height, width):
+        frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+        rgb = frame.to_ndarray(width=width, height=height, format="rgb24")
+    return rgb
 
 
 def _placeholder_reference(width: int, height: int) -> np.ndarray:
@@ -326,17 +327,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="require 'Authorization: Bearer TOKEN' (env FACECAST_TOKEN)",
     )
     parser.add_argument("--reference", default=None, help="identity image (PNG/JPEG)")
-    parser.add_argument("--device", default="cpu", help="torch device for the engine")
+    parser.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda if present)")
     parser.add_argument(
         "--lead-ms", type=int, default=2000, help="how far generation may run ahead of playout"
     )
 
 
 def main(args: argparse.Namespace) -> int:
+    import torch
+
     from pipeline.config import load_config
     from pipeline.engine import Engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.max_sessions < 1:
         raise SystemExit("--max-sessions must be >= 1")
     config = ServerConfig(

@@ -47,7 +47,9 @@ log = logging.getLogger(__name__)
 @dataclass
 class SessionConfig:
     lead_s: float = 2.0  # generation may run at most this far ahead of playout
-    jitter_s: float = 0.3  # playout starts this long after the first frames exist
+    # Playout starts this long after the first frames exist. It must cover one burst of the
+    # engine (a whole N chunk plus its I chunk arrive at once) plus its generation time.
+    jitter_s: float = 0.6
     push_ahead_s: float = 3.0  # audio handed to the engine beyond playout
     peer_timeout_s: float = 5.0  # no incoming audio for this long: the peer is gone
     fill_margin_s: float = 0.3  # input this far behind the wall clock: pad silence
@@ -103,6 +105,7 @@ class Session:
             self._on_worker_error,
             session_id,
             push_ahead_frames=max(lead, int(config.push_ahead_s * FPS)),
+            min_ahead_frames=int(config.jitter_s * FPS),
             engine_lock=engine_lock,
         )
         self.video = AvatarVideoTrack(

@@ -82,10 +82,11 @@ class FrameQueue:
         self._cond = threading.Condition()
         self.dropped = 0
 
-    def put(self, start: int, frames: np.ndarray) -> None:
+    def put(self, indices: list[int], frames: np.ndarray) -> None:
+        """Queue frames at their (increasing) timeline indices."""
         with self._cond:
-            for i, frame in enumerate(frames):
-                self._frames.append((start + i, frame))
+            for index, frame in zip(indices, frames, strict=True):
+                self._frames.append((index, frame))
             while len(self._frames) > self._capacity:  # cannot happen while lead holds
                 self._frames.popleft()
                 self.dropped += 1

@@ -1,9 +1,11 @@
 """The engine side of a session: one worker thread feeding audio and collecting frames.
 
 `generate_ready()` is heavy and blocking, so it never runs on the event loop. The event
-loop appends 16 kHz audio with `push`; the thread pushes it into the engine session no
-further than `push_ahead` beyond playout, generates while fewer than `lead` frames wait in
-the `FrameQueue`, and reports batches and failures back through loop callbacks.
+loop appends 16 kHz audio with `push`; the thread pushes it into the engine session a block
+at a time, no further than `push_ahead` beyond playout, generates while fewer than `lead`
+frames wait in the `FrameQueue`, and reports batches and failures back through loop
+callbacks. An engine slower than real time skips audio it can no longer turn into frames
+before their deadline, so video stays live and in sync (choppier) instead of freezing.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class GenerationWorker:
         on_error: Callable[[BaseException], None],
         session_id: str,
         push_ahead_frames: int,
+        min_ahead_frames: int,
+        block_frames: int = 12,
         engine_lock: threading.Lock | None = None,
     ) -> None:
         self._open = open_engine_session
@@ -53,11 +57,17 @@ class GenerationWorker:
         self._on_error = on_error
         self._sid = session_id
         self._push_ahead = push_ahead_frames
+        self._min_ahead = min_ahead_frames
+        self._block = block_frames
         self._engine_lock = engine_lock or threading.Lock()
         self._pending: deque[np.ndarray] = deque()
         self._pending_lock = threading.Lock()
         self._stop = threading.Event()
         self.pushed = 0  # 16 kHz samples handed to the engine
+        self.skipped = 0  # 16 kHz samples skipped because generation was late
+        self.skipped_frames_total = 0
+        self._gen_seconds = 0.0  # moving average of one generate_ready() call
+        self._breaks: list[tuple[int, int]] = []  # (engine sample, frames skipped before it)
         self.generated = 0  # frames produced
         self._thread = threading.Thread(target=self._run, name=f"gen-{session_id[:8]}")
         self.exited = threading.Event()
@@ -107,45 +117,92 @@ class GenerationWorker:
                 log.exception("session %s: engine session close failed", self._sid)
             self.exited.set()
 
+    @property
+    def timeline_pos(self) -> int:
+        """16 kHz timeline position of the next sample to give the engine."""
+        return self.pushed + self.skipped
+
     def _feed(self) -> bool:
-        """Move pending audio into the engine, up to `push_ahead` frames past playout."""
-        limit = (self._clock.frame_now() + self._push_ahead) * SAMPLES_PER_FRAME_16K
-        room = limit - self.pushed
-        if room <= 0:
-            return False
+        """Move up to one block of pending audio into the engine, within `push_ahead`."""
+        now = self._clock.frame_now()
         with self._pending_lock:
-            parts, size = [], 0
-            while self._pending and size < room:
-                part = self._pending.popleft()
-                if size + part.size > room:
-                    part, rest = part[: room - size], part[room - size :]
-                    self._pending.appendleft(rest)
-                parts.append(part)
-                size += part.size
+            self._skip_late(now)
+            limit = min(
+                (now + self._push_ahead) * SAMPLES_PER_FRAME_16K,
+                self.timeline_pos + self._block * SAMPLES_PER_FRAME_16K,
+            )
+            parts = self._take(limit - self.timeline_pos)
+            size = sum(p.size for p in parts)
             self.pushed += size  # under the lock, so flush_pending sees a consistent split
         if not parts:
             return False
         self._engine.push_audio(np.concatenate(parts))
         return True
 
+    def _take(self, room: int) -> list[np.ndarray]:
+        parts, size = [], 0
+        while self._pending and size < room:
+            part = self._pending.popleft()
+            if size + part.size > room:
+                part, rest = part[: room - size], part[room - size :]
+                self._pending.appendleft(rest)
+            parts.append(part)
+            size += part.size
+        return parts
+
+    def _skip_late(self, now: int) -> None:
+        """Generation fell behind playout: skip whole frames of audio it could not make in
+        time, so the engine works on frames that can still be shown (sync is kept: later
+        frames are placed at their timeline index; the skipped deadlines repeat a frame)."""
+        if self._clock.t0 is None:
+            return
+        behind = (now + self._needed_ahead()) * SAMPLES_PER_FRAME_16K - self.timeline_pos
+        available = sum(p.size for p in self._pending)
+        skip = min(behind, available) // SAMPLES_PER_FRAME_16K * SAMPLES_PER_FRAME_16K
+        if skip <= 0:
+            return
+        self._take(skip)
+        self.skipped += skip
+        self.skipped_frames_total += skip // SAMPLES_PER_FRAME_16K
+        self._breaks.append((self.pushed, self.skipped // SAMPLES_PER_FRAME_16K))
+
+    def _needed_ahead(self) -> int:
+        """Frames of audio the engine must be ahead of playout for its output to be on
+        time: one block, the engine's lookahead/seam margin, and 1.5x the recent
+        generation time of a block."""
+        margin = self._block + 8 + int(1.5 * self._gen_seconds * 25)
+        return max(self._min_ahead, min(margin, self._push_ahead))
+
+    def _timeline_index(self, engine_frame: int) -> int:
+        """Engine frame → timeline frame (they differ by the frames skipped before it)."""
+        centre = engine_frame * SAMPLES_PER_FRAME_16K + SAMPLES_PER_FRAME_16K // 2
+        offset = 0
+        for pos, frames in self._breaks:
+            if pos <= centre:
+                offset = frames
+        return engine_frame + offset
+
     def _generate(self) -> None:
         t = time.perf_counter()
         with self._engine_lock:
             batches = self._engine.generate_ready()
         seconds = time.perf_counter() - t
+        self._gen_seconds = 0.7 * self._gen_seconds + 0.3 * seconds
         count = 0
         for batch in batches:
             frames = np.asarray(batch.frames)
-            if batch.start != self.generated:
+            start = int(batch.start)
+            if start != self.generated:
                 log.warning(
-                    "session %s: batch starts at %d, expected %d",
-                    self._sid,
-                    batch.start,
-                    self.generated,
+                    "session %s: batch starts at %d, expected %d", self._sid, start, self.generated
                 )
-            self._frames.put(int(batch.start), frames)
-            self.generated = int(batch.start) + len(frames)
+            indices = [self._timeline_index(start + i) for i in range(len(frames))]
+            self._frames.put(indices, frames)
+            self.generated = start + len(frames)
             count += len(frames)
+        # Breaks before the last generated frame are folded into one.
+        while len(self._breaks) > 1 and self._breaks[1][0] <= self.generated * 640:
+            self._breaks.pop(0)
         if count:
             self._call_soon(self._on_chunk, ChunkStats(count, seconds))
 

@@ -129,3 +129,30 @@ async def running_server(**overrides) -> AsyncIterator[tuple[str, object]]:
         yield f"http://127.0.0.1:{port}", app
     finally:
         await runner.cleanup()
+
+
+async def wait_until(predicate, timeout: float, interval: float = 0.1) -> float:
+    """Poll `predicate` until true; returns seconds waited (AssertionError on timeout)."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while not predicate():
+        if loop.time() - start > timeout:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await asyncio.sleep(interval)
+    return loop.time() - start
+
+
+def rms(pcm: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2))) if pcm.size else 0.0
+
+
+def normalized_xcorr_peak(a: np.ndarray, b: np.ndarray, max_lag: int = RATE) -> float:
+    """Peak of the normalized cross-correlation of two int16 signals (|lag| ≤ max_lag)."""
+    a = a.astype(np.float64)
+    b = b.astype(np.float64)
+    n = min(a.size, b.size)
+    a, b = a[:n] - a[:n].mean(), b[:n] - b[:n].mean()
+    size = 1 << int(np.ceil(np.log2(2 * n)))
+    corr = np.fft.irfft(np.fft.rfft(a, size) * np.conj(np.fft.rfft(b, size)), size)
+    corr = np.concatenate([corr[: max_lag + 1], corr[size - max_lag :]])
+    return float(np.abs(corr).max() / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-9))

@@ -1,0 +1,194 @@
+// Facecast web client: no build step. Connects over WebRTC, sends the microphone, shows
+// the avatar, keeps live stats in window.facecastStats (read by tests and dashboards).
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.search);
+const stats = (window.facecastStats = {
+  state: "idle", ttffMs: null, framesDecoded: 0, fps: 0, freezeCount: 0,
+  rttMs: null, kbps: null, speaking: false, error: null, sessionId: null,
+});
+
+let pc = null, channel = null, micStream = null, sessionId = null;
+let statsTimer = null, connectStart = 0, lastBytes = 0, lastTs = 0, lastFrames = 0;
+
+function say(text, isError = false) {
+  $("message").textContent = text;
+  $("message").classList.toggle("error", isError);
+  if (isError) stats.error = text;
+}
+
+function setState(state) {
+  stats.state = state;
+  const live = state === "connecting" || state === "connected";
+  $("connect").disabled = live;
+  $("disconnect").disabled = !live;
+  $("mic").disabled = state !== "connected";
+  $("interrupt").disabled = state !== "connected";
+  render();
+}
+
+function render() {
+  for (const dd of document.querySelectorAll("#stats dd")) {
+    const v = stats[dd.dataset.k];
+    dd.textContent = v === null || v === undefined ? "–" : String(v);
+  }
+}
+
+function logEvent(msg) {
+  const li = document.createElement("li");
+  li.textContent = JSON.stringify(msg);
+  $("events").prepend(li);
+  while ($("events").children.length > 50) $("events").lastChild.remove();
+}
+
+function token() {
+  return $("token").value || params.get("token") || "";
+}
+
+function headers() {
+  const h = { "Content-Type": "application/json" };
+  if (token()) h.Authorization = "Bearer " + token();
+  return h;
+}
+
+async function connect() {
+  setState("connecting");
+  say("Asking for the microphone…");
+  try {
+    micStream = await navigator.mediaDevices.getUserMedia({ audio: true, video: false });
+  } catch (err) {
+    setState("idle");
+    say("Microphone access was denied. Allow it in the browser's site settings and try again.", true);
+    return;
+  }
+  pc = new RTCPeerConnection({ iceServers: [] });
+  for (const track of micStream.getAudioTracks()) pc.addTrack(track, micStream);
+  pc.addTransceiver("video", { direction: "recvonly" });
+  channel = pc.createDataChannel("facecast");
+  channel.onmessage = (e) => onEvent(JSON.parse(e.data));
+  const remote = new MediaStream();
+  pc.ontrack = (e) => {
+    remote.addTrack(e.track);
+    $("avatar").srcObject = remote;
+  };
+  pc.onconnectionstatechange = () => {
+    if (pc && (pc.connectionState === "failed" || pc.connectionState === "disconnected")) {
+      say("Connection lost. Press Connect to start again.", true);
+      disconnect(false);
+    }
+  };
+  await pc.setLocalDescription(await pc.createOffer());
+  await iceGathered(pc);
+  say("Connecting…");
+  let res;
+  try {
+    res = await fetch("/offer", {
+      method: "POST", headers: headers(),
+      body: JSON.stringify({ sdp: pc.localDescription.sdp, type: pc.localDescription.type }),
+    });
+  } catch (err) {
+    say("Cannot reach the server: " + err, true);
+    return disconnect(false);
+  }
+  const body = await res.json().catch(() => ({}));
+  if (!res.ok) {
+    const reason = body.error || res.statusText;
+    if (res.status === 401) say("The token was refused: enter the server's token. (" + reason + ")", true);
+    else if (res.status === 503) say("The server is full right now; try again in a minute. (" + reason + ")", true);
+    else say("The server refused the call: " + reason, true);
+    return disconnect(false);
+  }
+  sessionId = stats.sessionId = body.session_id;
+  connectStart = performance.now();
+  await pc.setRemoteDescription(body);
+  setState("connected");
+  say("Connected: speak, and the avatar says it back.");
+  watchFirstFrame();
+  statsTimer = setInterval(pollStats, 1000);
+}
+
+function iceGathered(peer) {
+  if (peer.iceGatheringState === "complete") return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => peer.iceGatheringState === "complete" && resolve();
+    peer.addEventListener("icegatheringstatechange", done);
+    setTimeout(resolve, 2000); // host candidates are enough on a LAN
+  });
+}
+
+function watchFirstFrame() {
+  const video = $("avatar");
+  const onFrame = () => {
+    if (stats.ttffMs === null && video.videoWidth > 0) {
+      stats.ttffMs = Math.round(performance.now() - connectStart);
+      render();
+    }
+  };
+  if ("requestVideoFrameCallback" in video) video.requestVideoFrameCallback(onFrame);
+  else video.addEventListener("loadeddata", onFrame, { once: true });
+}
+
+async function pollStats() {
+  if (!pc) return;
+  const report = await pc.getStats();
+  report.forEach((s) => {
+    if (s.type === "inbound-rtp" && s.kind === "video") {
+      const frames = s.framesDecoded || 0;
+      const now = s.timestamp;
+      if (lastTs) stats.fps = Math.round(((frames - lastFrames) * 1000) / (now - lastTs) * 10) / 10;
+      if (lastTs) stats.kbps = Math.round(((s.bytesReceived - lastBytes) * 8) / (now - lastTs));
+      lastFrames = frames; lastTs = now; lastBytes = s.bytesReceived;
+      stats.framesDecoded = frames;
+      stats.freezeCount = s.freezeCount || 0;
+    }
+    if (s.type === "candidate-pair" && s.nominated && s.currentRoundTripTime !== undefined) {
+      stats.rttMs = Math.round(s.currentRoundTripTime * 1000);
+    }
+  });
+  render();
+}
+
+function onEvent(msg) {
+  logEvent(msg);
+  if (msg.type === "speech_started") stats.speaking = true;
+  if (msg.type === "speech_stopped") stats.speaking = false;
+  if (msg.type === "error") say("Server error: " + msg.message, true);
+  render();
+}
+
+async function disconnect(release = true) {
+  clearInterval(statsTimer);
+  if (release && sessionId) {
+    fetch("/sessions/" + sessionId, { method: "DELETE", headers: headers() }).catch(() => {});
+  }
+  if (pc) pc.close();
+  if (micStream) micStream.getTracks().forEach((t) => t.stop());
+  pc = channel = micStream = null;
+  sessionId = null;
+  lastTs = lastBytes = lastFrames = 0;
+  setState(stats.error ? "error" : "idle");
+  if (release) say("Disconnected.");
+}
+
+function toggleMic() {
+  if (!micStream) return;
+  const on = $("mic").getAttribute("aria-pressed") !== "true";
+  // A disabled track still sends silence, so the avatar keeps moving (idle) and the
+  // server keeps the session.
+  micStream.getAudioTracks().forEach((t) => (t.enabled = on));
+  $("mic").setAttribute("aria-pressed", String(on));
+  $("mic").textContent = on ? "Mic on" : "Mic off";
+}
+
+function interrupt() {
+  if (channel && channel.readyState === "open") channel.send(JSON.stringify({ type: "interrupt" }));
+}
+
+$("connect").onclick = () => { stats.error = null; stats.ttffMs = null; connect(); };
+$("disconnect").onclick = () => disconnect(true);
+$("mic").onclick = toggleMic;
+$("interrupt").onclick = interrupt;
+window.addEventListener("beforeunload", () => disconnect(true));
+render();
+if (params.get("autostart") === "1") connect();
