@@ -1,0 +1,3 @@
+"""Parallelism applied from outside the models: one session on several GPUs (or CPU
+processes with gloo). `ulysses` shards the token sequence and trades it for heads around
+each attention; `fsdp` shards weights with FSDP2; `launch` starts one process per GPU."""
