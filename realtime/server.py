@@ -29,6 +29,8 @@ import av
 import numpy as np
 from aiohttp import web
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.codecs import CODECS
+from aiortc.sdp import SessionDescription
 
 from realtime.errors import BadRequest, RealtimeError, ServerFull, SessionNotFound, Unauthorized
 from realtime.metrics import CONTENT_TYPE_LATEST, RealtimeMetrics
@@ -161,6 +163,7 @@ async def _negotiate(service: Service, offer: RTCSessionDescription, seed: int) 
         service.engine_lock,
     )
     try:
+        _check_codecs(offer.sdp)
         await pc.setRemoteDescription(offer)
         _check_transceivers(pc)
         pc.addTrack(session.audio)
@@ -169,10 +172,10 @@ async def _negotiate(service: Service, offer: RTCSessionDescription, seed: int) 
         await pc.setLocalDescription(answer)
         _check_answer(pc.localDescription.sdp)
     except BadRequest:
-        await pc.close()
+        await session.close("offer refused")
         raise
     except Exception as exc:  # aiortc raises ValueError and friends on unusable offers
-        await pc.close()
+        await session.close("offer refused")
         raise BadRequest(f"cannot negotiate the offer: {exc}") from exc
     service.sessions[session.id] = session
     service.metrics.sessions_total.inc()
@@ -192,6 +195,24 @@ def _check_transceivers(pc: RTCPeerConnection) -> None:
         raise BadRequest(
             "the offer has no video transceiver: add one (recvonly) to receive the avatar"
         )
+
+
+def _check_codecs(sdp: str) -> None:
+    """Refuse early, with a reason, when the offer shares no codec with aiortc."""
+    try:
+        desc = SessionDescription.parse(sdp)
+    except Exception as exc:
+        raise BadRequest(f"the offer's SDP does not parse: {exc}") from exc
+    for media in desc.media:
+        if media.kind not in ("audio", "video"):
+            continue
+        ours = {c.mimeType.lower() for c in CODECS[media.kind]} - {"video/rtx"}
+        theirs = {f"{media.kind}/{c.name}".lower() for c in media.rtp.codecs}
+        if not ours & theirs:
+            raise BadRequest(
+                f"no common {media.kind} codec: the offer has {sorted(theirs)}, this server "
+                f"supports {sorted(ours)}"
+            )
 
 
 def _check_answer(sdp: str) -> None:

@@ -95,6 +95,8 @@ class GenerationWorker:
 
     def join(self, timeout: float) -> bool:
         """Wait for the thread (call via a thread pool from async code)."""
+        if self._thread.ident is None:  # never started (the offer was refused)
+            return True
         self._thread.join(timeout)
         return not self._thread.is_alive()
 

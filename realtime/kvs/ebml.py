@@ -307,6 +307,19 @@ class StreamSplitter:
             yield from self._take(element_id, element)
         del self._buf[:pos]
 
+    def pending_cluster_timecode(self) -> int | None:
+        """Timecode of the Cluster whose first bytes are buffered but which is not complete."""
+        header = _element_header(self._buf, 0)
+        if header is None or header[0] != CLUSTER:
+            return None
+        child = _element_header(self._buf, header[1])
+        if child is None or child[0] != CLUSTER_TIMECODE:
+            return None
+        start = header[1] + child[1]
+        if start + child[2] > len(self._buf):
+            return None
+        return read_uint(self._buf[start : start + child[2]])
+
     def _take(self, element_id: int, element: bytes) -> Iterator[SegmentHeader | bytes]:
         if element_id == EBML_HEADER:
             self._ebml_header = element

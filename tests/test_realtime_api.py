@@ -1,0 +1,128 @@
+"""The HTTP API refuses bad input with the right status and a reason, and never falls over."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import aiohttp
+import pytest
+from aiortc import RTCPeerConnection
+from aiortc.mediastreams import AudioStreamTrack
+from realtime_helpers import running_server
+
+from realtime.server import SERVICE
+
+
+async def make_offer(audio: bool = True, video: bool = True) -> str:
+    pc = RTCPeerConnection()
+    if audio:
+        pc.addTrack(AudioStreamTrack())
+    if video:
+        pc.addTransceiver("video", direction="recvonly")
+    if not audio and not video:
+        pc.createDataChannel("x")
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    return sdp
+
+
+def without_audio_codecs(sdp: str) -> str:
+    """Rewrite the audio section so it offers only a codec nobody supports."""
+    sdp = re.sub(r"m=audio (\d+) (\S+) [\d ]+", r"m=audio \1 \2 96", sdp)
+    sdp = re.sub(r"a=rtpmap:96 opus/48000/2", "a=rtpmap:96 nonsense/48000/2", sdp)
+    return re.sub(r"a=rtpmap:(9|0|8) [^\r\n]+\r\n", "", sdp)
+
+
+async def post(http, url, body, headers=None):
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    async with http.post(url, data=data, headers=headers or {}) as r:
+        return r.status, await r.json(content_type=None)
+
+
+async def test_bad_offers_are_refused_with_reasons():
+    async with running_server() as (url, app), aiohttp.ClientSession() as http:
+        offer = f"{url}/offer"
+        status, body = await post(http, offer, b"{not json")
+        assert status == 400 and "JSON" in body["error"]
+        status, body = await post(http, offer, [1, 2])
+        assert status == 400 and "object" in body["error"]
+        status, body = await post(http, offer, {"sdp": "hello", "type": "offer"})
+        assert status == 400 and "sdp" in body["error"]
+        status, body = await post(http, offer, {"sdp": await make_offer(), "type": "answer"})
+        assert status == 400 and "type" in body["error"]
+        status, body = await post(
+            http, offer, {"sdp": await make_offer(), "type": "offer", "color": "red"}
+        )
+        assert status == 400 and "color" in body["error"]
+        status, body = await post(
+            http, offer, {"sdp": await make_offer(), "type": "offer", "seed": "x"}
+        )
+        assert status == 400 and "seed" in body["error"]
+        status, body = await post(
+            http, offer, {"sdp": await make_offer(audio=False), "type": "offer"}
+        )
+        assert status == 400 and "no audio track" in body["error"]
+        status, body = await post(
+            http, offer, {"sdp": await make_offer(video=False), "type": "offer"}
+        )
+        assert status == 400 and "video" in body["error"]
+        sdp = without_audio_codecs(await make_offer())
+        status, body = await post(http, offer, {"sdp": sdp, "type": "offer"})
+        assert status == 400 and "codec" in body["error"], body
+        status, body = await post(http, offer, b"x" * (256 * 1024))
+        assert status == 413 and "larger" in body["error"]
+        # Nothing leaked: no session was created by any of these.
+        assert app[SERVICE].sessions == {}
+        async with http.get(f"{url}/healthz") as r:
+            assert r.status == 200 and (await r.json())["sessions"] == 0
+
+
+async def test_unknown_sessions_are_404():
+    async with running_server() as (url, _app), aiohttp.ClientSession() as http:
+        async with http.delete(f"{url}/sessions/nope") as r:
+            assert r.status == 404 and "nope" in (await r.json())["error"]
+        async with http.post(f"{url}/sessions/nope/interrupt") as r:
+            assert r.status == 404
+        async with http.get(f"{url}/sessions") as r:
+            assert r.status == 200 and (await r.json()) == {"sessions": []}
+
+
+async def test_token_guards_every_api_call_but_the_page():
+    async with running_server(token="s3cret") as (url, _app), aiohttp.ClientSession() as http:
+        good = {"Authorization": "Bearer s3cret"}
+        bad = {"Authorization": "Bearer nope"}
+        for method, path in [
+            ("GET", "/sessions"),
+            ("GET", "/healthz"),
+            ("GET", "/metrics"),
+            ("POST", "/offer"),
+            ("DELETE", "/sessions/x"),
+            ("POST", "/sessions/x/interrupt"),
+        ]:
+            for headers in ({}, bad):
+                async with http.request(method, url + path, headers=headers) as r:
+                    assert r.status == 401, (method, path, headers)
+                    assert "token" in (await r.json())["error"]
+        async with http.get(f"{url}/healthz", headers=good) as r:
+            assert r.status == 200
+        async with http.get(f"{url}/metrics", headers=good) as r:
+            assert r.status == 200 and "facecast_active_sessions" in await r.text()
+        async with http.get(f"{url}/") as r:  # the page itself loads without the token
+            assert r.status == 200 and "<video" in await r.text()
+        async with http.get(f"{url}/static/app.js") as r:
+            assert r.status == 200 and "facecastStats" in await r.text()
+
+
+@pytest.mark.parametrize("value", ["0.0.0.0"])
+def test_binds_loopback_by_default(value):
+    import argparse
+
+    from realtime.server import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([])
+    assert args.host == "127.0.0.1" and args.port == 8080
+    assert parser.parse_args(["--host", value]).host == value
