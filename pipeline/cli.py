@@ -34,6 +34,8 @@ def cmd_render(args: argparse.Namespace) -> int:
         if not Path(path).is_file():
             raise FacecastError(f"{what} not found: {path}")
     device = resolve_device(args.device)
+    if args.gpus > 1:
+        return render_parallel(cfg, device, args)
     engine = Engine.load(cfg, device)
     result = render_file(
         engine, args.reference, args.audio, args.out, seed=args.seed, progress=not args.quiet
@@ -44,6 +46,23 @@ def cmd_render(args: argparse.Namespace) -> int:
             f"wrote {result.path}: {result.frames} frames, {result.audio_seconds:.2f} s audio "
             f"({times})"
         )
+    return 0
+
+
+def render_parallel(cfg, device: str, args: argparse.Namespace) -> int:
+    """One render over `--gpus` processes (GPUs, or gloo CPU processes without CUDA)."""
+    import torch
+
+    from pipeline.media import load_image
+    from pipeline.parallel.launch import ParallelOptions, launch, render_worker
+
+    if device == "cuda" and torch.cuda.device_count() < args.gpus:
+        raise FacecastError(f"--gpus {args.gpus} but only {torch.cuda.device_count()} GPUs exist")
+    load_image(args.reference)  # fail here, before any worker starts, on a bad reference
+    opts = ParallelOptions(world=args.gpus, head_groups=args.head_groups)
+    launch(render_worker, opts, cfg, device, args.reference, args.audio, args.out, args.seed)
+    if not args.quiet:
+        print(f"wrote {args.out} with {args.gpus} processes")
     return 0
 
 
@@ -80,6 +99,18 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--seed", type=int, default=0)
     render.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     render.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    render.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        help="split one session over N GPUs (N CPU processes without CUDA)",
+    )
+    render.add_argument(
+        "--head-groups",
+        type=int,
+        default=2,
+        help="Ulysses head groups per all-to-all when --gpus > 1",
+    )
     render.set_defaults(func=cmd_render)
 
     serve = sub.add_parser("serve", help="serve the avatar over WebRTC")
@@ -90,10 +121,37 @@ def build_parser() -> argparse.ArgumentParser:
     if add_arguments is not None:
         add_arguments(serve)
     serve.set_defaults(func=cmd_serve)
+    for name in PASSTHROUGH:  # listed in --help; parsed by their own modules
+        sub.add_parser(name, help=f"see `facecast {name} --help`", add_help=False)
     return parser
 
 
+def _passthrough(name: str):
+    """Tools with their own argument parsers, run as `facecast NAME ...`."""
+    if name == "eval":
+        from pipeline.eval.commands import eval_main
+
+        return eval_main
+    from pipeline.synth import commands
+
+    return {
+        "make-reference": commands.make_reference_main,
+        "make-dataset": commands.make_dataset_main,
+        "make-sample-speech": commands.make_sample_speech_main,
+    }[name]
+
+
+PASSTHROUGH = ("eval", "make-reference", "make-dataset", "make-sample-speech")
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in PASSTHROUGH:
+        try:
+            return _passthrough(argv[0])(argv[1:])
+        except FacecastError as exc:
+            print(f"facecast: error: {exc}", file=sys.stderr)
+            return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
