@@ -111,14 +111,14 @@ def load_test_engine():
 
 
 @contextlib.asynccontextmanager
-async def running_server(**overrides) -> AsyncIterator[tuple[str, object]]:
-    """Start the real aiohttp app on a loopback port; yields (base_url, app state)."""
+async def running_server(engine=None, **overrides) -> AsyncIterator[tuple[str, object]]:
+    """Start the real aiohttp app on a loopback port; yields (base_url, app)."""
     from aiohttp import web
 
     from realtime.server import ServerConfig, build_app
 
     config = ServerConfig(port=0, **overrides)
-    engine = await asyncio.to_thread(load_test_engine)
+    engine = engine or await asyncio.to_thread(load_test_engine)
     app = build_app(config, engine=engine)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
