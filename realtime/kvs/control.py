@@ -6,8 +6,10 @@ Blocking (boto3): the mirror calls these from a thread, never on the event loop.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import boto3
 import botocore.config
@@ -52,16 +54,7 @@ class KvsControlPlane:
     def __init__(self, options: KvsOptions, stream_name: str) -> None:
         self._options = options
         self.stream_name = stream_name
-        try:
-            self._session = boto3.session.Session(region_name=options.region)
-            self._client = self._session.client(
-                "kinesisvideo",
-                config=botocore.config.Config(retries={"max_attempts": 3, "mode": "standard"}),
-            )
-        except botocore.exceptions.NoRegionError as exc:
-            raise KvsConfigError(
-                "no AWS region for KVS: pass --kvs-region or set AWS_REGION"
-            ) from exc
+        self._session, self._client = _shared_client(options.region)
         self.region: str = self._client.meta.region_name
         self._endpoint: str | None = None
         self._endpoint_at = 0.0
@@ -163,6 +156,35 @@ class KvsControlPlane:
             raise _from_client_error(exc, self.stream_name) from exc
         except botocore.exceptions.BotoCoreError as exc:
             raise KvsControlPlaneError(f"KVS control plane unreachable: {exc}") from exc
+
+
+_CLIENTS: dict[str | None, tuple[boto3.session.Session, Any]] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _shared_client(region: str | None) -> tuple[boto3.session.Session, Any]:
+    """One boto3 session and client per region for the process: building one costs
+    ~100 ms of CPU under the GIL, too much to pay again for every WebRTC session."""
+    with _CLIENTS_LOCK:
+        if region not in _CLIENTS:
+            try:
+                session = boto3.session.Session(region_name=region)
+                client = session.client(
+                    "kinesisvideo",
+                    config=botocore.config.Config(retries={"max_attempts": 3, "mode": "standard"}),
+                )
+            except botocore.exceptions.NoRegionError as exc:
+                raise KvsConfigError(
+                    "no AWS region for KVS: pass --kvs-region or set AWS_REGION"
+                ) from exc
+            _CLIENTS[region] = (session, client)
+        return _CLIENTS[region]
+
+
+def clear_client_cache() -> None:
+    """Forget the shared clients (their cached credentials): after AWS config changes."""
+    with _CLIENTS_LOCK:
+        _CLIENTS.clear()
 
 
 def _from_client_error(exc: botocore.exceptions.ClientError, stream: str) -> KvsError:
