@@ -14,7 +14,7 @@ How a frame is measured (working resolution WORK x WORK, RGB in [0, 1]):
   peak, refined to sub-pixel by a parabola, is the head's translation. Head roll is
   small in this world and is not estimated.
 - Mouth opening: inside a mouth window that follows the face, the area of pixels
-  that are much darker than the lips (the inner mouth) or bright and unsaturated
+  darker than 60% of the darker of lips and skin (the inner mouth) or bright and unsaturated
   (teeth), divided by the frame area; lips and skin are neither.
 - Identity features: an 8x8 RGB thumbnail of the upper face (above the mouth
   window, aligned by the face position) and a 4x4x4 colour histogram of the head
@@ -111,20 +111,28 @@ def measure_layout(reference: np.ndarray, size: int = WORK) -> FaceLayout:
         )
         mask = skin_mask(ref, skin)
 
-    # Lips: clearly redder than skin, below the nose, near the centre line.
-    y0, y1, x0, x1 = int(0.55 * s), int(0.72 * s), int(0.38 * s), int(0.62 * s)
+    # Lips: clearly redder than skin, below the nose, near the centre line. Red hair
+    # can reach into this window beside the chin, so keep only the band of rows
+    # around the strongest lip row.
+    y0, y1, x0, x1 = int(0.55 * s), int(0.72 * s), int(0.42 * s), int(0.58 * s)
     win = ref[y0:y1, x0:x1]
     redder = _chroma(win)[..., 0] - _chroma(skin)[0]
     lip_w = np.clip((redder - 0.04) / 0.03, 0, 1) * (_lum(win) > 0.05)
-    if lip_w.sum() < 3:
+    rows = lip_w.sum(axis=1)
+    if rows.max() < 2:
         raise ValueError(
             "could not find the lips in the reference image; metrics need a reference "
             "from the synthetic face world (facecast make-reference)"
         )
+    peak = int(rows.argmax())
+    band = np.zeros_like(rows)
+    band[max(0, peak - s // 32) : peak + s // 32 + 1] = 1
+    lip_w = lip_w * band[:, None]
     yy, xx = np.mgrid[y0:y1, x0:x1]
     my = int(round(float((yy * lip_w).sum() / lip_w.sum())))
     mx = int(round(float((xx * lip_w).sum() / lip_w.sum())))
-    lips = (win * lip_w[..., None]).sum(axis=(0, 1)) / lip_w.sum()
+    strong = lip_w > 0.99
+    lips = np.median(win[strong], axis=0) if strong.sum() >= 3 else win[lip_w > 0].mean(axis=0)
     # Mouth window in frame units of the world: +-0.26 wide (mouth plus yaw shift),
     # from just above the upper lip to past the fully dropped lower lip.
     half = s / 2
@@ -186,8 +194,9 @@ def mouth_opening(x: np.ndarray, offsets: np.ndarray, layout: FaceLayout) -> np.
     as the reference."""
     win = _window(x, _mouth_abs(layout), offsets)
     lum = _lum(win)
-    lip_lum = float(_lum(layout.lips))
-    dark = np.clip((0.55 * lip_lum - lum) / (0.12 * lip_lum + 1e-3), 0, 1)
+    # Darker than 60% of the darker of lips and skin: the inner mouth.
+    ref_lum = min(float(_lum(layout.lips)), float(_lum(layout.skin)))
+    dark = np.clip((0.6 * ref_lum - lum) / (0.15 * ref_lum + 1e-3), 0, 1)
     sat = (win.max(axis=-1) - win.min(axis=-1)) / (win.max(axis=-1) + 1e-3)
     skin_sat = float((layout.skin.max() - layout.skin.min()) / (layout.skin.max() + 1e-3))
     # Teeth: bright and clearly less saturated than this person's skin.

@@ -522,13 +522,13 @@ def _paint_mouth(c: _Canvas, ident: FaceIdentity, m: MotionTrack, skin) -> None:
     def cavity(u, v):
         return _ellipse(u, v - cy, half_w * 0.86, half_gap + 1e-4)
 
-    inside = c.paint(cavity, (0.16, 0.05, 0.06), box)
+    inside = c.paint(cavity, (0.09, 0.025, 0.03), box)
     if inside is None:
         return
     teeth_h = (0.4 * gap + 0.01) * teeth
     c.paint(
         lambda u, v: _ellipse(u, v - bottom, half_w * 0.55, 0.45 * half_gap + 0.004),
-        (0.62, 0.25, 0.28),
+        lips * 0.5,
         box,
         clip=inside,
     )
