@@ -43,7 +43,8 @@ needs_interpreter = pytest.mark.skipif(
 
 @pytest.mark.skipif(INTERPRETED, reason="the interpreter is active in this process")
 def test_rerun_in_fresh_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    assert "FACECAST_KERNEL_TEST_RERUN" not in os.environ, "the interpreter did not come up"
+    env = dict(os.environ, TRITON_INTERPRET="1", FACECAST_KERNEL_TEST_RERUN="1")
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
         env=env,
@@ -108,6 +109,21 @@ def test_pointer_path_and_explicit_scale_match_reference():
     cfg = KernelConfig(block_m=16, block_n=32, use_tma=False)
     out = _run(q, k, v, F, W, R, scale=0.3, config=cfg)
     assert _rel_err(out, _reference(q, k, v, F, W, R, scale=0.3)) <= 1e-2
+
+
+@needs_interpreter
+@pytest.mark.parametrize(
+    "case", [(21, 32, 3, 1, 1), (22, 16, 2, 1, 1)], ids=["F32", "F16_one_block"]
+)
+def test_pipelined_qk_loop_matches_reference(case):
+    # The software-pipelined bounded loop (QK^T of block j+1 before block j's softmax), also
+    # where a row block has a single key block (reference rows with F = BLOCK_N = 16).
+    seed, F, T, W, R = case
+    q, k, v = _qkv(seed, 1, 2, (R + T) * F, 64)
+    cfg = KernelConfig(block_m=16, block_n=16, pipeline_qk=True)
+    out, flags = _launch(q, k, v, FrameWindowSpec(F, W, R), None, 64.0, cfg)
+    assert bool(flags.all())
+    assert _rel_err(out, _reference(q, k, v, F, W, R)) <= 1e-2
 
 
 @needs_interpreter

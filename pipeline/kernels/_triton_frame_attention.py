@@ -15,6 +15,22 @@ import triton.language as tl
 
 
 @triton.jit
+def _round_like_gpu(x, io_dtype: tl.constexpr):
+    """x (fp32) rounded to io_dtype's precision, kept in fp32: the interpreter only.
+
+    Its fp32 -> bf16 cast truncates where the GPU rounds to nearest even, which would double
+    the error the CPU tests see; do the rounding on the bits instead.
+    """
+    if io_dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        y = bits.to(tl.float32, bitcast=True)
+    else:
+        y = x.to(io_dtype).to(tl.float32)
+    return y
+
+
+@triton.jit
 def _frame_key_stats(
     K,  # (B*H*L, D) keys
     Cm,  # out (B*H*NF, D) fp32: mean key of each frame
@@ -49,6 +65,53 @@ def _frame_key_stats(
 
 
 @triton.jit
+def _load_rows(X, row0, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, USE_TMA: tl.constexpr):
+    """ROWS consecutive rows from row0 of a (rows, HEAD_DIM) tensor: a TMA tile or plain loads."""
+    if USE_TMA:
+        tile = X.load([row0, 0])
+    else:
+        rows = row0.to(tl.int64) + tl.arange(0, ROWS)
+        tile = tl.load(X + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :])
+    return tile
+
+
+@triton.jit
+def _store_rows(X, row0, val, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, USE_TMA: tl.constexpr):
+    if USE_TMA:
+        X.store([row0, 0], val)
+    else:
+        rows = row0.to(tl.int64) + tl.arange(0, ROWS)
+        tl.store(X + rows[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :], val)
+
+
+@triton.jit
+def _key_block_row(j, head_row, n_ref, jump, BLOCK_N: tl.constexpr):
+    """First row of key block j: the reference span's blocks, then the window's."""
+    return head_row + j * BLOCK_N + tl.where(j >= n_ref, jump, 0)
+
+
+@triton.jit
+def _scores(q, K, row, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, USE_TMA: tl.constexpr,
+            UPCAST: tl.constexpr):  # fmt: skip
+    k = _load_rows(K, row, BLOCK_N, HEAD_DIM, USE_TMA)
+    if UPCAST:
+        k = k.to(tl.float32)
+    return tl.dot(q, tl.trans(k))
+
+
+@triton.jit
+def _accumulate(acc, p, V, row, io_dtype: tl.constexpr, BLOCK_N: tl.constexpr,
+                HEAD_DIM: tl.constexpr, USE_TMA: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+    """acc += p @ v, with p rounded to the input dtype as the tensor cores take it."""
+    v = _load_rows(V, row, BLOCK_N, HEAD_DIM, USE_TMA)
+    if UPCAST:
+        acc = tl.dot(_round_like_gpu(p, io_dtype), v.to(tl.float32), acc)
+    else:
+        acc = tl.dot(p.to(io_dtype), v, acc)
+    return acc
+
+
+@triton.jit
 def _frame_attention_fwd(
     Q,  # (B*H*L, D) bf16/fp16: a pointer, or a TensorDescriptor when USE_TMA
     K,
@@ -71,6 +134,7 @@ def _frame_attention_fwd(
     USE_TMA: tl.constexpr,
     UPCAST: tl.constexpr,  # interpreter only: its bf16 dot multiplies raw bits, so dot in fp32
     WARP_SPEC: tl.constexpr,
+    PIPE_QK: tl.constexpr,  # issue block j+1's QK^T before block j's softmax, so they overlap
 ):
     # Reference-frame row blocks do the least work (R*F keys); rotating them to the end of
     # each head's launch order puts the light programs in the last wave.
@@ -87,16 +151,10 @@ def _frame_attention_fwd(
     win_lo = tl.where(is_video, R + tl.maximum(vid - W, 0), R)
     win_hi = tl.where(is_video, R + tl.minimum(vid + W, T - 1) + 1, R)
 
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    head_row = bh * L  # int32 is enough for TMA coordinates; pointer math below widens
-    if USE_TMA:
-        q = Q.load([head_row + start_m, 0])
-    else:
-        q_rows = bh.to(tl.int64) * L + start_m + offs_m
-        q = tl.load(Q + q_rows[:, None] * HEAD_DIM + offs_d[None, :])
-    io_dtype = q.dtype
+    head_row = bh * L  # row of this (b, h)'s first token; B*H*L < 2**31 (checked by the caller)
+    q = _load_rows(Q, head_row + start_m, BLOCK_M, HEAD_DIM, USE_TMA)
+    io_dtype: tl.constexpr = q.dtype
 
     # ---- the bound: mean-centre the visible keys, then Cauchy-Schwarz ----------------------
     # mu = mean of the visible keys (frames have equal length, so the mean of frame means);
@@ -128,65 +186,50 @@ def _frame_attention_fwd(
 
     # ---- key loop: reference span, then window span; only full blocks, no predicate --------
     n_ref = R * F // BLOCK_N
-    n_blocks = n_ref + (win_hi - win_lo) * F // BLOCK_N
+    n_blocks = n_ref + (win_hi - win_lo) * F // BLOCK_N  # >= 1: every row sees a frame
     jump = (win_lo - R) * F  # from the end of the reference span to the window's first key
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     if bounded:
         # Fixed max: no running max, no rescale of acc and l; blocks stream independently.
-        for j in tl.range(0, n_blocks, warp_specialize=WARP_SPEC):
-            start_n = tl.multiple_of(j * BLOCK_N + tl.where(j >= n_ref, jump, 0), BLOCK_N)
-            if USE_TMA:
-                k = K.load([head_row + start_n, 0])
-                v = V.load([head_row + start_n, 0])
-            else:
-                kv_rows = bh.to(tl.int64) * L + start_n + offs_n
-                kv_offs = kv_rows[:, None] * HEAD_DIM + offs_d[None, :]
-                k = tl.load(K + kv_offs)
-                v = tl.load(V + kv_offs)
-            if UPCAST:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
-            s = tl.dot(q, tl.trans(k))
+        if PIPE_QK:
+            row = _key_block_row(0, head_row, n_ref, jump, BLOCK_N)
+            s = _scores(q, K, row, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST)
+            for j in tl.range(1, n_blocks, warp_specialize=WARP_SPEC):
+                row_next = _key_block_row(j, head_row, n_ref, jump, BLOCK_N)
+                s_next = _scores(q, K, row_next, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST)
+                p = tl.math.exp2(s * qk_scale - m_bound[:, None])
+                l_i += tl.sum(p, 1)
+                acc = _accumulate(acc, p, V, row, io_dtype, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST)
+                s = s_next
+                row = row_next
             p = tl.math.exp2(s * qk_scale - m_bound[:, None])
             l_i += tl.sum(p, 1)
-            p_mm = p.to(io_dtype)
-            if UPCAST:
-                p_mm = p_mm.to(tl.float32)
-            acc = tl.dot(p_mm, v, acc)
+            acc = _accumulate(acc, p, V, row, io_dtype, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST)
+        else:
+            for j in tl.range(0, n_blocks, warp_specialize=WARP_SPEC):
+                row = _key_block_row(j, head_row, n_ref, jump, BLOCK_N)
+                s = _scores(q, K, row, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST)
+                p = tl.math.exp2(s * qk_scale - m_bound[:, None])
+                l_i += tl.sum(p, 1)
+                acc = _accumulate(acc, p, V, row, io_dtype, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST)
     else:
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         for j in tl.range(0, n_blocks, warp_specialize=WARP_SPEC):
-            start_n = tl.multiple_of(j * BLOCK_N + tl.where(j >= n_ref, jump, 0), BLOCK_N)
-            if USE_TMA:
-                k = K.load([head_row + start_n, 0])
-                v = V.load([head_row + start_n, 0])
-            else:
-                kv_rows = bh.to(tl.int64) * L + start_n + offs_n
-                kv_offs = kv_rows[:, None] * HEAD_DIM + offs_d[None, :]
-                k = tl.load(K + kv_offs)
-                v = tl.load(V + kv_offs)
-            if UPCAST:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
-            s = tl.dot(q, tl.trans(k))
+            row = _key_block_row(j, head_row, n_ref, jump, BLOCK_N)
+            s = _scores(q, K, row, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST)
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # qk_scale > 0
             p = tl.math.exp2(s * qk_scale - m_new[:, None])
             alpha = tl.math.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None]
-            p_mm = p.to(io_dtype)
-            if UPCAST:
-                p_mm = p_mm.to(tl.float32)
-            acc = tl.dot(p_mm, v, acc)
+            acc = _accumulate(acc, p, V, row, io_dtype, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST)
             m_i = m_new
 
-    out = (acc / l_i[:, None]).to(io_dtype)
-    if USE_TMA:
-        O.store([head_row + start_m, 0], out)
-    else:
-        o_rows = bh.to(tl.int64) * L + start_m + offs_m
-        tl.store(O + o_rows[:, None] * HEAD_DIM + offs_d[None, :], out)
+    out = acc / l_i[:, None]
+    if UPCAST:
+        out = _round_like_gpu(out, io_dtype)
+    _store_rows(O, head_row + start_m, out.to(io_dtype), BLOCK_M, HEAD_DIM, USE_TMA)
     tl.store(Flags + bh * NUM_MB + pid_m, bounded.to(tl.int8))
 
 

@@ -73,17 +73,20 @@ class KernelConfig:
     """Launch parameters of the attention kernel. Tiles shrink to divide F when they do not."""
 
     block_m: int = 128
-    block_n: int = 128
+    block_n: int = 64
     num_warps: int = 8
     num_stages: int = 2
     use_tma: bool = True  # Hopper's bulk tensor copies; ignored before sm_90 and in the interpreter
     warp_specialize: bool = False
+    pipeline_qk: bool = False  # bounded path: next block's QK^T issued before this softmax
 
 
 # Chosen on the H200 by bench/attention_bench.py (see bench/RESULTS.md), per head_dim.
+# The bounded and online loops each get their own shared-memory ring (Triton does not share
+# buffers across the branches), so D=128 with 128-key tiles does not fit in 227 KB.
 _DEFAULT_CONFIGS = {
-    128: KernelConfig(block_m=128, block_n=128, num_warps=8, num_stages=2),
-    64: KernelConfig(block_m=128, block_n=128, num_warps=8, num_stages=3),
+    128: KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=2),
+    64: KernelConfig(block_m=128, block_n=128, num_warps=8, num_stages=2),
 }
 
 
@@ -140,6 +143,8 @@ def _launch(
     num_video = _check_inputs(q, k, v, spec)
     B, H, L, D = q.shape
     F, R = spec.tokens_per_frame, spec.ref_frames
+    if B * H * L >= 2**31:
+        raise ValueError(f"B*H*L = {B * H * L} rows is too many for int32 tile coordinates")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     if not scale > 0:
         raise ValueError(f"scale must be positive, got {scale}")
@@ -180,7 +185,8 @@ def _launch(
         scale * _LOG2E, float(gap_limit),
         L, F, num_video, spec.window, R, num_mb,
         HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, USE_TMA=use_tma, UPCAST=interpret,
-        WARP_SPEC=cfg.warp_specialize and not interpret, **launch_opts,
+        WARP_SPEC=cfg.warp_specialize and not interpret, PIPE_QK=cfg.pipeline_qk,
+        **launch_opts,
     )  # fmt: skip
     return out.view(B, H, L, D), flags.view(B, H, num_mb)
 
