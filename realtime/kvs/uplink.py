@@ -49,10 +49,7 @@ class AckErrorEvent(KvsError):
 
     def __init__(self, ack: Ack, stream: str) -> None:
         code = ack.error_id or 0
-        super().__init__(
-            f"KVS stream {stream}: ERROR {code} {ack.error_name} for the fragment at "
-            f"{ack.timecode} ms"
-        )
+        super().__init__(f"ERROR {code} {ack.error_name} for the fragment at {ack.timecode} ms")
         self.ack = ack
         self.kind = f"ack_{code}"
         self.retryable = code not in STREAM_FATAL_CODES
@@ -159,23 +156,68 @@ class KvsUplink:
         self._stats.connections += 1
         self._metrics.connections.inc()
         opened_at = time.monotonic()
+        sender: asyncio.Task[None] | None = None
         try:
             await connection.open(self._ledger.header)
             self._auth_failures = 0
             sender = asyncio.create_task(self._send_all(connection, opened_at))
-            reader = asyncio.create_task(self._read_acks(connection))
-            try:
-                done, _ = await asyncio.wait({sender, reader}, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    task.result()  # raises the reason this connection ended
-                if reader in done:
-                    raise PutMediaConnectionLost("KVS closed the PutMedia response")
-            finally:
-                for task in (sender, reader):
-                    task.cancel()
-                await asyncio.gather(sender, reader, return_exceptions=True)
+            await self._pump_acks(connection, sender)
         finally:
+            if sender is not None:
+                sender.cancel()
+                await asyncio.gather(sender, return_exceptions=True)
             connection.close()
+
+    async def _pump_acks(self, connection: PutMediaConnection, sender: asyncio.Task) -> None:
+        """Apply acks until the connection is over: return when all is sent and settled,
+        else raise why it ended.
+
+        After an ERROR ack nothing more is sent, but acks are still read until KVS closes
+        the response (or goes quiet): PERSISTED acks for earlier fragments may follow, and
+        resending those would duplicate them in the stream.
+        """
+        acks = connection.acks().__aiter__()
+        next_ack: asyncio.Future | None = None
+        error: AckErrorEvent | None = None
+        try:
+            while True:
+                if next_ack is None:
+                    next_ack = asyncio.ensure_future(anext(acks))
+                waiting = {next_ack} if sender.done() else {next_ack, sender}
+                done, _ = await asyncio.wait(
+                    waiting,
+                    timeout=self._options.ack_timeout_s,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if not done:  # silence
+                    if error is not None:
+                        raise error
+                    if self._ledger.outstanding():
+                        raise PutMediaConnectionLost(
+                            f"no acknowledgement for {self._options.ack_timeout_s:g} s"
+                        )
+                    continue
+                if sender in done and error is None:
+                    sender.result()  # raises _Rotate
+                    return  # input over, every fragment final
+                if next_ack not in done:
+                    continue
+                try:
+                    ack = next_ack.result()
+                except StopAsyncIteration:
+                    if error is not None:
+                        raise error from None
+                    raise PutMediaConnectionLost("KVS closed the PutMedia response") from None
+                next_ack = None
+                if ack.event_type == "ERROR":
+                    if error is None:
+                        error = self._on_ack_error(ack)
+                        sender.cancel()
+                else:
+                    self._apply(ack)
+        finally:
+            if next_ack is not None:
+                next_ack.cancel()
 
     async def _send_all(self, connection: PutMediaConnection, opened_at: float) -> None:
         last_sent = -1  # timecode of the last fragment sent on this connection
@@ -204,27 +246,9 @@ class KvsUplink:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._ledger.wait_change(), remaining)
 
-    async def _read_acks(self, connection: PutMediaConnection) -> None:
-        acks = connection.acks().__aiter__()
-        while True:
-            try:
-                ack = await asyncio.wait_for(anext(acks), timeout=self._options.ack_timeout_s)
-            except StopAsyncIteration:
-                return
-            except asyncio.TimeoutError:
-                if self._ledger.outstanding():
-                    raise PutMediaConnectionLost(
-                        f"no acknowledgement for {self._options.ack_timeout_s:g} s"
-                    ) from None
-                continue
-            self._apply(ack)
-
     def _apply(self, ack: Ack) -> None:
         if ack.event_type == "IDLE":
             self._stats.idle_acks += 1
-            return
-        if ack.event_type == "ERROR":
-            self._on_ack_error(ack)
             return
         if ack.timecode is None:
             return
@@ -232,7 +256,7 @@ class KvsUplink:
         if record is not None:
             self._backoff = self._options.backoff_initial_s
 
-    def _on_ack_error(self, ack: Ack) -> None:
+    def _on_ack_error(self, ack: Ack) -> AckErrorEvent:
         code = ack.error_id or 0
         record = self._ledger.record_at(ack.timecode)
         if record is not None and code not in RETRY_CODES and code not in STREAM_FATAL_CODES:
@@ -245,7 +269,7 @@ class KvsUplink:
                 ack.error_name,
             )
             self._ledger.fail(record, f"ack_{code}")
-        raise AckErrorEvent(ack, self._stream)
+        return AckErrorEvent(ack, self._stream)
 
     # --- failures ------------------------------------------------------------------
     def _on_error(self, exc: KvsError) -> None:
