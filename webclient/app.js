@@ -6,7 +6,7 @@ const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const stats = (window.facecastStats = {
   state: "idle", ttffMs: null, framesDecoded: 0, fps: 0, freezeCount: 0,
-  rttMs: null, kbps: null, speaking: false, error: null, sessionId: null,
+  rttMs: null, kbps: null, speaking: false, error: null, sessionId: null, statsAtMs: null,
 });
 
 let pc = null, channel = null, micStream = null, sessionId = null;
@@ -105,7 +105,7 @@ async function connect() {
   setState("connected");
   say("Connected: speak, and the avatar says it back.");
   watchFirstFrame();
-  statsTimer = setInterval(pollStats, 1000);
+  statsTimer = setInterval(pollStats, 500);
 }
 
 function iceGathered(peer) {
@@ -140,6 +140,7 @@ async function pollStats() {
       if (lastTs) stats.kbps = Math.round(((s.bytesReceived - lastBytes) * 8) / (now - lastTs));
       lastFrames = frames; lastTs = now; lastBytes = s.bytesReceived;
       stats.framesDecoded = frames;
+      stats.statsAtMs = Math.round(now); // when framesDecoded was read (for rates)
       stats.freezeCount = s.freezeCount || 0;
     }
     if (s.type === "candidate-pair" && s.nominated && s.currentRoundTripTime !== undefined) {

@@ -1,0 +1,78 @@
+"""A real browser (Debian chromium, headless, via Playwright) talks to the server."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import shutil
+
+import numpy as np
+import pytest
+from realtime_helpers import make_speech_wav, running_server
+
+from realtime.server import SERVICE
+
+CHROMIUM = "/usr/bin/chromium"
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not shutil.which(CHROMIUM), reason="Debian chromium not installed"),
+]
+
+
+def chromium_args(wav: str) -> list[str]:
+    return [
+        "--no-sandbox",
+        "--disable-gpu",
+        "--use-fake-ui-for-media-stream",
+        "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={wav}",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-quic",
+    ]
+
+
+@pytest.mark.timeout(180)
+async def test_browser_autostart_plays_the_avatar_at_25_fps(tmp_path):
+    from playwright.async_api import async_playwright
+
+    speech = make_speech_wav(
+        tmp_path / "mic.wav", [0.5, "Hello from the browser.", 0.7, "Can you hear me?", 0.5]
+    )
+    async with running_server() as (url, app), async_playwright() as pw:
+        browser = await pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=chromium_args(str(speech.path))
+        )
+        try:
+            page = await browser.new_page()
+            await page.goto(f"{url}/?autostart=1")
+            await page.wait_for_function("window.facecastStats.ttffMs !== null", timeout=60_000)
+            # Let stats polling settle, then measure decoded frames over 10 s.
+            await page.wait_for_function("window.facecastStats.framesDecoded > 0", timeout=10_000)
+            before = await page.evaluate("({...window.facecastStats})")
+            await asyncio.sleep(10.0)
+            stats = await page.evaluate("({...window.facecastStats})")
+            shot = await page.locator("#avatar").screenshot()
+            assert len(app[SERVICE].sessions) == 1
+            await page.click("#disconnect")
+            await page.wait_for_function("window.facecastStats.state === 'idle'")
+        finally:
+            await browser.close()
+        await asyncio.sleep(1.0)
+        remaining = len(app[SERVICE].sessions)
+
+    # framesDecoded and the browser's own timestamp of that reading, ~10 s apart
+    window_s = (stats["statsAtMs"] - before["statsAtMs"]) / 1000
+    fps = (stats["framesDecoded"] - before["framesDecoded"]) / window_s
+    assert window_s >= 9.0 and fps >= 24.0, (before, stats)
+    assert stats["state"] == "connected" and stats["ttffMs"] > 0
+    assert {"ttffMs", "framesDecoded", "fps", "freezeCount", "state"} <= set(stats)
+    import av  # decode the PNG screenshot with PyAV: the video must show a picture
+
+    with av.open(io.BytesIO(shot), format="png_pipe") as box:
+        rgb = next(box.decode(video=0)).to_ndarray(format="rgb24")
+    assert rgb.std() > 10 and len(np.unique(rgb.reshape(-1, 3), axis=0)) > 50, "blank video"
+    assert remaining == 0
+    print("browser stats", stats, f"fps over 10 s: {fps:.1f}")
