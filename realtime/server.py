@@ -21,6 +21,7 @@ import logging
 import os
 import secrets
 import threading
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from aiortc.sdp import SessionDescription
 from realtime.errors import BadRequest, RealtimeError, ServerFull, SessionNotFound, Unauthorized
 from realtime.metrics import CONTENT_TYPE_LATEST, RealtimeMetrics
 from realtime.session import Session, SessionConfig
+from realtime.tracks import MediaSink
 
 WEBCLIENT = Path(__file__).resolve().parent.parent / "webclient"
 OFFER_OPTIONS = {"sdp", "type", "seed"}
@@ -54,12 +56,20 @@ class ServerConfig:
     session: SessionConfig = field(default_factory=SessionConfig)
 
 
+# Called for each new session; returns a started sink (or None) that receives the output
+# frames and audio, e.g. `realtime.kvs.KvsMirror`. The session closes it when it ends.
+SinkFactory = Callable[[Session], Awaitable["MediaSink | None"]]
+
+
 class Service:
     """Everything one app instance owns: engine, sessions, metrics. Stored on the app."""
 
-    def __init__(self, config: ServerConfig, engine: Any) -> None:
+    def __init__(
+        self, config: ServerConfig, engine: Any, sink_factories: Sequence[SinkFactory] = ()
+    ) -> None:
         self.config = config
         self.engine = engine
+        self.sink_factories = list(sink_factories)
         self.metrics = RealtimeMetrics()
         self.sessions: dict[str, Session] = {}
         self.reserved = 0  # offers being negotiated count against capacity
@@ -180,6 +190,14 @@ async def _negotiate(service: Service, offer: RTCSessionDescription, seed: int) 
     service.sessions[session.id] = session
     service.metrics.sessions_total.inc()
     service.metrics.active_sessions.set(len(service.sessions))
+    for factory in service.sink_factories:
+        try:
+            sink = await factory(session)
+        except Exception:  # a mirror that cannot start never costs the peer its call
+            log.exception("session %s: sink factory %r failed", session.id, factory)
+            continue
+        if sink is not None:
+            session.sinks.append(sink)
     session.start()
     return session
 

@@ -149,6 +149,7 @@ class Session:
             if task is not current:
                 task.cancel()
         self.worker.stop()
+        self._send(message("session_closed", reason=self.close_reason))
         try:
             self.video.stop()
             self.audio.stop()

@@ -93,20 +93,10 @@ def load_test_engine():
     """The real engine on CPU with the `tiny` config, loaded once per test process."""
     global _ENGINE
     if _ENGINE is None:
-        import os
+        from pipeline.config import load_config
+        from pipeline.engine import Engine
 
-        if os.environ.get("FACECAST_DEV_FAKE_ENGINE"):  # dev-only, removed before review
-            import sys
-
-            sys.path.insert(0, "/tmp/fake")
-            import fake_engine
-
-            _ENGINE = fake_engine.Engine.load()
-        else:
-            from pipeline.config import load_config
-            from pipeline.engine import Engine
-
-            _ENGINE = Engine.load(load_config("tiny"), device="cpu")
+        _ENGINE = Engine.load(load_config("tiny"), device="cpu")
     return _ENGINE
 
 

@@ -155,6 +155,11 @@ function onEvent(msg) {
   if (msg.type === "speech_started") stats.speaking = true;
   if (msg.type === "speech_stopped") stats.speaking = false;
   if (msg.type === "error") say("Server error: " + msg.message, true);
+  if (msg.type === "session_closed") {
+    say("The server ended the call (" + msg.reason + "). Press Connect to start again.", true);
+    disconnect(false);
+    return;
+  }
   render();
 }
 
