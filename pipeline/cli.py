@@ -36,7 +36,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     if args.gpus > 1:
         return render_parallel(cfg, device, args)
-    engine = Engine.load(cfg, device)
+    engine = Engine.load(cfg, device, offload=True if args.offload else None)
     result = render_file(
         engine, args.reference, args.audio, args.out, seed=args.seed, progress=not args.quiet
     )
@@ -76,6 +76,71 @@ def resolve_device(name: str) -> str:
     return name
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pipeline.bench import BenchOptions, run_bench, summary_line, write_results
+
+    opts = BenchOptions(
+        config=args.config,
+        seconds=args.seconds,
+        device=args.device,
+        attention=args.attention,
+        compile=args.compile,
+        offload=args.offload,
+        prefetch=args.prefetch,
+        memory_cap_gb=args.memory_cap_gb,
+        offload_budget_gb=args.offload_budget_gb,
+        warmup=not args.no_warmup,
+        isolated_reps=args.isolated_reps,
+    )
+    res = run_bench(opts)
+    command = args.command_line or bench_command(args)
+    write_results(res, args.json, command, Path(args.markdown) if args.markdown else None)
+    print(summary_line(res))
+    return 0
+
+
+def bench_command(args: argparse.Namespace) -> str:
+    """The command line that reproduces a bench run, for the results table."""
+    parts = ["facecast bench", f"--config {args.config}", f"--seconds {args.seconds:g}"]
+    for name in ("attention", "memory_cap_gb", "offload_budget_gb", "json"):
+        if getattr(args, name) is not None:
+            parts.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
+    for name in ("compile", "offload", "no_warmup"):
+        if getattr(args, name):
+            parts.append(f"--{name.replace('_', '-')}")
+    if args.offload:
+        parts.append(f"--prefetch {args.prefetch}")
+    return " ".join(parts)
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    from pipeline import gate
+    from pipeline.compile import compile_engine, pick_sdpa_backends
+    from pipeline.config import load_config
+    from pipeline.engine import Engine
+
+    overrides = {"runtime.attention": args.attention} if args.attention else {}
+    cfg = load_config(args.config, overrides=overrides)
+    engine = Engine.load(cfg, resolve_device(args.device), offload=True if args.offload else None)
+    if args.record or not gate.has_baseline(args.baseline):
+        meta = gate.record_baseline(engine, args.baseline, args.seconds, args.seed)
+        print(
+            f"baseline recorded in {args.baseline}: {meta['frames']} frames, dual runs identical, "
+            f"reassociation band {meta['band_psnr_min']:.2f} dB (min)"
+        )
+        if args.record:
+            return 0
+    if args.sdpa_pick:
+        pick_sdpa_backends(engine)
+    if args.compile:
+        compile_engine(engine)
+    report = gate.check(engine, args.baseline, args.tolerance_db)
+    if args.json:
+        Path(args.json).write_text(report.to_json())
+    print(("PASS " if report.passed else "FAIL ") + report.message)
+    return 0 if report.passed else 1
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from realtime.server import main as serve_main
 
@@ -111,7 +176,42 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         help="Ulysses head groups per all-to-all when --gpus > 1",
     )
+    render.add_argument(
+        "--offload", action="store_true", help="keep DiT blocks in host memory, stream them in"
+    )
     render.set_defaults(func=cmd_render)
+
+    bench = sub.add_parser("bench", help="benchmark the streaming pipeline (GPU numbers)")
+    bench.add_argument("--config", default="rt720", help="config name or YAML path")
+    bench.add_argument("--seconds", type=float, default=20.0, help="seconds of video to stream")
+    bench.add_argument("--json", help="write the full results here (bench/results/*.json)")
+    bench.add_argument("--markdown", help="append a table to this file (bench/RESULTS.md)")
+    bench.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    bench.add_argument("--attention", choices=["sdpa", "flex", "facecast"], help="override")
+    bench.add_argument("--compile", action="store_true", help="torch.compile the DiT blocks")
+    bench.add_argument("--offload", action="store_true", help="stream DiT blocks from host")
+    bench.add_argument("--prefetch", type=int, default=2, help="offload: blocks copied ahead")
+    bench.add_argument("--memory-cap-gb", type=float, help="hard GPU memory cap for the run")
+    bench.add_argument("--offload-budget-gb", type=float, help="GPU bytes for offloaded blocks")
+    bench.add_argument("--no-warmup", action="store_true", help="skip start-up warm-up")
+    bench.add_argument("--isolated-reps", type=int, default=3)
+    bench.add_argument("--command-line", help=argparse.SUPPRESS)
+    bench.set_defaults(func=cmd_bench)
+
+    gate = sub.add_parser("gate", help="check that a speed change kept the pixels")
+    gate.add_argument("--config", default=DEFAULT_CONFIG, help="config name or YAML path")
+    gate.add_argument("--baseline", required=True, help="baseline folder (recorded if empty)")
+    gate.add_argument("--record", action="store_true", help="(re)record the baseline only")
+    gate.add_argument("--seconds", type=float, default=2.0, help="seconds of audio to render")
+    gate.add_argument("--seed", type=int, default=0)
+    gate.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    gate.add_argument("--attention", choices=["sdpa", "flex", "facecast"])
+    gate.add_argument("--compile", action="store_true")
+    gate.add_argument("--sdpa-pick", action="store_true", help="pin the fastest SDPA backends")
+    gate.add_argument("--offload", action="store_true")
+    gate.add_argument("--tolerance-db", type=float, default=0.5)
+    gate.add_argument("--json", help="write the report here")
+    gate.set_defaults(func=cmd_gate)
 
     serve = sub.add_parser("serve", help="serve the avatar over WebRTC")
     try:

@@ -28,6 +28,13 @@ from pipeline.models.audio_encoder import SAMPLES_PER_FRAME, AudioEncoder
 from pipeline.models.sr_dit import SRDiT
 from pipeline.models.vae import VAE, Cache
 from pipeline.module import DTYPES, Module, build_seeded, resolve_weights_dir
+from pipeline.offload import (
+    OffloadConfig,
+    OffloadManager,
+    dit_weight_bytes,
+    materialize_blockwise,
+    offload_engine,
+)
 from pipeline.schedule import Chunk, ChunkPlan
 from pipeline.stages.a2v import A2VStage
 from pipeline.stages.context import ContextStage
@@ -55,17 +62,23 @@ class StageTimes:
         self.seconds[stage] = self.seconds.get(stage, 0.0) + dt
 
 
-def build_models(cfg: FacecastConfig, device: torch.device | str = "cpu") -> dict:
-    """The four models of a config, randomly initialised from `runtime.init_seed`."""
+def build_models(
+    cfg: FacecastConfig,
+    device: torch.device | str = "cpu",
+    only: tuple[str, ...] = ("vae", "audio", "a2v", "sr"),
+) -> dict:
+    """The models of a config, randomly initialised from `runtime.init_seed`."""
     seed = cfg.runtime.init_seed
     a, r = cfg.runtime.attention, cfg.vae.temporal_ratio
     C = cfg.vae.latent_channels
-    return {
-        "vae": build_seeded(lambda: VAE(cfg.vae), seed + 1, device),
-        "audio": build_seeded(lambda: AudioEncoder(cfg.audio), seed + 2, device),
-        "a2v": build_seeded(lambda: A2VDiT(cfg.a2v, C, cfg.audio.out_dim, r, a), seed + 3, device),
-        "sr": build_seeded(lambda: SRDiT(cfg.sr, C, cfg.a2v.downscale, a), seed + 4, device),
+    factories = {
+        "vae": lambda: VAE(cfg.vae),
+        "audio": lambda: AudioEncoder(cfg.audio),
+        "a2v": lambda: A2VDiT(cfg.a2v, C, cfg.audio.out_dim, r, a),
+        "sr": lambda: SRDiT(cfg.sr, C, cfg.a2v.downscale, a),
     }
+    offsets = {"vae": 1, "audio": 2, "a2v": 3, "sr": 4}
+    return {name: build_seeded(factories[name], seed + offsets[name], device) for name in only}
 
 
 class Engine:
@@ -75,19 +88,74 @@ class Engine:
         self.cfg = cfg
         self.modules = modules
         self.device = modules["vae"].device
+        self.offloader: OffloadManager | None = None  # set when DiT blocks are offloaded
+        self.warmup_seconds: float | None = None
 
     @classmethod
-    def load(cls, cfg: FacecastConfig, device: str = "cpu") -> Engine:
+    def load(
+        cls,
+        cfg: FacecastConfig,
+        device: str = "cpu",
+        offload: OffloadConfig | bool | None = None,
+        memory_cap_bytes: int | None = None,
+    ) -> Engine:
+        """Build (or load) the models on `device`.
+
+        offload: an OffloadConfig or True keeps the DiT blocks in pinned host memory and
+        streams them in (`pipeline.offload`); False never does; None decides: on only when
+        the DiTs' weights would take more than 70% of the GPU memory there is (or the cap).
+        Random-weight configs too large to build whole are built block by block on the GPU.
+        """
         dev = torch.device(device)
         dtype = DTYPES[cfg.runtime.dtype]
         weights = resolve_weights_dir(cfg.runtime.weights) if cfg.runtime.weights else None
-        models = build_models(cfg, dev)
+        room = _gpu_room(dev, memory_cap_bytes)
+        dit_bytes = dit_weight_bytes(cfg, torch.finfo(dtype).bits // 8) if room else 0
+        if offload is None:
+            offload = bool(room) and dit_bytes > 0.7 * room
+        offload_cfg = OffloadConfig() if offload is True else (offload or None)
+        blockwise = room is not None and weights is None and 2 * dit_bytes > 0.5 * room
+        models = build_models(cfg, dev if not blockwise else "meta")
+        if blockwise:
+            models.update(build_models(cfg, dev, only=("vae", "audio")))
+        manager = OffloadManager(dev, offload_cfg) if offload_cfg and blockwise else None
         modules = {}
         for name, model in models.items():
             # the audio front end (STFT, mel) stays fp32; the rest runs in the config's dtype
             mod_dtype = torch.float32 if name == "audio" else dtype
-            modules[name] = Module(name, model, mod_dtype, dev).load(weights).place()
-        return cls(cfg, modules)
+            module = Module(name, model, mod_dtype, dev)
+            if blockwise and name in ("a2v", "sr"):
+                seed = cfg.runtime.init_seed + (3 if name == "a2v" else 4)
+                materialize_blockwise(model, dev, mod_dtype, seed, manager, name)
+            else:
+                module.load(weights).place()
+            modules[name] = module
+        engine = cls(cfg, modules)
+        if manager is not None:
+            engine.offloader = manager
+        elif offload_cfg:
+            offload_engine(engine, offload_cfg)
+        return engine
+
+    def warmup(self, seed: int = 0) -> float:
+        """Run one throwaway session over every chunk shape (N_0, N, I, each SR segment, the
+        end-of-stream tail) so that compilation, autotuning and kernel plans happen at start-up
+        and never inside a session's time to first frame. Returns the seconds it took."""
+        t = time.perf_counter()
+        plan = ChunkPlan(self.cfg.schedule)
+        frames = (plan.n_end(2) + 1) * self.cfg.vae.temporal_ratio
+        samples = frames * SAMPLES_PER_FRAME
+        audio = (0.1 * np.sin(np.arange(samples) * 0.07)).astype(np.float32)
+        h, w = self.cfg.video.height, self.cfg.video.width
+        session = self.new_session(np.full((h, w, 3), 127, np.uint8), seed=seed)
+        session.push_audio(audio)
+        session.generate_ready()
+        session.finish()
+        session.close()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.warmup_seconds = time.perf_counter() - t
+        return self.warmup_seconds
 
     def new_session(
         self,
@@ -96,6 +164,14 @@ class Engine:
         sinks: list[Callable[[FrameBatch], None]] | None = None,
     ) -> Session:
         return Session(self, reference_rgb, seed, sinks or [])
+
+
+def _gpu_room(device: torch.device, cap: int | None) -> int | None:
+    """Bytes of GPU memory the engine may use on a CUDA device; None on the CPU."""
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return min(free, cap) if cap else free
 
 
 class Session:

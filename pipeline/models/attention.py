@@ -3,9 +3,12 @@
 Backends (config `runtime.attention`):
 - `sdpa`: torch's scaled_dot_product_attention; the reference. A frame-window mask becomes
   a dense boolean mask (built once per shape and kept).
-- `flex`: FlexAttention with a block mask whose blocks align with frames.
+- `flex`: FlexAttention (compiled on CUDA) with a block mask whose blocks align with frames.
 - `facecast`: the project's Triton kernel (`pipeline.kernels.frame_attention`): block-sparse
   by construction, with the bounded ("unchained") softmax.
+
+Unmasked attention (the A2V DiT) always goes to SDPA; `sdpa_backends`, when set from outside
+(`pipeline.compile.pick_sdpa_backends`), pins the fastest SDPA kernel measured for each shape.
 
 Shapes: q, k, v are (B, N, L, H) — batch, heads, tokens, head dim.
 """
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 @dataclass(frozen=True)
@@ -49,40 +53,32 @@ class Attention(torch.nn.Module):
         super().__init__()
         self.backend = backend
         self._masks: dict = {}
+        # (B, N, L, H) → SDPBackend, filled by pick_sdpa_backends; empty means torch chooses
+        self.sdpa_backends: dict[tuple[int, ...], SDPBackend] = {}
 
+    @torch.compiler.disable
     def forward(self, q: Tensor, k: Tensor, v: Tensor, window: FrameWindow | None = None) -> Tensor:
+        # compiled blocks call out to here: the attention kernels are picked and tuned on their
+        # own (SDPA backend per shape, compiled FlexAttention, the Triton kernel)
         if window is None:
-            return F.scaled_dot_product_attention(q, k, v)
-        if self.backend == "facecast":
-            from pipeline.kernels.frame_attention import frame_window_attention
+            choice = self.sdpa_backends.get(tuple(q.shape))
+            if choice is None:
+                return F.scaled_dot_product_attention(q, k, v)
+            with sdpa_kernel([choice]):
+                return F.scaled_dot_product_attention(q, k, v)
+        if self.backend in ("facecast", "flex"):
+            from pipeline.kernels.frame_attention import windowed_attention
 
-            return frame_window_attention(
+            return windowed_attention(
                 q,
                 k,
                 v,
+                backend=self.backend,
                 tokens_per_frame=window.tokens_per_frame,
                 window=window.window,
                 ref_frames=window.ref_frames,
             )
-        key = (self.backend, q.shape[-2], window, q.device)
+        key = (q.shape[-2], window, q.device)
         if key not in self._masks:
-            self._masks[key] = self._build_mask(q.shape[-2], window, q.device)
-        mask = self._masks[key]
-        if self.backend == "flex":
-            from torch.nn.attention.flex_attention import flex_attention
-
-            return flex_attention(q, k, v, block_mask=mask)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-    def _build_mask(self, num_tokens: int, window: FrameWindow, device):
-        if self.backend == "flex":
-            from pipeline.kernels.frame_attention import frame_window_block_mask
-
-            return frame_window_block_mask(
-                num_tokens,
-                tokens_per_frame=window.tokens_per_frame,
-                window=window.window,
-                ref_frames=window.ref_frames,
-                device=device,
-            )
-        return frame_window_dense_mask(num_tokens, window, device)
+            self._masks[key] = frame_window_dense_mask(q.shape[-2], window, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self._masks[key])

@@ -1,0 +1,75 @@
+"""Quality gate: an identical build passes tier 1, one changed pixel is caught, and a
+nondeterministic baseline is refused."""
+
+import json
+
+import numpy as np
+import pytest
+
+from pipeline import gate
+from pipeline.cli import main
+from pipeline.errors import FacecastError
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_engine, tmp_path_factory):
+    d = tmp_path_factory.mktemp("gate")
+    meta = gate.record_baseline(tiny_engine, d, seconds=1.0)
+    return d, meta
+
+
+def test_identical_run_passes_tier_one(tiny_engine, baseline):
+    d, meta = baseline
+    report = gate.check(tiny_engine, d)
+    assert report.passed and report.tier == 1
+    assert report.identical_frames == meta["frames"] == 25
+
+
+def test_one_changed_pixel_fails_tier_one_and_the_band(baseline):
+    d, meta = baseline
+    frames = np.load(d / "frames.npy").copy()
+    frames[7, 40, 50, 1] ^= 0xFF
+    report = gate.compare(meta, np.load(d / "frames.npy"), frames)
+    assert not report.passed and report.tier is None
+    assert report.identical_frames == len(frames) - 1
+    assert "frame 7" in report.message
+
+
+def test_small_reassociation_like_change_passes_tier_two(baseline):
+    d, meta = baseline
+    base = np.load(d / "frames.npy")
+    changed = base.copy()
+    changed.reshape(-1)[::50] ^= 1  # one step on 2% of the values: ~65 dB
+    report = gate.compare({**meta, "band_psnr_min": 40.0}, base, changed)
+    assert report.passed and report.tier == 2
+
+
+def test_band_comes_from_a_reduction_order_change(baseline):
+    _, meta = baseline
+    # fp32 on the CPU: splitting each linear's sum moves a few values by one step at most
+    assert 60.0 < meta["band_psnr_min"] <= gate.PSNR_CAP
+
+
+def test_nondeterministic_baseline_is_refused(tiny_engine, tmp_path, monkeypatch):
+    real = gate.render_fixed
+    calls = []
+
+    def flaky(engine, seconds, seed):
+        frames = real(engine, seconds, seed)
+        calls.append(1)
+        if len(calls) == 2:
+            frames[0, 0, 0, 0] ^= 1
+        return frames
+
+    monkeypatch.setattr(gate, "render_fixed", flaky)
+    with pytest.raises(FacecastError, match="dual baseline"):
+        gate.record_baseline(tiny_engine, tmp_path, seconds=0.5)
+
+
+def test_gate_command_records_then_passes(tmp_path):
+    d = tmp_path / "base"
+    args = ["gate", "--config", "tiny", "--baseline", str(d), "--seconds", "0.6", "--device", "cpu"]
+    report = tmp_path / "r.json"
+    assert main(args + ["--json", str(report)]) == 0
+    assert json.loads(report.read_text())["tier"] == 1
+    assert json.loads((d / "baseline.json").read_text())["frames"] == 15
