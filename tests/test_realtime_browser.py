@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-from realtime_helpers import make_speech_wav, running_server
+from realtime_helpers import make_speech_wav, running_server, wait_until
 
 from realtime.server import SERVICE
 
@@ -76,3 +76,49 @@ async def test_browser_autostart_plays_the_avatar_at_25_fps(tmp_path):
     assert rgb.std() > 10 and len(np.unique(rgb.reshape(-1, 3), axis=0)) > 50, "blank video"
     assert remaining == 0
     print("browser stats", stats, f"fps over 10 s: {fps:.1f}")
+
+
+async def message_of(page) -> str:
+    await page.wait_for_function("window.facecastStats.error !== null", timeout=30_000)
+    return await page.evaluate("window.facecastStats.error")
+
+
+@pytest.mark.timeout(180)
+async def test_browser_explains_refused_token_full_server_ended_call_and_denied_mic(tmp_path):
+    from playwright.async_api import async_playwright
+
+    speech = make_speech_wav(tmp_path / "mic.wav", [0.3, "Hello.", 0.3])
+    async with (
+        running_server(token="right", max_sessions=1) as (url, app),
+        async_playwright() as pw,
+    ):
+        browser = await pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=chromium_args(str(speech.path))
+        )
+        try:
+            bad = await browser.new_page()
+            await bad.goto(f"{url}/?autostart=1&token=wrong")
+            assert "token was refused" in await message_of(bad)
+
+            good = await browser.new_page()
+            await good.goto(f"{url}/?autostart=1&token=right")
+            await good.wait_for_function("window.facecastStats.state === 'connected'")
+            extra = await browser.new_page()
+            await extra.goto(f"{url}/?autostart=1&token=right")
+            assert "server is full" in await message_of(extra)
+
+            # The server ends the call (an operator deletes it): the page says so.
+            await wait_until(lambda: len(app[SERVICE].sessions) == 1, 10)
+            await next(iter(app[SERVICE].sessions.values())).close("deleted by the API")
+            assert "ended the call" in await message_of(good)
+        finally:
+            await browser.close()
+        # Without the fake-UI flag, headless chromium denies the microphone.
+        args = [a for a in chromium_args(str(speech.path)) if "fake-ui" not in a]
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+        try:
+            page = await browser.new_page()
+            await page.goto(f"{url}/?autostart=1&token=right")
+            assert "Microphone access was denied" in await message_of(page)
+        finally:
+            await browser.close()
