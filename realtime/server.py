@@ -58,7 +58,7 @@ class ServerConfig:
 
 # Called for each new session; returns a started sink (or None) that receives the output
 # frames and audio, e.g. `realtime.kvs.KvsMirror`. The session closes it when it ends.
-SinkFactory = Callable[[Session], Awaitable["MediaSink | None"]]
+SinkFactory = Callable[[Session], Awaitable[MediaSink | None]]
 
 
 class Service:
@@ -93,9 +93,12 @@ class Service:
 SERVICE = web.AppKey("facecast", Service)
 
 
-def build_app(config: ServerConfig, engine: Any) -> web.Application:
+def build_app(
+    config: ServerConfig, engine: Any, sink_factories: Sequence[SinkFactory] = ()
+) -> web.Application:
+    """The app around a loaded engine; `sink_factories` attach mirrors to each session."""
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[_errors, _auth])
-    app[SERVICE] = Service(config, engine)
+    app[SERVICE] = Service(config, engine, sink_factories)
     app.router.add_get("/", _page)
     app.router.add_static("/static/", WEBCLIENT, show_index=False)
     app.router.add_post("/offer", _offer)

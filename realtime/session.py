@@ -15,6 +15,7 @@ Output frames and audio are also handed to `sinks` (e.g. the KVS mirror) as they
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import threading
 import time
@@ -49,7 +50,7 @@ class SessionConfig:
     lead_s: float = 2.0  # generation may run at most this far ahead of playout
     # Playout starts this long after the first frames exist. It must cover one burst of the
     # engine (a whole N chunk plus its I chunk arrive at once) plus its generation time.
-    jitter_s: float = 0.6
+    jitter_s: float = 0.8
     push_ahead_s: float = 3.0  # audio handed to the engine beyond playout
     peer_timeout_s: float = 5.0  # no incoming audio for this long: the peer is gone
     fill_margin_s: float = 0.3  # input this far behind the wall clock: pad silence
@@ -105,7 +106,6 @@ class Session:
             self._on_worker_error,
             session_id,
             push_ahead_frames=max(lead, int(config.push_ahead_s * FPS)),
-            min_ahead_frames=int(config.jitter_s * FPS),
             engine_lock=engine_lock,
         )
         self.video = AvatarVideoTrack(
@@ -163,7 +163,21 @@ class Session:
             await asyncio.gather(
                 *(t for t in self._tasks if t is not current), return_exceptions=True
             )
+            await self._close_sinks()
             await self._on_closed(self)
+
+    async def _close_sinks(self) -> None:
+        """Sinks with a `close()` (sync or async, e.g. a KVS mirror flushing) are closed."""
+        for sink in self.sinks:
+            close = getattr(sink, "close", None)
+            if close is None:
+                continue
+            try:
+                result = close()
+                if inspect.isawaitable(result):
+                    await asyncio.wait_for(result, 15.0)
+            except Exception:
+                log.exception("session %s: closing sink %r failed", self.id, sink)
 
     @property
     def tasks(self) -> set[asyncio.Task]:
@@ -284,6 +298,7 @@ class Session:
         stop = self.vad.force_silence()
         if stop is not None:
             self.metrics.vad_transitions.labels(stop.kind).inc()
+            self._send(message(stop.kind, at_ms=round(stop.ms), interrupted=True))
         self.vad.rebase(self.timeline.head // 3)
         self._send(message("interrupted", played_ms=played_ms))
         return played_ms

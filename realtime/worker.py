@@ -24,6 +24,9 @@ import numpy as np
 from realtime.tracks import FrameQueue, PlayoutClock
 
 SAMPLES_PER_FRAME_16K = 640  # video frame n ↔ 16 kHz samples [n·640, (n+1)·640)
+# Audio beyond a frame that engines read before emitting it (lookahead, seam context);
+# generous, since it only bounds how much fresh audio is never skipped.
+LOOKAHEAD_FRAMES = 8
 log = logging.getLogger(__name__)
 
 
@@ -44,7 +47,6 @@ class GenerationWorker:
         on_error: Callable[[BaseException], None],
         session_id: str,
         push_ahead_frames: int,
-        min_ahead_frames: int,
         block_frames: int = 12,
         engine_lock: threading.Lock | None = None,
     ) -> None:
@@ -57,7 +59,6 @@ class GenerationWorker:
         self._on_error = on_error
         self._sid = session_id
         self._push_ahead = push_ahead_frames
-        self._min_ahead = min_ahead_frames
         self._block = block_frames
         self._engine_lock = engine_lock or threading.Lock()
         self._pending: deque[np.ndarray] = deque()
@@ -153,14 +154,18 @@ class GenerationWorker:
         return parts
 
     def _skip_late(self, now: int) -> None:
-        """Generation fell behind playout: skip whole frames of audio it could not make in
-        time, so the engine works on frames that can still be shown (sync is kept: later
-        frames are placed at their timeline index; the skipped deadlines repeat a frame)."""
+        """Generation fell behind playout: skip the oldest pending audio, whole frames, that
+        could no longer become frames before their deadline. The engine then works on frames
+        that can still be shown; sync is kept (later frames are placed at their timeline
+        index; the skipped deadlines repeat a frame). The freshest block (plus the engine's
+        lookahead) always stays, so a worker that keeps up never skips."""
         if self._clock.t0 is None:
             return
-        behind = (now + self._needed_ahead()) * SAMPLES_PER_FRAME_16K - self.timeline_pos
-        available = sum(p.size for p in self._pending)
-        skip = min(behind, available) // SAMPLES_PER_FRAME_16K * SAMPLES_PER_FRAME_16K
+        needed = now + self._needed_ahead()
+        behind = needed * SAMPLES_PER_FRAME_16K - self.timeline_pos
+        keep = (self._block + LOOKAHEAD_FRAMES) * SAMPLES_PER_FRAME_16K
+        spare = sum(p.size for p in self._pending) - keep
+        skip = min(behind, spare) // SAMPLES_PER_FRAME_16K * SAMPLES_PER_FRAME_16K
         if skip <= 0:
             return
         self._take(skip)
@@ -169,11 +174,9 @@ class GenerationWorker:
         self._breaks.append((self.pushed, self.skipped // SAMPLES_PER_FRAME_16K))
 
     def _needed_ahead(self) -> int:
-        """Frames of audio the engine must be ahead of playout for its output to be on
-        time: one block, the engine's lookahead/seam margin, and 1.5x the recent
-        generation time of a block."""
-        margin = self._block + 8 + int(1.5 * self._gen_seconds * 25)
-        return max(self._min_ahead, min(margin, self._push_ahead))
+        """Frames the engine's input must lead playout by for its output to be on time:
+        1.5x the recent generation time of a block, plus two frames of slack."""
+        return int(1.5 * self._gen_seconds * 25) + 2
 
     def _timeline_index(self, engine_frame: int) -> int:
         """Engine frame → timeline frame (they differ by the frames skipped before it)."""

@@ -101,7 +101,9 @@ def load_test_engine():
 
 
 @contextlib.asynccontextmanager
-async def running_server(engine=None, **overrides) -> AsyncIterator[tuple[str, object]]:
+async def running_server(
+    engine=None, sink_factories=(), **overrides
+) -> AsyncIterator[tuple[str, object]]:
     """Start the real aiohttp app on a loopback port; yields (base_url, app)."""
     from aiohttp import web
 
@@ -109,7 +111,7 @@ async def running_server(engine=None, **overrides) -> AsyncIterator[tuple[str, o
 
     config = ServerConfig(port=0, **overrides)
     engine = engine or await asyncio.to_thread(load_test_engine)
-    app = build_app(config, engine=engine)
+    app = build_app(config, engine=engine, sink_factories=sink_factories)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

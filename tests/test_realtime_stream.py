@@ -8,7 +8,7 @@ import aiohttp
 import av
 import numpy as np
 import pytest
-from realtime_helpers import make_speech_wav, running_server, wait_until
+from realtime_helpers import make_speech_wav, running_server
 
 from realtime.client import FacecastClient, PcmSource
 from realtime.server import SERVICE
@@ -21,10 +21,35 @@ def speech(tmp_path_factory):
     return make_speech_wav(tmp_path_factory.mktemp("wav") / "speech.wav", PLAN)
 
 
+class RecordingSink:
+    """Stands where the KVS mirror plugs in: sees exactly what the peer is sent."""
+
+    def __init__(self) -> None:
+        self.video: list[int] = []
+        self.audio: list[int] = []
+        self.closed = False
+
+    def put_video(self, frame_rgb, index):
+        assert frame_rgb.dtype == np.uint8 and frame_rgb.ndim == 3
+        self.video.append(index)
+
+    def put_audio(self, pcm_s16_48k, sample_index):
+        assert pcm_s16_48k.dtype == np.int16 and pcm_s16_48k.size == 960
+        self.audio.append(sample_index)
+
+    async def close(self):
+        self.closed = True
+
+
 @pytest.mark.timeout(120)
 async def test_stream_frames_sync_vad_and_metrics(speech, tmp_path):
     mp4 = tmp_path / "call.mp4"
-    async with running_server() as (url, app):
+    sink = RecordingSink()
+
+    async def attach(session):
+        return sink
+
+    async with running_server(sink_factories=[attach]) as (url, app):
         client = FacecastClient(
             url, PcmSource.from_wav(speech.path), keep_frames=True, record_to=mp4
         )
@@ -35,6 +60,8 @@ async def test_stream_frames_sync_vad_and_metrics(speech, tmp_path):
         live = [s.describe() for s in app[SERVICE].sessions.values()]
         async with aiohttp.ClientSession() as http:
             metrics = await (await http.get(f"{url}/metrics")).text()
+            listed = (await (await http.get(f"{url}/sessions")).json())["sessions"]
+        assert [s["id"] for s in listed] == [client.session_id] and listed[0]["frames_sent"] > 0
         await client.close()
         stats = client.stats()
 
@@ -76,6 +103,9 @@ async def test_stream_frames_sync_vad_and_metrics(speech, tmp_path):
         'facecast_vad_transitions_total{transition="speech_started"} 2.0',
     ):
         assert name in metrics
+    # The mirror hook saw the same media the peer got, on the same clock.
+    assert sink.closed and sink.video[: len(rec.video_pts)] == list(range(len(rec.video_pts)))
+    assert sink.audio[:100] == [k * 960 for k in range(100)]
     # The recording is a playable MP4 with both streams.
     with av.open(str(mp4)) as box:
         assert box.streams.video and box.streams.audio
