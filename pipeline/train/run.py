@@ -1,0 +1,188 @@
+"""The whole training run: data → VAE → latents → A2V (+ audio encoder) → SR → weights.
+
+Each stage writes its weights into `<out>/weights/` as soon as it ends (the same
+`<name>.safetensors` files `runtime.weights` loads), and its resumable state into
+`<state_dir>/state_<stage>.pt`. A rerun with `resume` skips finished stages and continues
+an unfinished one from its last save. Losses go to `<out>/losses.jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from pipeline.config import FacecastConfig, latent_grid
+from pipeline.engine import build_models
+from pipeline.module import load_checkpoint, save_checkpoint
+from pipeline.train import a2v as a2v_train
+from pipeline.train import sr as sr_train
+from pipeline.train import vae as vae_train
+from pipeline.train.data import SegmentPool, load_speech_cache
+from pipeline.train.loop import LossLog, StageSettings, train_stage
+
+STAGES = ("vae", "a2v", "sr")
+
+
+@dataclass
+class TrainConfig:
+    segments: int = 1000
+    segment_frames: int = 32
+    data_seed: int = 0
+    vae_frames: int = 8  # frames per VAE training clip
+    kl_weight: float = 2e-4
+    motion_weight: float = 4.0
+    sr_frames: int = 4  # latent frames per SR training window
+    vae: StageSettings = field(default_factory=lambda: StageSettings(6000, 12, 5e-4))
+    a2v: StageSettings = field(default_factory=lambda: StageSettings(30000, 128, 5e-4))
+    sr: StageSettings = field(default_factory=lambda: StageSettings(15000, 64, 5e-4))
+
+
+def _autocast(device: torch.device):
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+def _done(state_dir: Path, stage: str, settings: StageSettings) -> bool:
+    path = state_dir / f"state_{stage}.pt"
+    if not path.is_file():
+        return False
+    st = torch.load(path, map_location="cpu", weights_only=True)
+    return st["step"] >= settings.steps or st["seconds"] >= settings.seconds
+
+
+def train_all(
+    cfg: FacecastConfig,
+    tc: TrainConfig,
+    speech_path: Path,
+    out: Path,
+    state_dir: Path,
+    stages: tuple[str, ...] = STAGES,
+    resume: bool = False,
+    device: str = "cpu",
+    workers: int | None = None,
+) -> dict:
+    t_start = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    weights = out / "weights"
+    log = LossLog(out)
+    summary: dict = {"config": cfg.name, "train": asdict(tc), "stages": {}}
+
+    # render before CUDA is touched: the pool's worker processes are forked
+    speech = load_speech_cache(speech_path)
+    pool = SegmentPool.render(
+        speech,
+        tc.segments,
+        tc.segment_frames,
+        cfg.video.width,
+        cfg.audio.context_frames,
+        cfg.audio.lookahead_frames,
+        seed=tc.data_seed,
+        workers=workers,
+    )
+    summary["data"] = {"segments": tc.segments, "render_s": round(pool.seconds, 1)}
+    print(f"[data] {tc.segments} segments x {tc.segment_frames} frames in {pool.seconds:.1f} s")
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    frames = torch.from_numpy(pool.frames).to(dev)
+    refs = torch.from_numpy(pool.references).to(dev)
+    audio = torch.from_numpy(pool.audio).to(dev)
+    models = build_models(cfg, dev)
+    gen = torch.Generator().manual_seed(tc.data_seed + 1)
+    d = cfg.a2v.downscale
+
+    # -- VAE --------------------------------------------------------------------------
+    vae = models["vae"]
+    if "vae" in stages and not (resume and (weights / "vae.safetensors").is_file()
+                                and _done(state_dir, "vae", tc.vae)):
+        def vae_step(step: int):
+            x, ref = vae_train.sample_clips(frames, refs, tc.vae.batch, tc.vae_frames, gen)
+            if step % 4 == 3:
+                x, ref = vae_train.half_res(x, ref)
+            with _autocast(dev):
+                return vae_train.vae_loss(vae, x, ref, tc.kl_weight, tc.motion_weight)
+
+        summary["stages"]["vae"] = train_stage("vae", vae, vae_step, tc.vae,
+                                               state_dir=state_dir, log=log, resume=resume)
+        x, _ = vae_train.sample_clips(frames, refs, 32, tc.vae_frames, gen)
+        scale = vae_train.normalize_latents(vae, x)
+        summary["latent_scale"] = [round(float(s), 4) for s in scale]
+        save_checkpoint(vae, weights / "vae.safetensors")
+    else:
+        load_checkpoint(vae, weights / "vae.safetensors")
+    vae.eval().requires_grad_(False)
+
+    if not {"a2v", "sr"} & set(stages):
+        return _finish(summary, out, t_start)
+    t = time.perf_counter()
+    full, low = vae_train.encode_frames(vae, frames, d)
+    ref_full, ref_low = vae_train.encode_references(vae, refs, d)
+    del frames
+    summary["encode_s"] = round(time.perf_counter() - t, 1)
+    summary["latent_std"] = {"full": round(float(full.std()), 4), "low": round(float(low.std()), 4)}
+    print(f"[encode] full {tuple(full.shape)} low {tuple(low.shape)} std {summary['latent_std']}")
+
+    # -- A2V + audio encoder ----------------------------------------------------------
+    pair = nn.ModuleDict({"a2v": models["a2v"], "audio": models["audio"]})
+    if "a2v" in stages and not (resume and _done(state_dir, "a2v", tc.a2v)):
+        modes = a2v_train.chunk_modes(cfg)
+        probs = torch.tensor([m.weight for m in modes])
+        ctx, look = cfg.audio.context_frames, cfg.audio.lookahead_frames
+
+        def a2v_step(step: int):
+            mode = modes[int(torch.multinomial(probs, 1, generator=gen))]
+            x0, au, ref = a2v_train.sample_windows(
+                low, audio, ref_low, mode, tc.a2v.batch, cfg.vae.temporal_ratio, ctx, look, gen
+            )
+            with _autocast(dev):
+                return a2v_train.a2v_loss(pair["a2v"], pair["audio"], x0, au, ref, mode, cfg, gen)
+
+        summary["stages"]["a2v"] = train_stage("a2v", pair, a2v_step, tc.a2v,
+                                               state_dir=state_dir, log=log, resume=resume)
+    elif (state_dir / "state_a2v.pt").is_file():
+        pair.load_state_dict(torch.load(state_dir / "state_a2v.pt", weights_only=True)["model"])
+    save_checkpoint(models["a2v"], weights / "a2v.safetensors")
+    save_checkpoint(models["audio"], weights / "audio.safetensors")
+
+    # -- SR ---------------------------------------------------------------------------
+    sr = models["sr"]
+    if "sr" in stages and not (resume and _done(state_dir, "sr", tc.sr)):
+        def sr_step(step: int):
+            lo, fu, rf = sr_train.sample_pairs(low, full, ref_full, tc.sr.batch, tc.sr_frames, gen)
+            with _autocast(dev):
+                return sr_train.sr_loss(sr, lo, fu, rf, gen)
+
+        summary["stages"]["sr"] = train_stage("sr", sr, sr_step, tc.sr,
+                                              state_dir=state_dir, log=log, resume=resume)
+    elif (state_dir / "state_sr.pt").is_file():
+        sr.load_state_dict(torch.load(state_dir / "state_sr.pt", weights_only=True)["model"])
+    save_checkpoint(sr, weights / "sr.safetensors")
+    return _finish(summary, out, t_start)
+
+
+def _finish(summary: dict, out: Path, t_start: float) -> dict:
+    summary["total_s"] = round(time.perf_counter() - t_start, 1)
+    (out / "train_summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    return summary
+
+
+def check_grid(cfg: FacecastConfig) -> None:
+    g = latent_grid(cfg)
+    if (g.pixel_h, g.pixel_w) != (cfg.video.height, cfg.video.width):
+        raise ValueError(
+            f"training renders {cfg.video.width}x{cfg.video.height} frames, but the latent grid "
+            f"pads them to {g.pixel_w}x{g.pixel_h}; pick a video size the VAE divides exactly"
+        )
+    if cfg.video.width != cfg.video.height:
+        raise ValueError("the synthetic world renders square frames; use a square video size")
+
+
