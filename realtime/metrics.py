@@ -70,6 +70,11 @@ class RealtimeMetrics:
             "Frames that arrived after their deadline",
             registry=r,
         )
+        self.frames_skipped = Counter(
+            "facecast_generation_skipped_frames_total",
+            "Frames never generated because generation was too late for their deadline",
+            registry=r,
+        )
         self.vad_transitions = Counter(
             "facecast_vad_transitions_total", "VAD state changes", ["transition"], registry=r
         )

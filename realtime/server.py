@@ -373,6 +373,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--lead-ms", type=int, default=2000, help="how far generation may run ahead of playout"
     )
+    parser.add_argument(
+        "--jitter-ms",
+        type=int,
+        default=800,
+        help="playout starts this long after the first frames exist (covers engine bursts)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -394,7 +400,7 @@ def main(args: argparse.Namespace) -> int:
         token=args.token or None,
         reference=args.reference,
         device=args.device,
-        session=SessionConfig(lead_s=args.lead_ms / 1000),
+        session=SessionConfig(lead_s=args.lead_ms / 1000, jitter_s=args.jitter_ms / 1000),
     )
     log.info("loading engine %s on %s", config.config, config.device)
     engine = Engine.load(load_config(config.config), device=config.device)

@@ -88,6 +88,7 @@ class Session:
         self._channel: RTCDataChannel | None = None
         self._first_audio: float | None = None
         self._last_rx: float | None = None
+        self._overfull_logged = False
         self._closing: asyncio.Task | None = None
 
         self.clock = PlayoutClock()
@@ -217,12 +218,15 @@ class Session:
     def _ingest(self, pcm48: np.ndarray) -> None:
         """Append to the timeline; VAD and the engine see the same audio."""
         if self.timeline.overfull():
-            log.warning(
-                "session %s: input is %.0f s ahead of playout, dropping audio",
-                self.id,
-                self.config.max_input_ahead_s,
-            )
+            if not self._overfull_logged:  # once per episode, not 50 times a second
+                self._overfull_logged = True
+                log.warning(
+                    "session %s: input is %.0f s ahead of playout, dropping audio",
+                    self.id,
+                    self.config.max_input_ahead_s,
+                )
             return
+        self._overfull_logged = False
         self.timeline.append(pcm48)
         pcm16 = self._resampler.to16(pcm48)
         for event in self.vad.feed(pcm16):
@@ -270,6 +274,8 @@ class Session:
         self.metrics.chunk_generation.observe(stats.seconds)
         self.metrics.chunk_duration.observe(duration)
         self.metrics.realtime_factor.observe(stats.seconds / duration)
+        if stats.skipped:
+            self.metrics.frames_skipped.inc(stats.skipped)
 
     def _on_first_frame(self) -> None:
         if self._first_audio is not None:
@@ -334,6 +340,7 @@ class Session:
             "frames_sent": self.video.sent,
             "frames_repeated": self.video.repeated,
             "frames_dropped": self.video.dropped,
+            "frames_skipped": self.worker.skipped_frames_total,
             "queue_depth": self.frames.depth(),
             "speaking": self.vad.speaking,
         }

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 class ChunkStats:
     frames: int
     seconds: float  # wall time of the generate_ready() call
+    skipped: int  # frames of audio skipped (generation was late) since the last report
 
 
 class GenerationWorker:
@@ -67,6 +68,7 @@ class GenerationWorker:
         self.pushed = 0  # 16 kHz samples handed to the engine
         self.skipped = 0  # 16 kHz samples skipped because generation was late
         self.skipped_frames_total = 0
+        self._unreported_skips = 0
         self._gen_seconds = 0.0  # moving average of one generate_ready() call
         self._breaks: list[tuple[int, int]] = []  # (engine sample, frames skipped before it)
         self.generated = 0  # frames produced
@@ -171,6 +173,7 @@ class GenerationWorker:
         self._take(skip)
         self.skipped += skip
         self.skipped_frames_total += skip // SAMPLES_PER_FRAME_16K
+        self._unreported_skips += skip // SAMPLES_PER_FRAME_16K
         self._breaks.append((self.pushed, self.skipped // SAMPLES_PER_FRAME_16K))
 
     def _needed_ahead(self) -> int:
@@ -209,7 +212,8 @@ class GenerationWorker:
         while len(self._breaks) > 1 and self._breaks[1][0] <= self.generated * 640:
             self._breaks.pop(0)
         if count:
-            self._call_soon(self._on_chunk, ChunkStats(count, seconds))
+            skipped, self._unreported_skips = self._unreported_skips, 0
+            self._call_soon(self._on_chunk, ChunkStats(count, seconds, skipped))
 
     def _call_soon(self, fn: Callable, *args: object) -> None:
         if not self._loop.is_closed():

@@ -73,7 +73,14 @@ async function connect() {
     $("avatar").srcObject = remote;
   };
   pc.onconnectionstatechange = () => {
-    if (pc && (pc.connectionState === "failed" || pc.connectionState === "disconnected")) {
+    if (!pc) return;
+    // "disconnected" can heal by itself (a network blip); "failed" does not.
+    if (pc.connectionState === "disconnected") say("Connection interrupted, waiting…", true);
+    if (pc.connectionState === "connected" && stats.state === "connected") {
+      stats.error = null;
+      say("Connected.");
+    }
+    if (pc.connectionState === "failed") {
       say("Connection lost. Press Connect to start again.", true);
       disconnect(false);
     }
