@@ -40,7 +40,11 @@ async def test_interrupt_flushes_queued_speech_within_one_chunk(tmp_path):
         client = FacecastClient(url, PcmSource.from_wav(speech.path, speed=3.0))
         await client.connect()
         started = await client.wait_event("playback_started", timeout=30)
-        await asyncio.sleep(1.0)
+        session = app[SERVICE].sessions[client.session_id]
+        depths = []
+        for _ in range(10):  # audio is queued far ahead; generation still stays within lead
+            depths.append(session.frames.depth())
+            await asyncio.sleep(0.1)
         rec = client.received
         head_pts = rec.audio_pts[-1] - rec.audio_pts[0]  # returned audio heard so far
         before = rec.audio_timeline()
@@ -55,6 +59,8 @@ async def test_interrupt_flushes_queued_speech_within_one_chunk(tmp_path):
         await client.close()
 
     assert rms(before[-RATE // 2 :]) > 300, "speech was playing before the interrupt"
+    lead = session.frames.lead
+    assert max(depths) <= lead + 2 * 12, (depths, lead)  # lead plus one engine burst
     total_ms = (speech.segments[0][1] - speech.segments[0][0]) * 1000
     assert 500 < played_ms < total_ms - 1000, (played_ms, total_ms)
     assert finished["interrupted"] is True and finished["position_ms"] == played_ms

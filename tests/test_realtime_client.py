@@ -1,0 +1,52 @@
+"""`python -m realtime.client` as a user runs it: raw PCM in, faster than real time, MP4 out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import av
+import numpy as np
+import pytest
+from realtime_helpers import espeak, running_server
+
+from realtime.client import resample_s16
+
+
+@pytest.mark.timeout(120)
+async def test_cli_streams_raw_pcm_and_records_mp4(tmp_path):
+    speech48 = np.concatenate([np.zeros(12_000, np.int16), espeak("Testing raw audio.")])
+    pcm16k = resample_s16(speech48, 48_000)[::3]  # crude 16 kHz copy is fine as test input
+    raw = tmp_path / "speech.s16"
+    raw.write_bytes(pcm16k.astype("<i2").tobytes())
+    out = tmp_path / "avatar.mp4"
+    async with running_server() as (url, app):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "realtime.client",
+            url,
+            "--pcm",
+            str(raw),
+            "--pcm-rate",
+            "16000",
+            "--speed",
+            "2",
+            "--seconds",
+            "5",
+            "--out",
+            str(out),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, stderr.decode()
+    stats = json.loads(stdout.decode().strip().splitlines()[-1])
+    assert stats["ttff_ms"] > 0 and stats["frames"] > 50, stats
+    assert 23 <= stats["fps"] <= 27 and "av_offset_ms" in stats, stats
+    assert "speech_started" in stats["events"]
+    with av.open(str(out)) as box:
+        video = box.streams.video[0]
+        assert video.codec_context.name == "h264" and box.streams.audio
+        assert sum(1 for _ in box.decode(video=0)) >= stats["frames"] - 2
