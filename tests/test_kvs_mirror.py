@@ -152,8 +152,11 @@ async def test_error_acks_are_logged_counted_and_survived(kvs, caplog, code):
 
 @pytest.mark.parametrize(
     ("status", "error_type", "kind"),
-    [(500, "InternalFailure", "http_500"), (503, "ServiceUnavailable", "http_503"),
-     (400, "ClientLimitExceededException", "throttled")],
+    [
+        (500, "InternalFailure", "http_500"),
+        (503, "ServiceUnavailable", "http_503"),
+        (400, "ClientLimitExceededException", "throttled"),
+    ],
 )
 async def test_http_errors_and_throttling_back_off_and_retry(kvs, status, error_type, kind):
     kvs.fail_requests(status, count=2, error_type=error_type)
@@ -204,9 +207,7 @@ async def test_no_credentials(kvs, monkeypatch, caplog):
 
 async def test_retry_buffer_is_bounded_and_says_so(kvs, caplog):
     kvs.fail_requests(503, count=10_000)  # KVS down for the whole test
-    mirror = KvsMirror(
-        options(kvs, fragment_s=0.4, retry_buffer_s=1.2), "show", 64, 64, fps=FPS
-    )
+    mirror = KvsMirror(options(kvs, fragment_s=0.4, retry_buffer_s=1.2), "show", 64, 64, fps=FPS)
     await mirror.start()
     await feed(mirror, frames=100, speed=10)  # ten fragments, room for three
     stats = await mirror.close(timeout=0.5)
@@ -217,9 +218,7 @@ async def test_retry_buffer_is_bounded_and_says_so(kvs, caplog):
 
 async def test_pauses_keep_the_stream_alive_with_idle_video_and_silence(aws):
     # A short no-data timeout stands in for KVS's 30 s; IDLE acks come meanwhile.
-    kvs = FakeKvsEndpoint(
-        KEY, SECRET, REGION, idle_ack_s=0.3, no_data_timeout_s=1.5
-    )
+    kvs = FakeKvsEndpoint(KEY, SECRET, REGION, idle_ack_s=0.3, no_data_timeout_s=1.5)
     await kvs.start()
     try:
         mirror = KvsMirror(
@@ -237,5 +236,3 @@ async def test_pauses_keep_the_stream_alive_with_idle_video_and_silence(aws):
     fragments = kvs.fragments("show")
     assert [f.timecode for f in fragments] == [400 * k for k in range(len(fragments))]
     assert kvs.duplicates == []
-
-
