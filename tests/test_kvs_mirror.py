@@ -236,3 +236,16 @@ async def test_pauses_keep_the_stream_alive_with_idle_video_and_silence(aws):
     fragments = kvs.fragments("show")
     assert [f.timecode for f in fragments] == [400 * k for k in range(len(fragments))]
     assert kvs.duplicates == []
+
+
+async def test_connections_rotate_to_a_fresh_endpoint_without_gaps(kvs):
+    # endpoint_refresh_s stands in for the 45 minutes after which the endpoint is renewed.
+    mirror = KvsMirror(
+        options(kvs, fragment_s=0.4, endpoint_refresh_s=0.5), "show", 64, 64, fps=FPS
+    )
+    await mirror.start()
+    await feed(mirror, frames=100, speed=1.0)  # 4 s, in real time
+    stats = await mirror.close()
+    assert stats.connections >= 3 and stats.fragments_failed == 0
+    assert not stats.errors
+    assert_clean_timeline(kvs, "show", 400, 10)
