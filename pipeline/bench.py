@@ -251,11 +251,9 @@ def load_engine(opts: BenchOptions):
     if opts.memory_cap_gb and device.type == "cuda":
         cap = int(opts.memory_cap_gb * 1e9)
         total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device.index or 0)
     offload = (
-        OffloadConfig(
-            prefetch=opts.prefetch, budget_gb=opts.offload_budget_gb, record_stalls=True
-        )
+        OffloadConfig(prefetch=opts.prefetch, budget_gb=opts.offload_budget_gb, record_stalls=True)
         if opts.offload
         else False
     )
@@ -401,9 +399,7 @@ def _isolated_and_flops(recorder, engine, clock, opts, chunk: int):
             f = counted[(c.stage, c.key)]
             flops["by_stage"][c.stage] += f["matmul_conv"] + f["attention"]
             flops["per_call"].append({"stage": c.stage, "key": str(c.key), **f})
-        flops["first_chunk_total"] = sum(
-            sum(counted[(c.stage, c.key)].values()) for c in first
-        )
+        flops["first_chunk_total"] = sum(sum(counted[(c.stage, c.key)].values()) for c in first)
     return iso, flops
 
 
@@ -443,8 +439,14 @@ def _switch_overhead(recorder, clock, steady, engine) -> dict:
         out["offload"] = {
             "stall_seconds_total": {k: sum(v) for k, v in stalls.items()},
             "stall_seconds_first_block": {
-                k: max(x.before.elapsed_time(x.after) / 1e3 for x in off.stats.stalls
-                       if x.stack == k and x.block == 0)
+                k: max(
+                    (
+                        x.before.elapsed_time(x.after) / 1e3
+                        for x in off.stats.stalls
+                        if x.stack == k and x.block == 0
+                    ),
+                    default=0.0,
+                )
                 for k in stalls
             },  # fmt: skip
             "loads": off.stats.loads,

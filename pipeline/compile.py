@@ -95,7 +95,7 @@ def pick_sdpa_backends(engine) -> dict[tuple[int, ...], dict]:
         timings = {b.name: time_sdpa(shape, b, dtype, engine.device) for b in SDPA_CANDIDATES}
         ok = {name: t for name, t in timings.items() if t is not None}
         best = min(ok, key=ok.get)
-        choice[shape] = SDPBackend[best]
+        choice[shape] = next(b for b in SDPA_CANDIDATES if b.name == best)
         report[shape] = {"seconds": timings, "chosen": best}
     for module in engine.modules["a2v"].model.modules():
         if isinstance(module, Attention):

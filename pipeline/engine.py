@@ -118,6 +118,9 @@ class Engine:
         models = build_models(cfg, dev if not blockwise else "meta")
         if blockwise:
             models.update(build_models(cfg, dev, only=("vae", "audio")))
+        if offload_cfg and offload_cfg.budget_gb is None and room and memory_cap_bytes:
+            # under a cap, let blocks stay resident in 70% of it (one DiT, if it fits)
+            offload_cfg.budget_gb = 0.7 * room / 1e9
         manager = OffloadManager(dev, offload_cfg) if offload_cfg and blockwise else None
         modules = {}
         for name, model in models.items():
@@ -191,9 +194,10 @@ class Session:
         self.plan = ChunkPlan(cfg.schedule)
         self.r = cfg.vae.temporal_ratio
         m = engine.modules
-        self.context = ContextStage(m["audio"], cfg, seed)
+        self.context = ContextStage(m["audio"], cfg, seed, dtype=m["a2v"].dtype)
         self.a2v = A2VStage(m["a2v"], cfg.sampler)
         self.sr = SRStage(m["sr"], seed)
+        self.offloader = engine.offloader
         self.decode = DecodeStage(m["vae"], cfg.video.width, cfg.video.height)
         self.times = StageTimes()
         self.timeline = AudioTimeline()
@@ -261,11 +265,14 @@ class Session:
         for i in range(n.length):
             self.latents[n.start + i] = n_lat[:, :, i : i + 1]
         out: list[FrameBatch] = []
+        i_lat = None
         if k > 0 and self.plan.w > 0:
             ic = self.plan.i_chunk(k - 1)
             i_lat = self._generate(ic)
+        self._hand_over("sr")  # the A2V work is queued: start copying SR's first blocks
+        if i_lat is not None:
             out += self._emit_latents(i_lat[:, :, 1:-1], ic.emit[0])
-        out += self._emit(*n.emit)
+        out += self._emit(*n.emit, next_model="a2v")
         self.next_n += 1
         self._trim_memory()
         return out
@@ -280,13 +287,21 @@ class Session:
         self.times.add("a2v", time.perf_counter() - t)
         return lat
 
-    def _emit(self, begin: int, end: int) -> list[FrameBatch]:
+    def _emit(self, begin: int, end: int, next_model: str | None = None) -> list[FrameBatch]:
         if end <= begin:
             return []
         lat = torch.cat([self.latents[p] for p in range(begin, end)], dim=2)
-        return self._emit_latents(lat, begin)
+        return self._emit_latents(lat, begin, next_model)
 
-    def _emit_latents(self, low: Tensor, begin: int) -> list[FrameBatch]:
+    def _hand_over(self, model: str) -> None:
+        """With offload, start the copies of `model`'s first blocks now, behind the work
+        already queued, so its first block does not wait (a no-op when resident)."""
+        if self.offloader is not None:
+            self.offloader.prefetch_stack(model)
+
+    def _emit_latents(
+        self, low: Tensor, begin: int, next_model: str | None = None
+    ) -> list[FrameBatch]:
         """SR + decode one segment of final low-res latents and hand its frames to sinks."""
         first_frame = begin * self.r
         if self.total_frames is not None and first_frame >= self.total_frames:
@@ -299,6 +314,8 @@ class Session:
         w = self.cfg.sr.window
         self.sr_context = seq[:, :, seq.shape[2] - min(w, seq.shape[2]) :] if w else None
         self.times.add("sr", time.perf_counter() - t)
+        if next_model:
+            self._hand_over(next_model)  # before decode, whose frame copy syncs the host
         t = time.perf_counter()
         frames, self.vae_cache = self.decode.run(full, self.vae_cache)
         self.times.add("decode", time.perf_counter() - t)

@@ -18,6 +18,7 @@ from pipeline.models.audio_encoder import SAMPLES_PER_FRAME
 from pipeline.module import Module
 from pipeline.sampler import chunk_generator
 from pipeline.schedule import Chunk
+from pipeline.stages.transfer import to_device
 from pipeline.timeline import AudioTimeline
 
 
@@ -31,10 +32,14 @@ class ChunkContext:
 
 
 class ContextStage:
-    def __init__(self, audio: Module, cfg: FacecastConfig, seed: int) -> None:
+    def __init__(
+        self, audio: Module, cfg: FacecastConfig, seed: int, dtype: torch.dtype | None = None
+    ) -> None:
         self.audio = audio
         self.cfg = cfg
         self.seed = seed
+        # the DiTs' dtype: the audio encoder itself stays fp32, its outputs do not
+        self.dtype = dtype or audio.dtype
         self.grid = latent_grid(cfg)
 
     def audio_window(self, chunk: Chunk) -> tuple[int, int]:
@@ -49,9 +54,9 @@ class ContextStage:
     @torch.inference_mode()
     def run(self, timeline: AudioTimeline, chunk: Chunk, known: dict[int, Tensor]) -> ChunkContext:
         """`known` maps absolute latent positions to (1, C, 1, h, w) latents."""
-        dev, dt = self.audio.device, self.audio.dtype
+        dev, dt = self.audio.device, self.dtype
         lo, hi = self.audio_window(chunk)
-        samples = torch.from_numpy(timeline.read(lo, hi))[None].to(dev)
+        samples = to_device(torch.from_numpy(timeline.read(lo, hi))[None], dev)
         feats = self.audio.model(samples)
         skip = self.cfg.audio.context_frames
         n_video = chunk.length * self.cfg.vae.temporal_ratio
@@ -65,4 +70,4 @@ class ContextStage:
         for pos in chunk.known:
             known_lat[:, :, pos : pos + 1] = known[chunk.start + pos]
             mask[:, pos] = 1
-        return ChunkContext(chunk, audio_BTrA, noise.to(dev, dt), known_lat, mask)
+        return ChunkContext(chunk, audio_BTrA, to_device(noise, dev, dt), known_lat, mask)

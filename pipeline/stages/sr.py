@@ -12,6 +12,7 @@ from torch import Tensor
 from pipeline.module import Module
 from pipeline.sampler import chunk_generator
 from pipeline.stages.init import ReferenceCond
+from pipeline.stages.transfer import to_device
 
 
 class SRStage:
@@ -27,6 +28,7 @@ class SRStage:
         B, C, T, h, w = low_BCThw.shape
         H, W = h * model.upscale, w * model.upscale
         gen = chunk_generator(self.seed, "SR", segment_index)
-        noise = torch.randn((B, C, T, H, W), generator=gen).to(low_BCThw.device, low_BCThw.dtype)
+        noise = to_device(torch.randn((B, C, T, H, W), generator=gen), low_BCThw.device)
+        noise = noise.to(low_BCThw.dtype)
         full = model(low_BCThw, noise, ref.full_BC1HW)
         return full[:, :, context_frames:]
