@@ -46,6 +46,7 @@ from pipeline.kernels import (  # noqa: E402
     frame_window_mask,
 )
 from pipeline.kernels._triton_frame_attention import _frame_key_stats  # noqa: E402
+from pipeline.kernels.frame_attention import _DEFAULT_CONFIGS  # noqa: E402
 from pipeline.kernels.frame_mask import visible_frame_span  # noqa: E402
 
 # (name, config): the sweep per head_dim, most promising first. Each config runs bounded and
@@ -53,24 +54,25 @@ from pipeline.kernels.frame_mask import visible_frame_span  # noqa: E402
 # fail to compile or hang: those configs run last, after everything else is saved.
 SWEEP = {
     128: [
-        ("m128n64w8s2", KernelConfig(128, 64, 8, 2)),
-        ("m128n64w8s3-pipe", KernelConfig(128, 64, 8, 3, pipeline_qk=True)),
+        ("default", None),
+        ("m128n64w8s4-pipe", KernelConfig(128, 64, 8, 4, pipeline_qk=True)),
         ("m128n64w8s3", KernelConfig(128, 64, 8, 3)),
-        ("m128n64w8s2-pipe", KernelConfig(128, 64, 8, 2, pipeline_qk=True)),
+        ("m128n64w8s2", KernelConfig(128, 64, 8, 2)),
         ("m128n128w8s1", KernelConfig(128, 128, 8, 1)),
-        ("m64n64w4s3", KernelConfig(64, 64, 4, 3)),
-        ("m128n64w8s3-ptr", KernelConfig(128, 64, 8, 3, use_tma=False)),
+        ("m128n64w8s3-ptr-pipe", KernelConfig(128, 64, 8, 3, use_tma=False, pipeline_qk=True)),
     ],
     64: [
-        ("m128n128w8s2", KernelConfig(128, 128, 8, 2)),
-        ("m128n128w8s3", KernelConfig(128, 128, 8, 3)),
-        ("m128n128w8s3-pipe", KernelConfig(128, 128, 8, 3, pipeline_qk=True)),
+        ("default", None),
+        ("m128n64w8s4-pipe", KernelConfig(128, 64, 8, 4, pipeline_qk=True)),
         ("m128n64w8s3", KernelConfig(128, 64, 8, 3)),
+        ("m128n64w8s4", KernelConfig(128, 64, 8, 4)),
+        ("m128n128w8s3-pipe", KernelConfig(128, 128, 8, 3, pipeline_qk=True)),
     ],
 }
+# First run (commit 605fd3a) also swept: m128n64w8s2-pipe, m128n128w8s3 (D=64), m64n64w4s3,
+# pointer loads, and warp specialization (no gain on Hopper with Triton 3.6); see RESULTS.md.
 RISKY = {
     128: [
-        ("m128n64w8s2-ws", KernelConfig(128, 64, 8, 2, warp_specialize=True)),
         (
             "m128n64w8s3-pipe-ws",
             KernelConfig(128, 64, 8, 3, pipeline_qk=True, warp_specialize=True),
@@ -255,8 +257,9 @@ def sweep(args, case: Case, configs, log: list, deadline: float) -> None:
                 continue
             ms = try_run(label, lambda c=call: timed_ms(c, args.rep), log)
             if ms:
+                resolved = cfg or _DEFAULT_CONFIGS[case.D]
                 case.add(label, ms, case.useful, kind="facecast", config=name, softmax=softmax,
-                         cfg=dataclasses.asdict(cfg), check=check)  # fmt: skip
+                         cfg=dataclasses.asdict(resolved), check=check)  # fmt: skip
 
 
 def summarize(res: dict) -> dict:
@@ -271,7 +274,16 @@ def summarize(res: dict) -> dict:
     flex = best(lambda r: r.get("kind") == "flex")
     bounded = best(lambda r: r.get("softmax") == "bounded")
     online = best(lambda r: r.get("softmax") == "online")
-    s = {"best_bounded": bounded, "best_online": online}
+    default_b = best(lambda r: r.get("config") == "default" and r["softmax"] == "bounded")
+    default_o = best(lambda r: r.get("config") == "default" and r["softmax"] == "online")
+    s = {"best_bounded": bounded, "best_online": online, "default_bounded": default_b,
+         "default_online": default_o}  # fmt: skip
+    if default_b and default_dense:
+        s["default_bounded_vs_sdpa_default"] = default_b["tflops"] / default_dense["tflops"]
+    if default_b and best_dense:
+        s["default_bounded_vs_best_dense"] = default_b["tflops"] / best_dense["tflops"]
+    if default_b and flex:
+        s["default_bounded_vs_flex"] = default_b["tflops"] / flex["tflops"]
     if bounded and default_dense:
         s["bounded_vs_sdpa_default"] = bounded["tflops"] / default_dense["tflops"]
     if bounded and best_dense:

@@ -116,14 +116,16 @@ def test_pointer_path_and_explicit_scale_match_reference():
     "case", [(21, 32, 3, 1, 1), (22, 16, 2, 1, 1)], ids=["F32", "F16_one_block"]
 )
 def test_pipelined_qk_loop_matches_reference(case):
-    # The software-pipelined bounded loop (QK^T of block j+1 before block j's softmax), also
+    # The software-pipelined loops (QK^T of block j+1 before block j's softmax), also
     # where a row block has a single key block (reference rows with F = BLOCK_N = 16).
     seed, F, T, W, R = case
     q, k, v = _qkv(seed, 1, 2, (R + T) * F, 64)
     cfg = KernelConfig(block_m=16, block_n=16, pipeline_qk=True)
-    out, flags = _launch(q, k, v, FrameWindowSpec(F, W, R), None, 64.0, cfg)
-    assert bool(flags.all())
-    assert _rel_err(out, _reference(q, k, v, F, W, R)) <= 1e-2
+    ref = _reference(q, k, v, F, W, R)
+    for gap_limit, path in ((64.0, 1), (-1.0, 0)):  # bounded, then forced online
+        out, flags = _launch(q, k, v, FrameWindowSpec(F, W, R), None, gap_limit, cfg)
+        assert bool((flags == path).all())
+        assert _rel_err(out, ref) <= 1e-2
 
 
 @needs_interpreter

@@ -134,7 +134,7 @@ def _frame_attention_fwd(
     USE_TMA: tl.constexpr,
     UPCAST: tl.constexpr,  # interpreter only: its bf16 dot multiplies raw bits, so dot in fp32
     WARP_SPEC: tl.constexpr,
-    PIPE_QK: tl.constexpr,  # issue block j+1's QK^T before block j's softmax, so they overlap
+    PIPE_QK: tl.constexpr,  # issue block j+1's QK^T before block j's softmax (both paths)
 ):
     # Reference-frame row blocks do the least work (R*F keys); rotating them to the end of
     # each head's launch order puts the light programs in the last wave.
@@ -214,17 +214,40 @@ def _frame_attention_fwd(
                 l_i += tl.sum(p, 1)
                 acc = _accumulate(acc, p, V, row, io_dtype, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST)
     else:
+        # The classic online softmax: running max m_i, and a rescale whenever it rises.
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        for j in tl.range(0, n_blocks, warp_specialize=WARP_SPEC):
-            row = _key_block_row(j, head_row, n_ref, jump, BLOCK_N)
+        if PIPE_QK:
+            row = _key_block_row(0, head_row, n_ref, jump, BLOCK_N)
             s = _scores(q, K, row, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST)
-            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # qk_scale > 0
+            for j in tl.range(1, n_blocks, warp_specialize=WARP_SPEC):
+                row_next = _key_block_row(j, head_row, n_ref, jump, BLOCK_N)
+                s_next = _scores(q, K, row_next, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST)
+                m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # qk_scale > 0
+                p = tl.math.exp2(s * qk_scale - m_new[:, None])
+                alpha = tl.math.exp2(m_i - m_new)
+                l_i = l_i * alpha + tl.sum(p, 1)
+                acc = acc * alpha[:, None]
+                acc = _accumulate(acc, p, V, row, io_dtype, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST)
+                m_i = m_new
+                s = s_next
+                row = row_next
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
             p = tl.math.exp2(s * qk_scale - m_new[:, None])
             alpha = tl.math.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None]
             acc = _accumulate(acc, p, V, row, io_dtype, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST)
-            m_i = m_new
+        else:
+            for j in tl.range(0, n_blocks, warp_specialize=WARP_SPEC):
+                row = _key_block_row(j, head_row, n_ref, jump, BLOCK_N)
+                s = _scores(q, K, row, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST)
+                m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # qk_scale > 0
+                p = tl.math.exp2(s * qk_scale - m_new[:, None])
+                alpha = tl.math.exp2(m_i - m_new)
+                l_i = l_i * alpha + tl.sum(p, 1)
+                acc = acc * alpha[:, None]
+                acc = _accumulate(acc, p, V, row, io_dtype, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST)
+                m_i = m_new
 
     out = acc / l_i[:, None]
     if UPCAST:

@@ -78,15 +78,15 @@ class KernelConfig:
     num_stages: int = 2
     use_tma: bool = True  # Hopper's bulk tensor copies; ignored before sm_90 and in the interpreter
     warp_specialize: bool = False
-    pipeline_qk: bool = False  # bounded path: next block's QK^T issued before this softmax
+    pipeline_qk: bool = False  # next block's QK^T issued before this block's softmax
 
 
 # Chosen on the H200 by bench/attention_bench.py (see bench/RESULTS.md), per head_dim.
 # The bounded and online loops each get their own shared-memory ring (Triton does not share
 # buffers across the branches), so D=128 with 128-key tiles does not fit in 227 KB.
 _DEFAULT_CONFIGS = {
-    128: KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=2),
-    64: KernelConfig(block_m=128, block_n=128, num_warps=8, num_stages=2),
+    128: KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, pipeline_qk=True),
+    64: KernelConfig(block_m=128, block_n=64, num_warps=8, num_stages=3, pipeline_qk=True),
 }
 
 
