@@ -37,6 +37,7 @@ from realtime.errors import BadRequest, RealtimeError, ServerFull, SessionNotFou
 from realtime.metrics import CONTENT_TYPE_LATEST, RealtimeMetrics
 from realtime.session import Session, SessionConfig
 from realtime.tracks import MediaSink
+from realtime.vad import VoiceActivityDetector
 
 WEBCLIENT = Path(__file__).resolve().parent.parent / "webclient"
 OFFER_OPTIONS = {"sdp", "type", "seed"}
@@ -165,6 +166,7 @@ async def _offer(request: web.Request) -> web.Response:
 async def _negotiate(service: Service, offer: RTCSessionDescription, seed: int) -> Session:
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # loopback/LAN: no STUN
     session_config = SessionConfig(**{**service.config.session.__dict__, "seed": seed})
+    vad = await asyncio.to_thread(VoiceActivityDetector)  # loads its model: off the loop
     session = Session(
         secrets.token_urlsafe(18),
         pc,
@@ -173,6 +175,7 @@ async def _negotiate(service: Service, offer: RTCSessionDescription, seed: int) 
         session_config,
         service.metrics,
         service.on_session_closed,
+        vad,
         service.engine_lock,
     )
     try:

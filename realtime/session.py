@@ -39,7 +39,7 @@ from realtime.tracks import (
     MediaSink,
     PlayoutClock,
 )
-from realtime.vad import VadConfig, VadEvent, VoiceActivityDetector
+from realtime.vad import VadEvent, VoiceActivityDetector
 from realtime.worker import ChunkStats, GenerationWorker
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,8 @@ class Session:
         config: SessionConfig,
         metrics: RealtimeMetrics,
         on_closed: Callable[[Session], Awaitable[None]],
+        vad: VoiceActivityDetector,
         engine_lock: threading.Lock | None = None,
-        vad_config: VadConfig | None = None,
     ) -> None:
         self.id = session_id
         self.pc = pc
@@ -94,7 +94,7 @@ class Session:
         self.clock = PlayoutClock()
         self.timeline = AudioTimeline(config.max_input_ahead_s)
         self._resampler = InputResampler()
-        self.vad = VoiceActivityDetector(vad_config)
+        self.vad = vad
         self.playback = PlaybackTracker(self._send)
         lead = max(1, int(config.lead_s * FPS))
         self.frames = FrameQueue(lead, capacity=lead + 10 * FPS)
@@ -158,8 +158,8 @@ class Session:
         except Exception:
             log.exception("session %s: peer connection close failed", self.id)
         finally:
-            # generate_ready() may be mid-chunk; wait for it off the loop.
-            if not await asyncio.to_thread(self.worker.join, 30.0):
+            # generate_ready() may be mid-chunk: the thread stops after it.
+            if not await self.worker.wait_exited(30.0):
                 log.error("session %s: generation thread did not stop", self.id)
             await asyncio.gather(
                 *(t for t in self._tasks if t is not current), return_exceptions=True

@@ -74,6 +74,7 @@ class GenerationWorker:
         self.generated = 0  # frames produced
         self._thread = threading.Thread(target=self._run, name=f"gen-{session_id[:8]}")
         self.exited = threading.Event()
+        self._exited_async: asyncio.Future[None] = loop.create_future()
 
     def start(self) -> None:
         self._thread.start()
@@ -96,12 +97,15 @@ class GenerationWorker:
         self._stop.set()
         self._frames.wake()
 
-    def join(self, timeout: float) -> bool:
-        """Wait for the thread (call via a thread pool from async code)."""
+    async def wait_exited(self, timeout: float) -> bool:
+        """Wait (on the loop, holding no pool thread) until the thread has finished."""
         if self._thread.ident is None:  # never started (the offer was refused)
             return True
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._exited_async), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     def _run(self) -> None:
         try:
@@ -121,6 +125,11 @@ class GenerationWorker:
             except Exception:
                 log.exception("session %s: engine session close failed", self._sid)
             self.exited.set()
+            self._call_soon(self._mark_exited)
+
+    def _mark_exited(self) -> None:
+        if not self._exited_async.done():
+            self._exited_async.set_result(None)
 
     @property
     def timeline_pos(self) -> int:
@@ -216,5 +225,7 @@ class GenerationWorker:
             self._call_soon(self._on_chunk, ChunkStats(count, seconds, skipped))
 
     def _call_soon(self, fn: Callable, *args: object) -> None:
-        if not self._loop.is_closed():
+        try:
             self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop closed (process exiting): nobody is listening
+            pass

@@ -12,10 +12,11 @@ const stats = (window.facecastStats = {
 let pc = null, channel = null, micStream = null, sessionId = null;
 let statsTimer = null, connectStart = 0, lastBytes = 0, lastTs = 0, lastFrames = 0;
 
-function say(text, isError = false) {
+// level: "info", "warn" (may heal by itself) or "error" (kept in facecastStats.error)
+function say(text, level = "info") {
   $("message").textContent = text;
-  $("message").classList.toggle("error", isError);
-  if (isError) stats.error = text;
+  $("message").classList.toggle("error", level !== "info");
+  if (level === "error") stats.error = text;
 }
 
 function setState(state) {
@@ -58,8 +59,8 @@ async function connect() {
   try {
     micStream = await navigator.mediaDevices.getUserMedia({ audio: true, video: false });
   } catch (err) {
-    setState("idle");
-    say("Microphone access was denied. Allow it in the browser's site settings and try again.", true);
+    setState("error");
+    say("Microphone access was denied. Allow it in the browser's site settings and try again.", "error");
     return;
   }
   pc = new RTCPeerConnection({ iceServers: [] });
@@ -75,13 +76,10 @@ async function connect() {
   pc.onconnectionstatechange = () => {
     if (!pc) return;
     // "disconnected" can heal by itself (a network blip); "failed" does not.
-    if (pc.connectionState === "disconnected") say("Connection interrupted, waiting…", true);
-    if (pc.connectionState === "connected" && stats.state === "connected") {
-      stats.error = null;
-      say("Connected.");
-    }
+    if (pc.connectionState === "disconnected") say("Connection interrupted, waiting…", "warn");
+    if (pc.connectionState === "connected" && stats.state === "connected") say("Connected.");
     if (pc.connectionState === "failed") {
-      say("Connection lost. Press Connect to start again.", true);
+      say("Connection lost. Press Connect to start again.", "error");
       disconnect(false);
     }
   };
@@ -95,15 +93,15 @@ async function connect() {
       body: JSON.stringify({ sdp: pc.localDescription.sdp, type: pc.localDescription.type }),
     });
   } catch (err) {
-    say("Cannot reach the server: " + err, true);
+    say("Cannot reach the server: " + err, "error");
     return disconnect(false);
   }
   const body = await res.json().catch(() => ({}));
   if (!res.ok) {
     const reason = body.error || res.statusText;
-    if (res.status === 401) say("The token was refused: enter the server's token. (" + reason + ")", true);
-    else if (res.status === 503) say("The server is full right now; try again in a minute. (" + reason + ")", true);
-    else say("The server refused the call: " + reason, true);
+    if (res.status === 401) say("The token was refused: enter the server's token. (" + reason + ")", "error");
+    else if (res.status === 503) say("The server is full right now; try again in a minute. (" + reason + ")", "error");
+    else say("The server refused the call: " + reason, "error");
     return disconnect(false);
   }
   sessionId = stats.sessionId = body.session_id;
@@ -161,9 +159,9 @@ function onEvent(msg) {
   logEvent(msg);
   if (msg.type === "speech_started") stats.speaking = true;
   if (msg.type === "speech_stopped") stats.speaking = false;
-  if (msg.type === "error") say("Server error: " + msg.message, true);
+  if (msg.type === "error") say("Server error: " + msg.message, "error");
   if (msg.type === "session_closed") {
-    say("The server ended the call (" + msg.reason + "). Press Connect to start again.", true);
+    say("The server ended the call (" + msg.reason + "). Press Connect to start again.", "error");
     disconnect(false);
     return;
   }
@@ -180,7 +178,8 @@ async function disconnect(release = true) {
   pc = channel = micStream = null;
   sessionId = null;
   lastTs = lastBytes = lastFrames = 0;
-  setState(stats.error ? "error" : "idle");
+  // A hang-up the user asked for is "idle"; anything else ended the call with an error.
+  setState(release ? "idle" : "error");
   if (release) say("Disconnected.");
 }
 

@@ -72,6 +72,7 @@ class KvsMirror:
         self._uplink_task: asyncio.Task[None] | None = None
         self._accepting = False
         self._drop_logged_at = 0.0
+        self._closing: asyncio.Future[KvsStats] | None = None
         self.state = "new"  # new, running, failed, closed
         self.error: KvsError | None = None
 
@@ -91,8 +92,17 @@ class KvsMirror:
         self.state = "running"
 
     async def close(self, timeout: float | None = None) -> KvsStats:
-        """Flush what was put, wait up to `timeout` for KVS to persist it, stop everything."""
-        if self.state in ("new", "closed"):
+        """Flush what was put, wait up to `timeout` for KVS to persist it, stop everything.
+
+        Idempotent: later calls wait for the first one. The session closes its sinks with a
+        15 s limit, so the default `close_timeout_s` stays below that.
+        """
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close(timeout))
+        return await asyncio.shield(self._closing)
+
+    async def _close(self, timeout: float | None) -> KvsStats:
+        if self.state == "new":
             self.state = "closed"
             return self.stats
         timeout = self.options.close_timeout_s if timeout is None else timeout

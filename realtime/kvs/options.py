@@ -37,7 +37,7 @@ class KvsOptions:
     backoff_max_s: float = 20.0
     ack_timeout_s: float = 20.0  # no ack at all for this long while fragments wait: reconnect
     max_attempts: int = 5  # sends of one fragment before it counts as failed
-    close_timeout_s: float = 15.0
+    close_timeout_s: float = 10.0  # below the session's 15 s limit for closing sinks
 
     @property
     def enabled(self) -> bool:
