@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pipeline.errors import FacecastError
 
-DEFAULT_CONFIG = "tiny"
+DEFAULT_CONFIG = "demo"
 ASSETS = Path(__file__).resolve().parent / "assets"
 
 

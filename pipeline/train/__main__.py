@@ -22,7 +22,9 @@ from pipeline.train.run import STAGES, TrainConfig, check_grid, train_all
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pipeline.train", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m pipeline.train", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--config", default="demo", help="config name or YAML path")
     p.add_argument("--out", default="out/train", help="weights, losses.jsonl, summary")
     p.add_argument("--state-dir", default=None, help="resumable state (default <out>/state)")
@@ -68,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         if secs is not None:
             s = replace(s, seconds=secs)
         if s.steps < 1000:  # short runs (smoke tests): log and save often enough to see
-            s = replace(s, warmup=min(s.warmup, max(1, s.steps // 5)), log_every=max(1, s.steps // 5))
+            s = replace(
+                s, warmup=min(s.warmup, max(1, s.steps // 5)), log_every=max(1, s.steps // 5)
+            )
         setattr(tc, stage, s)
     device = args.device
     if device == "auto":

@@ -61,8 +61,15 @@ def motion_weights(x0_BCThw: Tensor, strength: float = 2.0) -> Tensor:
 
 
 def sample_windows(
-    low_SCFhw: Tensor, audio_SN: Tensor, ref_SC1hw: Tensor, mode: ChunkMode, batch: int,
-    r: int, ctx: int, look: int, gen,
+    low_SCFhw: Tensor,
+    audio_SN: Tensor,
+    ref_SC1hw: Tensor,
+    mode: ChunkMode,
+    batch: int,
+    r: int,
+    ctx: int,
+    look: int,
+    gen,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Latent windows (B, C, T, h, w), their audio samples (B, (T r + ctx + look) 640) and
     reference latents (B, C, 1, h, w). Segment audio starts `ctx` frames before frame 0."""

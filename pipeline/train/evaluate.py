@@ -93,7 +93,9 @@ def write_png(path: str | Path, rgb: np.ndarray) -> None:
     Path(path).write_bytes(png + chunk(b"IEND", b""))
 
 
-def frame_strip(reference: np.ndarray, frames: np.ndarray, n: int = 8, start: int = 25) -> np.ndarray:
+def frame_strip(
+    reference: np.ndarray, frames: np.ndarray, n: int = 8, start: int = 25
+) -> np.ndarray:
     """The reference, then `n` frames evenly spread from `start`, side by side."""
     idx = np.linspace(min(start, len(frames) - 1), len(frames) - 1, n).astype(int)
     return np.concatenate([reference] + [frames[i] for i in idx], axis=1)

@@ -102,8 +102,10 @@ def train_all(
 
     # -- VAE --------------------------------------------------------------------------
     vae = models["vae"]
-    if "vae" in stages and not (resume and (weights / "vae.safetensors").is_file()
-                                and _done(state_dir, "vae", tc.vae)):
+    if "vae" in stages and not (
+        resume and (weights / "vae.safetensors").is_file() and _done(state_dir, "vae", tc.vae)
+    ):
+
         def vae_step(step: int):
             x, ref = vae_train.sample_clips(frames, refs, tc.vae.batch, tc.vae_frames, gen)
             if step % 4 == 3:
@@ -111,8 +113,9 @@ def train_all(
             with _autocast(dev):
                 return vae_train.vae_loss(vae, x, ref, tc.kl_weight, tc.motion_weight)
 
-        summary["stages"]["vae"] = train_stage("vae", vae, vae_step, tc.vae,
-                                               state_dir=state_dir, log=log, resume=resume)
+        summary["stages"]["vae"] = train_stage(
+            "vae", vae, vae_step, tc.vae, state_dir=state_dir, log=log, resume=resume
+        )
         x, _ = vae_train.sample_clips(frames, refs, 32, tc.vae_frames, gen)
         scale = vae_train.normalize_latents(vae, x)
         summary["latent_scale"] = [round(float(s), 4) for s in scale]
@@ -126,7 +129,6 @@ def train_all(
     t = time.perf_counter()
     full, low = vae_train.encode_frames(vae, frames, d)
     ref_full, ref_low = vae_train.encode_references(vae, refs, d)
-    del frames
     summary["encode_s"] = round(time.perf_counter() - t, 1)
     summary["latent_std"] = {"full": round(float(full.std()), 4), "low": round(float(low.std()), 4)}
     print(f"[encode] full {tuple(full.shape)} low {tuple(low.shape)} std {summary['latent_std']}")
@@ -146,8 +148,9 @@ def train_all(
             with _autocast(dev):
                 return a2v_train.a2v_loss(pair["a2v"], pair["audio"], x0, au, ref, mode, cfg, gen)
 
-        summary["stages"]["a2v"] = train_stage("a2v", pair, a2v_step, tc.a2v,
-                                               state_dir=state_dir, log=log, resume=resume)
+        summary["stages"]["a2v"] = train_stage(
+            "a2v", pair, a2v_step, tc.a2v, state_dir=state_dir, log=log, resume=resume
+        )
     elif (state_dir / "state_a2v.pt").is_file():
         pair.load_state_dict(torch.load(state_dir / "state_a2v.pt", weights_only=True)["model"])
     save_checkpoint(models["a2v"], weights / "a2v.safetensors")
@@ -156,13 +159,15 @@ def train_all(
     # -- SR ---------------------------------------------------------------------------
     sr = models["sr"]
     if "sr" in stages and not (resume and _done(state_dir, "sr", tc.sr)):
+
         def sr_step(step: int):
             lo, fu, rf = sr_train.sample_pairs(low, full, ref_full, tc.sr.batch, tc.sr_frames, gen)
             with _autocast(dev):
                 return sr_train.sr_loss(sr, lo, fu, rf, gen)
 
-        summary["stages"]["sr"] = train_stage("sr", sr, sr_step, tc.sr,
-                                              state_dir=state_dir, log=log, resume=resume)
+        summary["stages"]["sr"] = train_stage(
+            "sr", sr, sr_step, tc.sr, state_dir=state_dir, log=log, resume=resume
+        )
     elif (state_dir / "state_sr.pt").is_file():
         sr.load_state_dict(torch.load(state_dir / "state_sr.pt", weights_only=True)["model"])
     save_checkpoint(sr, weights / "sr.safetensors")
@@ -184,5 +189,3 @@ def check_grid(cfg: FacecastConfig) -> None:
         )
     if cfg.video.width != cfg.video.height:
         raise ValueError("the synthetic world renders square frames; use a square video size")
-
-

@@ -55,7 +55,9 @@ def vae_loss(
 
 def half_res(x_B3THW: Tensor, ref_B3HW: Tensor) -> tuple[Tensor, Tensor]:
     B, C, T, H, W = x_B3THW.shape
-    x = F.interpolate(x_B3THW.transpose(1, 2).reshape(B * T, C, H, W), scale_factor=0.5, mode="area")
+    x = F.interpolate(
+        x_B3THW.transpose(1, 2).reshape(B * T, C, H, W), scale_factor=0.5, mode="area"
+    )
     x = x.view(B, T, C, H // 2, W // 2).transpose(1, 2)
     return x, F.interpolate(ref_B3HW, scale_factor=0.5, mode="area")
 
