@@ -45,8 +45,7 @@ from pipeline.kernels import (  # noqa: E402
     frame_window_flops,
     frame_window_mask,
 )
-from pipeline.kernels._triton_frame_attention import _frame_key_stats  # noqa: E402
-from pipeline.kernels.frame_attention import _DEFAULT_CONFIGS  # noqa: E402
+from pipeline.kernels.frame_attention import _DEFAULT_CONFIGS, key_frame_stats  # noqa: E402
 from pipeline.kernels.frame_mask import visible_frame_span  # noqa: E402
 
 # (name, config): the sweep per head_dim, most promising first. Each config runs bounded and
@@ -224,14 +223,11 @@ def baselines(args, case: Case, res: dict, log: list) -> None:
         if ms:
             case.add("flex (compiled, aligned BlockMask)", ms, case.useful, kind="flex")
 
-    B, H, D, F = args.batch, case.H, case.D, args.tokens_per_frame
     nf = args.ref + args.frames
-    mean_key = torch.empty(B * H * nf, D, device=dev, dtype=torch.float32)
-    radius = torch.empty(B * H * nf, device=dev, dtype=torch.float32)
-    k2 = k.view(-1, D)
+    k2 = k.view(-1, case.D)
 
     def stats():
-        _frame_key_stats[(nf, B * H)](k2, mean_key, radius, L, F, BLOCK=64, HEAD_DIM=D)
+        return key_frame_stats(k2, args.batch * case.H, nf, args.tokens_per_frame)
 
     res["stats_prepass_ms"] = try_run("stats", lambda: timed_ms(stats, args.rep), log)
 
