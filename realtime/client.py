@@ -25,6 +25,7 @@ import fractions
 import json
 import logging
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -341,17 +342,26 @@ def arrival_skew_ms(rec: Received) -> float | None:
 
 
 class Mp4Writer:
-    """Records the call to MP4 (H.264 + AAC) by pts."""
+    """Records the call to MP4 (H.264 + AAC) by pts. Thread-safe: the video and audio
+    consumers call it from worker threads, and one container must not be muxed into
+    from two threads at once."""
 
     def __init__(self, path: str | Path) -> None:
+        self._lock = threading.Lock()
+        self._last_pts = -1
         self._box = av.open(str(path), "w")
         self._v: av.VideoStream | None = None
         self._a = self._box.add_stream("aac", rate=RATE, layout="mono")
         self._a_resampler = av.AudioResampler(format="fltp", layout="mono", rate=RATE)
         self._v0: int | None = None
-        self._a0: int | None = None
 
     def video(self, rgb: np.ndarray, pts: int) -> None:
+        with self._lock:
+            if pts > self._last_pts:  # a repeated or reordered frame would break the muxer
+                self._last_pts = pts
+                self._video(rgb, pts)
+
+    def _video(self, rgb: np.ndarray, pts: int) -> None:
         if self._v is None:
             self._v = self._box.add_stream("libx264", rate=FPS)
             self._v.width, self._v.height = rgb.shape[1], rgb.shape[0]
@@ -364,9 +374,12 @@ class Mp4Writer:
         self._box.mux(self._v.encode(frame))
 
     def audio(self, pcm: np.ndarray, pts: int) -> None:
+        with self._lock:
+            self._audio(pcm)
+
+    def _audio(self, pcm: np.ndarray) -> None:
         if self._v is None:  # the MP4 header needs the video stream first
             return
-        self._a0 = pts if self._a0 is None else self._a0
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = RATE
         frame.pts = None
@@ -374,6 +387,10 @@ class Mp4Writer:
             self._box.mux(self._a.encode(f))
 
     def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._v is not None:
             self._box.mux(self._v.encode(None))
         self._box.mux(self._a.encode(None))

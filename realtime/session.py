@@ -53,7 +53,13 @@ class SessionConfig:
     jitter_s: float = 0.8
     push_ahead_s: float = 3.0  # audio handed to the engine beyond playout
     peer_timeout_s: float = 5.0  # no incoming audio for this long: the peer is gone
-    fill_margin_s: float = 0.3  # input this far behind the wall clock: pad silence
+    # Digital silence is padded up to `fill_margin_s` behind the wall clock when the peer
+    # has been quiet for `fill_after_s`, or has fallen `fill_drift_s` behind (its audio
+    # clock runs slow). A peer merely late by less (a stalled sender about to burst) gets
+    # nothing inserted into its speech.
+    fill_after_s: float = 0.5
+    fill_drift_s: float = 0.6
+    fill_margin_s: float = 0.3
     max_input_ahead_s: float = 120.0  # agent audio buffered beyond playout
     seed: int = 0
 
@@ -243,7 +249,7 @@ class Session:
         self._send(message(event.kind, at_ms=round(event.ms)))
 
     async def _watchdog(self) -> None:
-        """Pad silence when the peer falls behind real time; close when it vanished."""
+        """Keep the timeline moving when the peer goes quiet; close when it vanished."""
         tick = 0.1
         while True:
             await asyncio.sleep(tick)
@@ -256,11 +262,11 @@ class Session:
                     self.close("the peer never sent audio")
                     return
                 continue
-            expected = int(
-                (time.monotonic() - self._first_audio - self.config.fill_margin_s) * RATE_IN
-            )
-            if expected > self.timeline.head:
-                self._ingest(np.zeros(expected - self.timeline.head, np.int16))
+            behind = (time.monotonic() - self._first_audio) - self.timeline.head / RATE_IN
+            quiet = (last or 0.0) > self.config.fill_after_s
+            if (quiet and behind > self.config.fill_margin_s) or behind > self.config.fill_drift_s:
+                pad = int((behind - self.config.fill_margin_s) * RATE_IN)
+                self._ingest(np.zeros(pad, np.int16))
 
     def _last_audio_age(self) -> float | None:
         return None if self._last_rx is None else time.monotonic() - self._last_rx

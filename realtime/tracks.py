@@ -34,6 +34,7 @@ VIDEO_CLOCK = 90_000
 VIDEO_TICKS = VIDEO_CLOCK // FPS  # 3600
 AUDIO_SAMPLES = 960  # 20 ms at 48 kHz
 SAMPLES_PER_FRAME = RATE_IN // FPS  # 1920 timeline samples per video frame
+MAX_CATCHUP_FRAMES = 5  # a stall up to 200 ms is sent as a burst; longer ones skip
 log = logging.getLogger(__name__)
 
 
@@ -173,10 +174,10 @@ class AvatarVideoTrack(_PacedTrack):
 
     async def recv(self) -> av.VideoFrame:
         t0 = await self._clock.wait_started()
-        # A sender that fell behind (stalled encoder, busy loop) skips deadlines instead of
-        # sending a backlog: the delay to the peer stays constant.
+        # A sender that fell behind (stalled encoder, busy loop) sends a short backlog at
+        # once; beyond MAX_CATCHUP_FRAMES it skips deadlines, so delay never builds up.
         behind = int((time.monotonic() - t0) * FPS) - self._index
-        if behind > 1:
+        if behind > MAX_CATCHUP_FRAMES:
             self._index += behind - 1
         index = await self._wait_deadline(1 / FPS)
         try:

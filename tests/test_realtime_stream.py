@@ -70,7 +70,9 @@ async def test_stream_frames_sync_vad_and_metrics(speech, tmp_path):
     span = rec.video_arrival[-1] - first
     expected = span * 25 + 1
     assert len(rec.video_pts) >= 0.95 * expected, (len(rec.video_pts), expected, live)
-    assert np.all(np.diff(rec.video_pts) == 3600), "video pts must step by exactly 3600"
+    steps = np.diff(rec.video_pts)
+    assert np.all(steps % 3600 == 0) and np.all(steps > 0), "pts = n·3600, increasing"
+    assert np.mean(steps == 3600) >= 0.95, "only a stalled sender may skip a deadline"
     assert stats["ttff_ms"] > 0 and stats["ttff_ms"] < 15_000
     # A/V offset by timestamps: the returned speech sits where the video made from it is.
     assert abs(stats["av_offset_ms"]) <= 40, stats

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 import time
@@ -32,6 +33,18 @@ log = logging.getLogger(__name__)
 
 AUDIO_CHUNKS_PER_S = 50  # WebRTC audio comes in 20 ms frames
 _CLOSE = object()
+
+
+def _lower_priority(nice: int) -> None:
+    """Make this thread (and the encoder threads it starts, which inherit it) yield the CPU
+    to the engine and the WebRTC encoders when cores are scarce. Linux: nice is per thread."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        current = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), max(current, nice))
+    except OSError:
+        log.debug("could not lower the KVS encoder's priority", exc_info=True)
 
 
 class KvsMirror:
@@ -175,6 +188,7 @@ class KvsMirror:
     def _work(self) -> None:
         writer = None
         try:
+            _lower_priority(self.options.encoder_nice)  # before x264 spawns its threads
             writer = MkvFragmentWriter(self._settings)
             timeline = MirrorTimeline(
                 writer, self.stats, self.options.idle_fill_after_s, self.stream_name

@@ -31,6 +31,7 @@ class KvsOptions:
     video_bitrate: int = 2_000_000
     audio_bitrate: int = 128_000
     x264_preset: str = "veryfast"
+    encoder_nice: int = 10  # the encoder thread yields CPU to generation and WebRTC
     endpoint_refresh_s: float = 45 * 60.0
     max_fragments_per_s: float = MAX_FRAGMENTS_PER_S
     backoff_initial_s: float = 0.5
