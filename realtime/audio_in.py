@@ -113,6 +113,13 @@ class AudioTimeline:
         if end > start:
             self._muted.append((start, end))
 
+    def cut_at(self, pos: int) -> None:
+        """Make `pos` the head: drop what follows, or pad silence up to it."""
+        if pos >= self.head:
+            self.append(np.zeros(pos - self.head, np.int16))
+        else:
+            self.truncate(pos)
+
     def truncate(self, pos: int) -> int:
         """Drop everything at or after `pos` (queued speech flushed); returns samples dropped."""
         pos = max(pos, self.base)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -33,6 +34,7 @@ from realtime.events import PlaybackTracker, message, parse_client_message
 from realtime.metrics import RealtimeMetrics
 from realtime.tracks import (
     FPS,
+    SAMPLES_PER_FRAME,
     AvatarAudioTrack,
     AvatarVideoTrack,
     FrameQueue,
@@ -40,7 +42,7 @@ from realtime.tracks import (
     PlayoutClock,
 )
 from realtime.vad import VadEvent, VoiceActivityDetector
-from realtime.worker import ChunkStats, GenerationWorker
+from realtime.worker import SAMPLES_PER_FRAME_16K, ChunkStats, GenerationWorker
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,9 @@ class SessionConfig:
     fill_drift_s: float = 0.6
     fill_margin_s: float = 0.3
     max_input_ahead_s: float = 120.0  # agent audio buffered beyond playout
+    # After an interrupt, frames already made from the flushed speech are shown for at
+    # most this long (one engine chunk), while the engine makes the next ones.
+    interrupt_tail_s: float = 0.48
     seed: int = 0
 
 
@@ -95,6 +100,8 @@ class Session:
         self._first_audio: float | None = None
         self._last_rx: float | None = None
         self._overfull_logged = False
+        # (frame due at the interrupt, first re-timed frame, first frame of new audio)
+        self.last_interrupt: tuple[int, int, int] | None = None
         self._closing: asyncio.Task | None = None
 
         self.clock = PlayoutClock()
@@ -299,19 +306,26 @@ class Session:
     # ---- agent control ---------------------------------------------------------------
 
     def interrupt(self) -> int:
-        """Flush queued speech: stop saying it now; returns ms of the current speech played."""
+        """Flush queued speech: its sound stops at once; generated frames beyond one chunk
+        (`interrupt_tail_s`) are dropped, so lips stop after that chunk plus the audio the
+        engine already holds, and the video never freezes. New input (or idle) follows, in
+        sync. Returns the ms of the current speech segment that were played."""
         if self.state != "live":
             raise SessionClosed(f"session {self.id} is {self.state}; cannot interrupt")
+        now = self.clock.frame_now()
+        tail = math.ceil(self.config.interrupt_tail_s * FPS)
+        cut = max(now, min(now + tail, self.worker.next_index()))
         played_ms = self.playback.interrupt()
-        dropped16 = self.worker.flush_pending()
-        if dropped16:
-            self.timeline.truncate(self.timeline.head - dropped16 * 3)
-        self.timeline.mute(self.audio.position, self.timeline.head)
+        self.frames.truncate(cut)
+        new_audio = self.worker.rebase(cut)
+        self.timeline.cut_at(new_audio * SAMPLES_PER_FRAME)
+        self.timeline.mute(self.audio.position, new_audio * SAMPLES_PER_FRAME)
+        self.last_interrupt = (now, cut, new_audio)
         stop = self.vad.force_silence()
         if stop is not None:
             self.metrics.vad_transitions.labels(stop.kind).inc()
             self._send(message(stop.kind, at_ms=round(stop.ms), interrupted=True))
-        self.vad.rebase(self.timeline.head // 3)
+        self.vad.rebase(new_audio * SAMPLES_PER_FRAME_16K)
         self._send(message("interrupted", played_ms=played_ms))
         return played_ms
 

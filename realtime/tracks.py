@@ -105,6 +105,15 @@ class FrameQueue:
             self._cond.notify_all()
         return frame, dropped
 
+    def truncate(self, index: int) -> int:
+        """Drop queued frames at or after `index` (interrupt); returns how many."""
+        with self._cond:
+            keep = [item for item in self._frames if item[0] < index]
+            dropped = len(self._frames) - len(keep)
+            self._frames = deque(keep)
+            self._cond.notify_all()
+        return dropped
+
     def depth(self) -> int:
         return len(self._frames)
 

@@ -70,7 +70,8 @@ class GenerationWorker:
         self.skipped_frames_total = 0
         self._unreported_skips = 0
         self._gen_seconds = 0.0  # moving average of one generate_ready() call
-        self._breaks: list[tuple[int, int]] = []  # (engine sample, frames skipped before it)
+        self._breaks: list[tuple[int, int]] = []
+        self._pad = 0  # zeros to push before the next audio (completes a frame at rebase)  # (engine sample, frames skipped before it)
         self.generated = 0  # frames produced
         self._thread = threading.Thread(target=self._run, name=f"gen-{session_id[:8]}")
         self.exited = threading.Event()
@@ -86,12 +87,24 @@ class GenerationWorker:
                 self._pending.append(pcm16)
             self._frames.wake()
 
-    def flush_pending(self) -> int:
-        """Drop audio not yet given to the engine (interrupt); returns samples dropped."""
+    def next_index(self) -> int:
+        """Timeline index the engine's next frame will be shown at."""
+        return self._timeline_index(self.generated)
+
+    def rebase(self, cut_frame: int) -> int:
+        """Interrupt: drop audio not yet given to the engine; the engine's next frames are
+        shown from `cut_frame` on. The audio it already holds (flushed speech) still becomes
+        frames, shown muted; returns the timeline frame where new audio starts, right after
+        them, so new speech and its frames stay in sync."""
+        spf = SAMPLES_PER_FRAME_16K
         with self._pending_lock:
-            dropped = sum(p.size for p in self._pending)
             self._pending.clear()
-        return dropped
+            first_new = -(-self.pushed // spf)  # engine frame that new audio starts
+            self._pad += first_new * spf - self.pushed  # complete the partial frame
+            self.pushed = first_new * spf
+            self._breaks.append((self.generated * spf, cut_frame - self.generated))
+            self.skipped = (cut_frame - self.generated) * spf
+            return cut_frame + first_new - self.generated
 
     def stop(self) -> None:
         self._stop.set()
@@ -147,7 +160,10 @@ class GenerationWorker:
             )
             parts = self._take(limit - self.timeline_pos)
             size = sum(p.size for p in parts)
-            self.pushed += size  # under the lock, so flush_pending sees a consistent split
+            self.pushed += size  # under the lock, so rebase sees a consistent split
+            if self._pad:  # zeros that rebase already counted in `pushed` go in first
+                parts.insert(0, np.zeros(self._pad, np.float32))
+                self._pad = 0
         if not parts:
             return False
         self._engine.push_audio(np.concatenate(parts))

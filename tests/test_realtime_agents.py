@@ -37,7 +37,7 @@ async def test_interrupt_flushes_queued_speech_within_one_chunk(tmp_path):
     speech = make_speech_wav(tmp_path / "long.wav", [0.3, LONG, 0.3])
     async with running_server() as (url, app):
         # An agent pushes its TTS three times faster than real time: most of it is queued.
-        client = FacecastClient(url, PcmSource.from_wav(speech.path, speed=3.0))
+        client = FacecastClient(url, PcmSource.from_wav(speech.path, speed=3.0), keep_frames=True)
         await client.connect()
         started = await client.wait_event("playback_started", timeout=30)
         session = app[SERVICE].sessions[client.session_id]
@@ -72,6 +72,17 @@ async def test_interrupt_flushes_queued_speech_within_one_chunk(tmp_path):
     assert rms(tail) < 30, rms(tail)
     kinds = [e["type"] for e in client.events if e["type"].startswith("playback")]
     assert kinds == ["playback_started", "playback_finished"]
+    # Lips too: of the frames generated ahead, at most one chunk is still shown; the video
+    # never freezes (frames keep arriving and changing) while idle frames take over.
+    now, cut, _ = session.last_interrupt
+    assert cut - now <= round(chunk_seconds() * 25), session.last_interrupt
+    frames_after = [
+        f
+        for f, t in zip(rec.frames, rec.video_arrival, strict=True)
+        if t > t_interrupt + chunk_seconds() + 0.5
+    ]
+    assert len(frames_after) > 25
+    assert len({f.tobytes() for f in frames_after}) > 5, "video froze after the interrupt"
 
 
 @pytest.mark.timeout(120)
