@@ -43,3 +43,16 @@ def test_encoder_maps_frames_to_latent_grid():
     with torch.inference_mode():
         lat = vae.encode_image(torch.zeros(1, 3, 128, 128))
     assert lat.shape == (1, cfg.vae.latent_channels, 1, 16, 16)
+
+
+def test_cpu_conv_path_matches_conv3d():
+    """On the CPU the causal conv runs as a 2D conv over stacked frames: same numbers."""
+    from pipeline.models.vae import CausalConv3d
+
+    torch.manual_seed(0)
+    conv = CausalConv3d(8, 12)
+    x, cache = torch.randn(2, 8, 5, 10, 12), torch.randn(2, 8, 2, 10, 12)
+    fast, new_cache = conv(x, cache)
+    reference = conv.conv(torch.cat([cache, x], dim=2))
+    assert (fast - reference).abs().max().item() <= 1e-5
+    assert torch.equal(new_cache, x[:, :, -2:])

@@ -32,7 +32,22 @@ class CausalConv3d(nn.Module):
         if cache is None:
             cache = x_BCTHW[:, :, :1].expand(-1, -1, self.kt - 1, -1, -1)
         x = torch.cat([cache, x_BCTHW], dim=2)
-        return self.conv(x), x[:, :, -(self.kt - 1) :].detach()
+        new_cache = x[:, :, -(self.kt - 1) :].detach()
+        if x.device.type == "cpu":
+            return self._conv_as_2d(x), new_cache
+        return self.conv(x), new_cache
+
+    def _conv_as_2d(self, x_BCTHW: Tensor) -> Tensor:
+        """The same convolution as one 2D conv over each frame's kt-frame stack: PyTorch's CPU
+        Conv3d is a slow fallback, its Conv2d is not. (On GPUs the stack would cost kt times
+        the activation memory, so they keep cuDNN's Conv3d.)"""
+        B, C, TT, H, W = x_BCTHW.shape
+        T = TT - self.kt + 1
+        stack = torch.stack([x_BCTHW[:, :, k : k + T] for k in range(self.kt)], dim=2)
+        stack = stack.permute(0, 3, 1, 2, 4, 5).reshape(B * T, C * self.kt, H, W)
+        w = self.conv.weight.flatten(1, 2)  # (Cout, C*kt, 3, 3), C-major like the stack
+        y = F.conv2d(stack, w, self.conv.bias, padding=1)
+        return y.view(B, T, -1, H, W).transpose(1, 2)
 
 
 def frame_norm(x_BCTHW: Tensor, norm: nn.GroupNorm) -> Tensor:
