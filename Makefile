@@ -39,7 +39,7 @@ render: setup
 	$(VENV)/bin/facecast render --reference pipeline/assets/reference.png --audio pipeline/assets/sample_speech.wav --out out/sample.mp4 $(ARGS)
 
 bench: setup
-	$(VENV)/bin/facecast bench --config rt720 --seconds 20 --json bench/results/rt720.json $(ARGS)
+	$(VENV)/bin/facecast bench --config rt720 --seconds 20 --json bench/results/rt720.json --markdown bench/RESULTS.md $(ARGS)
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

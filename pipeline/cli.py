@@ -110,6 +110,8 @@ def bench_command(args: argparse.Namespace) -> str:
             parts.append(f"--{name.replace('_', '-')}")
     if args.offload:
         parts.append(f"--prefetch {args.prefetch}")
+    if args.isolated_reps != 3:
+        parts.append(f"--isolated-reps {args.isolated_reps}")
     return " ".join(parts)
 
 

@@ -119,8 +119,9 @@ class Engine:
         if blockwise:
             models.update(build_models(cfg, dev, only=("vae", "audio")))
         if offload_cfg and offload_cfg.budget_gb is None and room and memory_cap_bytes:
-            # under a cap, let blocks stay resident in 70% of it (one DiT, if it fits)
-            offload_cfg.budget_gb = 0.7 * room / 1e9
+            # under a cap, blocks may stay resident in 60% of it (one DiT, if it fits); the
+            # rest is activations, masks and the small models
+            offload_cfg.budget_gb = 0.6 * room / 1e9
         manager = OffloadManager(dev, offload_cfg) if offload_cfg and blockwise else None
         modules = {}
         for name, model in models.items():

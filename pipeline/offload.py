@@ -33,7 +33,8 @@ log = logging.getLogger("facecast.offload")
 @dataclass
 class OffloadConfig:
     prefetch: int = 2  # blocks whose copy is started ahead of the one computing
-    budget_gb: float | None = None  # GPU bytes all offloaded blocks may hold; None: 2+prefetch blocks
+    # GPU bytes all offloaded blocks may hold; None: room for 2 + prefetch blocks
+    budget_gb: float | None = None
     pin_memory: bool = True  # pinned host buffers where CUDA is available (55 vs 20 GB/s)
     record_stalls: bool = False  # keep events around each wait (for the benchmark)
 
@@ -324,4 +325,3 @@ def _init_random(module: nn.Module, seed: int) -> None:
                     p.normal_(0.0, p.shape[-1] ** -0.5)
                 else:
                     p.zero_()
-

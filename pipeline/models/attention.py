@@ -35,15 +35,20 @@ class FrameWindow:
 
 
 def frame_window_dense_mask(num_tokens: int, spec: FrameWindow, device=None) -> Tensor:
-    """Boolean (L, L) mask, True where a query may attend a key."""
+    """Boolean (L, L) mask, True where a query may attend a key.
+
+    Built at frame level and expanded, so the only L*L tensor is the bool result (an
+    int64 (L, L) intermediate would be 8x that: 4 GB at rt720's 23040 SR tokens).
+    """
     f = spec.tokens_per_frame
     assert num_tokens % f == 0, "token count must be whole frames"
-    frame = torch.arange(num_tokens, device=device) // f  # frame id per token; ref first
+    frame = torch.arange(num_tokens // f, device=device)  # frame ids; reference frames first
     q_frame, k_frame = frame[:, None], frame[None, :]
     r = spec.ref_frames
     q_is_ref, k_is_ref = q_frame < r, k_frame < r
     near = (q_frame - k_frame).abs() <= spec.window
-    return torch.where(q_is_ref, k_is_ref, k_is_ref | (near & ~k_is_ref))
+    visible = torch.where(q_is_ref, k_is_ref, k_is_ref | (near & ~k_is_ref))
+    return visible.repeat_interleave(f, dim=0).repeat_interleave(f, dim=1)
 
 
 class Attention(torch.nn.Module):
