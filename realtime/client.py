@@ -143,12 +143,14 @@ class FacecastClient:
         seed: int = 0,
         record_to: str | Path | None = None,
         keep_frames: bool = False,
+        offer_options: dict | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.source = source
         self.token = token
         self.seed = seed
         self.keep_frames = keep_frames
+        self.offer_options = dict(offer_options or {})  # e.g. {"kvs_stream": "lobby"}
         self.received = Received()
         self.events: list[dict] = []  # data-channel messages, each with "_t" (monotonic)
         self.session_id: str | None = None
@@ -176,7 +178,12 @@ class FacecastClient:
         self.pc.on("track", self._on_track)
         self._channel.on("message", self._on_message)
         await self.pc.setLocalDescription(await self.pc.createOffer())
-        offer = {"sdp": self.pc.localDescription.sdp, "type": "offer", "seed": self.seed}
+        offer = {
+            **self.offer_options,
+            "sdp": self.pc.localDescription.sdp,
+            "type": "offer",
+            "seed": self.seed,
+        }
         async with aiohttp.ClientSession() as http:
             async with http.post(f"{self.url}/offer", json=offer, headers=self._headers()) as r:
                 body = await r.json(content_type=None)

@@ -34,13 +34,22 @@ from aiortc.codecs import CODECS
 from aiortc.sdp import SessionDescription
 
 from realtime.errors import BadRequest, RealtimeError, ServerFull, SessionNotFound, Unauthorized
+from realtime.kvs import (
+    KvsConfigError,
+    KvsMirror,
+    KvsOptions,
+    StreamNamer,
+    add_kvs_arguments,
+    options_from_args,
+)
+from realtime.kvs.options import check_stream_name
 from realtime.metrics import CONTENT_TYPE_LATEST, RealtimeMetrics
 from realtime.session import Session, SessionConfig
-from realtime.tracks import MediaSink
+from realtime.tracks import FPS, MediaSink
 from realtime.vad import VoiceActivityDetector
 
 WEBCLIENT = Path(__file__).resolve().parent.parent / "webclient"
-OFFER_OPTIONS = {"sdp", "type", "seed"}
+OFFER_OPTIONS = {"sdp", "type", "seed", "kvs_stream"}
 log = logging.getLogger(__name__)
 
 
@@ -55,6 +64,7 @@ class ServerConfig:
     device: str = "cpu"
     max_body_bytes: int = 64 * 1024  # an SDP offer is a few KiB
     session: SessionConfig = field(default_factory=SessionConfig)
+    kvs: KvsOptions | None = None  # mirror every session to Kinesis Video Streams
 
 
 # Called for each new session; returns a started sink (or None) that receives the output
@@ -99,7 +109,10 @@ def build_app(
 ) -> web.Application:
     """The app around a loaded engine; `sink_factories` attach mirrors to each session."""
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[_errors, _auth])
-    app[SERVICE] = Service(config, engine, sink_factories)
+    factories = list(sink_factories)
+    if config.kvs is not None:
+        factories.append(kvs_sink_factory(config.kvs))
+    app[SERVICE] = Service(config, engine, factories)
     app.router.add_get("/", _page)
     app.router.add_static("/static/", WEBCLIENT, show_index=False)
     app.router.add_post("/offer", _offer)
@@ -148,7 +161,7 @@ async def _page(request: web.Request) -> web.FileResponse:
 async def _offer(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     body = await _json_body(request)
-    offer, seed = _parse_offer(body)
+    offer = _parse_offer(body, kvs=service.config.kvs is not None)
     if len(service.sessions) + service.reserved >= service.config.max_sessions:
         service.metrics.sessions_rejected.inc()
         raise ServerFull(
@@ -156,16 +169,17 @@ async def _offer(request: web.Request) -> web.Response:
         )
     service.reserved += 1
     try:
-        session = await _negotiate(service, offer, seed)
+        session = await _negotiate(service, offer)
     finally:
         service.reserved -= 1
     answer = session.pc.localDescription
     return web.json_response({"sdp": answer.sdp, "type": answer.type, "session_id": session.id})
 
 
-async def _negotiate(service: Service, offer: RTCSessionDescription, seed: int) -> Session:
+async def _negotiate(service: Service, request: OfferRequest) -> Session:
+    offer = request.description
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # loopback/LAN: no STUN
-    session_config = SessionConfig(**{**service.config.session.__dict__, "seed": seed})
+    session_config = SessionConfig(**{**service.config.session.__dict__, "seed": request.seed})
     vad = await asyncio.to_thread(VoiceActivityDetector)  # loads its model: off the loop
     session = Session(
         secrets.token_urlsafe(18),
@@ -193,6 +207,7 @@ async def _negotiate(service: Service, offer: RTCSessionDescription, seed: int) 
     except Exception as exc:  # aiortc raises ValueError and friends on unusable offers
         await session.close("offer refused")
         raise BadRequest(f"cannot negotiate the offer: {exc}") from exc
+    session.offer_options = {"kvs_stream": request.kvs_stream}
     service.sessions[session.id] = session
     service.metrics.sessions_total.inc()
     service.metrics.active_sessions.set(len(service.sessions))
@@ -258,7 +273,14 @@ async def _json_body(request: web.Request) -> dict:
     return body
 
 
-def _parse_offer(body: dict) -> tuple[RTCSessionDescription, int]:
+@dataclass
+class OfferRequest:
+    description: RTCSessionDescription
+    seed: int = 0
+    kvs_stream: str | None = None  # this session's KVS stream name (mirroring servers)
+
+
+def _parse_offer(body: dict, kvs: bool) -> OfferRequest:
     unknown = set(body) - OFFER_OPTIONS
     if unknown:
         raise BadRequest(f"unknown fields {sorted(unknown)}; allowed: {sorted(OFFER_OPTIONS)}")
@@ -274,7 +296,18 @@ def _parse_offer(body: dict) -> tuple[RTCSessionDescription, int]:
             "the offer has no audio track: add the microphone (or an audio "
             "transceiver) before creating the offer"
         )
-    return RTCSessionDescription(sdp=sdp, type="offer"), seed
+    stream = body.get("kvs_stream")
+    if stream is not None:
+        if not kvs:
+            raise BadRequest(
+                "'kvs_stream' given, but this server does not mirror to KVS "
+                "(start it with --kvs-stream)"
+            )
+        try:
+            check_stream_name(stream if isinstance(stream, str) else "")
+        except KvsConfigError as exc:
+            raise BadRequest(str(exc)) from exc
+    return OfferRequest(RTCSessionDescription(sdp=sdp, type="offer"), seed, stream)
 
 
 def _session(request: web.Request) -> Session:
@@ -324,6 +357,23 @@ async def _close_all(app: web.Application) -> None:
     await asyncio.gather(
         *(s.close("server shutting down") for s in sessions), return_exceptions=True
     )
+
+
+def kvs_sink_factory(options: KvsOptions) -> SinkFactory:
+    """Each session mirrored to its own KVS stream: the offer's `kvs_stream`, else the
+    server's --kvs-stream name, then NAME-2, NAME-3, …"""
+    assert options.stream is not None
+    options.validate(FPS)  # fail at start-up, not at the first call
+    namer = StreamNamer(options.stream)
+
+    async def attach(session: Session) -> MediaSink:
+        name = namer.next_name(session.offer_options.get("kvs_stream"))
+        width, height = session.video_size
+        mirror = KvsMirror(options, name, width, height, fps=FPS, registry=session.metrics.registry)
+        await mirror.start()
+        return mirror
+
+    return attach
 
 
 # ---- reference image -----------------------------------------------------------------
@@ -376,6 +426,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--lead-ms", type=int, default=2000, help="how far generation may run ahead of playout"
     )
+    add_kvs_arguments(parser)
     parser.add_argument(
         "--jitter-ms",
         type=int,
@@ -405,9 +456,15 @@ def main(args: argparse.Namespace) -> int:
         device=args.device,
         session=SessionConfig(lead_s=args.lead_ms / 1000, jitter_s=args.jitter_ms / 1000),
     )
+    kvs = options_from_args(args)
+    if kvs.enabled:
+        config.kvs = kvs
     log.info("loading engine %s on %s", config.config, config.device)
     engine = Engine.load(load_config(config.config), device=config.device)
-    app = build_app(config, engine)
+    try:
+        app = build_app(config, engine)
+    except KvsConfigError as exc:
+        raise SystemExit(f"facecast serve: {exc}") from None
     # run_app turns SIGINT/SIGTERM into a graceful exit: on_shutdown closes every peer.
     web.run_app(app, host=config.host, port=config.port, print=log.info)
     return 0

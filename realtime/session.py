@@ -86,6 +86,8 @@ class Session:
     ) -> None:
         self.id = session_id
         self.pc = pc
+        self.video_size = video_size  # (width, height)
+        self.offer_options: dict[str, Any] = {}  # what the peer asked for (e.g. kvs_stream)
         self.config = config
         self.metrics = metrics
         self.created = time.time()

@@ -79,6 +79,20 @@ async def test_bad_offers_are_refused_with_reasons():
             assert r.status == 200 and (await r.json())["sessions"] == 0
 
 
+async def test_kvs_stream_option_is_checked():
+    from realtime.kvs import KvsOptions
+
+    body = {"sdp": await make_offer(), "type": "offer", "kvs_stream": "mine"}
+    async with running_server() as (url, app), aiohttp.ClientSession() as http:
+        status, reply = await post(http, f"{url}/offer", body)
+        assert status == 400 and "does not mirror" in reply["error"]
+    async with running_server(kvs=KvsOptions(stream="facecast")) as (url, app):
+        async with aiohttp.ClientSession() as http:
+            status, reply = await post(http, f"{url}/offer", {**body, "kvs_stream": "no way!"})
+            assert status == 400 and "stream name" in reply["error"]
+        assert app[SERVICE].sessions == {}
+
+
 async def test_unknown_sessions_are_404():
     async with running_server() as (url, _app), aiohttp.ClientSession() as http:
         async with http.delete(f"{url}/sessions/nope") as r:
