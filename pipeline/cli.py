@@ -11,9 +11,9 @@ import logging
 import sys
 from pathlib import Path
 
+from pipeline.config import DEFAULT_CONFIG
 from pipeline.errors import FacecastError
 
-DEFAULT_CONFIG = "demo"
 ASSETS = Path(__file__).resolve().parent / "assets"
 
 

@@ -19,6 +19,7 @@ import yaml
 from pipeline.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+DEFAULT_CONFIG = "demo"  # the trained default avatar shipped in pipeline/assets/weights/demo
 ATTENTION_BACKENDS = ("sdpa", "flex", "facecast")
 DTYPES = ("float32", "bfloat16", "float16")
 

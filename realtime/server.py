@@ -33,6 +33,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.codecs import CODECS
 from aiortc.sdp import SessionDescription
 
+from pipeline.config import DEFAULT_CONFIG
 from realtime.errors import BadRequest, RealtimeError, ServerFull, SessionNotFound, Unauthorized
 from realtime.kvs import (
     KvsConfigError,
@@ -410,7 +411,7 @@ def _placeholder_reference(width: int, height: int) -> np.ndarray:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `facecast serve`."""
-    parser.add_argument("--config", default="tiny", help="engine preset name or YAML path")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="engine preset name or YAML path")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument(

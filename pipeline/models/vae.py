@@ -43,11 +43,15 @@ class CausalConv3d(nn.Module):
         the activation memory, so they keep cuDNN's Conv3d.)"""
         B, C, TT, H, W = x_BCTHW.shape
         T = TT - self.kt + 1
+        # built directly in channels-last order, which oneDNN runs 2-3x faster for thin convs
         stack = torch.stack([x_BCTHW[:, :, k : k + T] for k in range(self.kt)], dim=2)
-        stack = stack.permute(0, 3, 1, 2, 4, 5).reshape(B * T, C * self.kt, H, W)
+        stack = stack.permute(0, 3, 4, 5, 1, 2).reshape(B * T, H, W, C * self.kt)
+        stack = stack.permute(0, 3, 1, 2)  # (B*T, C*kt, H, W) view, channels-last strides
         w = self.conv.weight.flatten(1, 2)  # (Cout, C*kt, 3, 3), C-major like the stack
-        y = F.conv2d(stack, w, self.conv.bias, padding=1)
-        return y.view(B, T, -1, H, W).transpose(1, 2)
+        y = F.conv2d(
+            stack, w.contiguous(memory_format=torch.channels_last), self.conv.bias, padding=1
+        )
+        return y.reshape(B, T, -1, H, W).transpose(1, 2)
 
 
 def frame_norm(x_BCTHW: Tensor, norm: nn.GroupNorm) -> Tensor:
