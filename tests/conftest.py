@@ -7,11 +7,13 @@ import subprocess
 from pathlib import Path
 
 import av
+import moto
 import numpy as np
 import pytest
 
 from pipeline.config import load_config
 from pipeline.engine import Engine
+from realtime.kvs.control import clear_client_cache
 
 
 def write_png(path: Path, rgb: np.ndarray) -> Path:
@@ -79,3 +81,26 @@ def assets(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def tiny_engine() -> Engine:
     return Engine.load(load_config("tiny"), "cpu")
+
+
+AWS_TEST_KEY, AWS_TEST_SECRET = "AKIDKVSTEST", "kvs-test-secret"
+
+
+@pytest.fixture
+def aws(monkeypatch):
+    """moto's AWS with known fake static credentials in the environment and nothing else
+    (no profile, no config files, no instance metadata), so no real account is reachable."""
+    mock = moto.mock_aws()
+    mock.start()
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", AWS_TEST_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AWS_TEST_SECRET)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    clear_client_cache()
+    yield
+    clear_client_cache()
+    monkeypatch.undo()
+    mock.stop()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 
-import moto
 import pytest
 from botocore.stub import Stubber
 
@@ -18,24 +17,6 @@ from realtime.kvs.errors import (
 from realtime.kvs.options import KvsOptions
 
 REGION = "eu-west-1"
-
-
-@pytest.fixture
-def aws(monkeypatch):
-    """moto's AWS with fake static credentials in the environment, nothing else."""
-    mock = moto.mock_aws()
-    mock.start()
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDKVSTEST")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "kvs-test-secret")
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
-    clear_client_cache()
-    yield
-    clear_client_cache()
-    monkeypatch.undo()  # before moto puts back what it replaced
-    mock.stop()
 
 
 def control(stream: str = "show", **options) -> KvsControlPlane:

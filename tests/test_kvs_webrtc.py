@@ -10,36 +10,18 @@ from __future__ import annotations
 import asyncio
 import time
 
-import moto
 import numpy as np
 import pytest
+from conftest import AWS_TEST_KEY, AWS_TEST_SECRET
 from kvs_fake_endpoint import FakeKvsEndpoint
 from realtime_helpers import running_server
 
 from realtime.client import FacecastClient, PcmSource
 from realtime.kvs import KvsMirror, KvsOptions
-from realtime.kvs.control import clear_client_cache
 from realtime.server import SERVICE
 
-KEY, SECRET, REGION = "AKIDKVSTEST", "kvs-test-secret", "us-east-2"
+KEY, SECRET, REGION = AWS_TEST_KEY, AWS_TEST_SECRET, "us-east-2"
 CALL_S = 8.0
-
-
-@pytest.fixture
-def aws(monkeypatch):
-    mock = moto.mock_aws()
-    mock.start()
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
-    clear_client_cache()
-    yield
-    clear_client_cache()
-    monkeypatch.undo()
-    mock.stop()
 
 
 def tone(seconds: float) -> np.ndarray:

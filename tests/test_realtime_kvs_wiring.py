@@ -5,33 +5,16 @@ from __future__ import annotations
 
 import asyncio
 
-import moto
 import pytest
+from conftest import AWS_TEST_KEY, AWS_TEST_SECRET
 from kvs_fake_endpoint import FakeKvsEndpoint
 from realtime_helpers import make_speech_wav, running_server
 
 from realtime.client import FacecastClient, PcmSource
 from realtime.kvs import KvsOptions
-from realtime.kvs.control import clear_client_cache
 from realtime.server import SERVICE
 
-KEY, SECRET, REGION = "AKIDWIRETEST", "wire-test-secret", "us-east-2"
-
-
-@pytest.fixture
-def aws(monkeypatch):
-    mock = moto.mock_aws()
-    mock.start()
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
-    clear_client_cache()
-    yield
-    clear_client_cache()
-    mock.stop()
+KEY, SECRET, REGION = AWS_TEST_KEY, AWS_TEST_SECRET, "us-east-2"
 
 
 @pytest.mark.timeout(120)
