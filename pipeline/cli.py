@@ -216,12 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     gate.set_defaults(func=cmd_gate)
 
     serve = sub.add_parser("serve", help="serve the avatar over WebRTC")
-    try:
-        from realtime.server import add_arguments
-    except ImportError:  # the realtime package is optional for rendering
-        add_arguments = None
-    if add_arguments is not None:
-        add_arguments(serve)
+    from realtime.server import add_arguments
+
+    add_arguments(serve)
     serve.set_defaults(func=cmd_serve)
     for name in PASSTHROUGH:  # listed in --help; parsed by their own modules
         sub.add_parser(name, help=f"see `facecast {name} --help`", add_help=False)
