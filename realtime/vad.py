@@ -13,7 +13,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from silero_vad import load_silero_vad
+
+# Importing silero_vad sets torch's process-wide thread count to 1, which would leave the
+# engine (same process) on one core: keep the count we had.
+_threads = torch.get_num_threads()
+from silero_vad import load_silero_vad  # noqa: E402
+
+torch.set_num_threads(_threads)
 
 WINDOW = 512  # silero-vad's only supported window at 16 kHz (32 ms)
 RATE = 16_000

@@ -279,3 +279,16 @@ async def test_worker_skips_stale_backlog_but_keeps_sync():
     offset = worker.skipped_frames_total
     for index, frame in queued:  # frame at timeline index i was made from audio frame i
         assert index >= 100 and int(frame[0, 0, 0]) == index - offset
+
+
+def test_loading_the_vad_leaves_torch_threads_alone():
+    """silero-vad's import pins torch to one thread; the engine shares the process."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch; torch.set_num_threads(2); import realtime.server, realtime.vad; "
+        "print(torch.get_num_threads())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "2"
