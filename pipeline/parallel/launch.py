@@ -79,6 +79,8 @@ def _worker(rank: int, fn: Callable, opts: ParallelOptions, port: int, args: tup
     )
     try:
         fn(rank, opts, *args)
+        # no rank tears its transport down while another still talks to it (gloo aborts)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
