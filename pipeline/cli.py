@@ -149,7 +149,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve_main(args) or 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(with_serve_options: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="facecast", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--log-level", default="warning", choices=["debug", "info", "warning", "error"]
@@ -216,9 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     gate.set_defaults(func=cmd_gate)
 
     serve = sub.add_parser("serve", help="serve the avatar over WebRTC")
-    from realtime.server import add_arguments
+    if with_serve_options:  # only then import the WebRTC stack (aiortc, silero-vad, …)
+        from realtime.server import add_arguments
 
-    add_arguments(serve)
+        add_arguments(serve)
     serve.set_defaults(func=cmd_serve)
     for name in PASSTHROUGH:  # listed in --help; parsed by their own modules
         sub.add_parser(name, help=f"see `facecast {name} --help`", add_help=False)
@@ -251,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         except FacecastError as exc:
             print(f"facecast: error: {exc}", file=sys.stderr)
             return 2
-    parser = build_parser()
+    parser = build_parser(with_serve_options="serve" in argv)
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
     try:
