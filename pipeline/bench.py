@@ -39,6 +39,7 @@ import torch
 
 from pipeline.config import load_config
 from pipeline.models.audio_encoder import SAMPLE_RATE
+from pipeline.module import resolve_device
 
 log = logging.getLogger("facecast.bench")
 
@@ -232,12 +233,6 @@ def _force_eager():
 
 
 # -- the run ----------------------------------------------------------------------------------
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
-
-
 def load_engine(opts: BenchOptions):
     from pipeline.engine import Engine
     from pipeline.offload import OffloadConfig
@@ -246,7 +241,7 @@ def load_engine(opts: BenchOptions):
     if opts.attention:
         overrides["runtime.attention"] = opts.attention
     cfg = load_config(opts.config, overrides=overrides)
-    device = resolve_device(opts.device)
+    device = torch.device(resolve_device(opts.device))
     cap = None
     if opts.memory_cap_gb and device.type == "cuda":
         cap = int(opts.memory_cap_gb * 1e9)

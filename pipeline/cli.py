@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pipeline.config import DEFAULT_CONFIG
 from pipeline.errors import FacecastError
+from pipeline.module import resolve_device
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 
@@ -64,16 +65,6 @@ def render_parallel(cfg, device: str, args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"wrote {args.out} with {args.gpus} processes")
     return 0
-
-
-def resolve_device(name: str) -> str:
-    import torch
-
-    if name == "cuda" and not torch.cuda.is_available():
-        raise FacecastError("--device cuda was requested but no CUDA GPU is available")
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -16,10 +16,19 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from pipeline.errors import CheckpointError
+from pipeline.errors import CheckpointError, FacecastError
 
 PACKAGE_WEIGHTS = Path(__file__).resolve().parent / "assets" / "weights"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> str:
+    """`auto` → cuda when a GPU is there, else cpu; `cuda` without a GPU is a user error."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise FacecastError("--device cuda was requested but no CUDA GPU is available")
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
 
 
 def resolve_weights_dir(spec: str) -> Path:

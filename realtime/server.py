@@ -437,14 +437,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    import torch
-
     from pipeline.config import load_config
     from pipeline.engine import Engine
+    from pipeline.module import resolve_device
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    args.device = resolve_device(args.device)
     if args.max_sessions < 1:
         raise SystemExit("--max-sessions must be >= 1")
     config = ServerConfig(

@@ -207,14 +207,13 @@ class ScriptedEngineSession:
         self.closed = True
 
 
-async def test_worker_rebase_retimes_frames_after_an_interrupt():
+def scripted_worker(engine, frames, clock):
+    """A generation worker around a scripted engine, with no stats or error callbacks."""
     import threading
 
     from realtime.worker import GenerationWorker
 
-    engine = ScriptedEngineSession()
-    frames, clock = FrameQueue(lead_frames=200, capacity=400), PlayoutClock()
-    worker = GenerationWorker(
+    return GenerationWorker(
         lambda: engine,
         frames,
         clock,
@@ -225,6 +224,12 @@ async def test_worker_rebase_retimes_frames_after_an_interrupt():
         push_ahead_frames=200,
         engine_lock=threading.Lock(),
     )
+
+
+async def test_worker_rebase_retimes_frames_after_an_interrupt():
+    engine = ScriptedEngineSession()
+    frames, clock = FrameQueue(lead_frames=200, capacity=400), PlayoutClock()
+    worker = scripted_worker(engine, frames, clock)
     worker.start()
     try:
         worker.push(np.zeros(40 * 640 + 100, np.float32))  # 40 frames and a bit
@@ -249,24 +254,10 @@ async def test_worker_rebase_retimes_frames_after_an_interrupt():
 
 
 async def test_worker_skips_stale_backlog_but_keeps_sync():
-    import threading
-
-    from realtime.worker import GenerationWorker
-
     engine = ScriptedEngineSession()
     frames, clock = FrameQueue(lead_frames=200, capacity=400), PlayoutClock()
     clock.start(time.monotonic() - 4.0)  # playout is already at frame 100
-    worker = GenerationWorker(
-        lambda: engine,
-        frames,
-        clock,
-        asyncio.get_running_loop(),
-        lambda stats: None,
-        lambda exc: None,
-        "unit",
-        push_ahead_frames=200,
-        engine_lock=threading.Lock(),
-    )
+    worker = scripted_worker(engine, frames, clock)
     worker.push(np.zeros(130 * 640, np.float32))  # a backlog: frames 0..99 are already due
     worker.start()
     try:
