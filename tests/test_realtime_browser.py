@@ -56,8 +56,13 @@ async def test_browser_autostart_plays_the_avatar_at_25_fps(tmp_path):
             stats = await page.evaluate("({...window.facecastStats})")
             shot = await page.locator("#avatar").screenshot()
             assert len(app[SERVICE].sessions) == 1
-            await page.click("#disconnect")
-            await page.wait_for_function("window.facecastStats.state === 'idle'")
+            # a DOM click on the button itself: immune to the message line reflowing the page
+            await page.locator("#disconnect").dispatch_event("click")
+            try:
+                await page.wait_for_function("window.facecastStats.state === 'idle'")
+            except Exception as exc:
+                state = await page.evaluate("({...window.facecastStats})")
+                raise AssertionError(f"hang-up did not leave the page idle: {state}") from exc
         finally:
             await browser.close()
         await asyncio.sleep(1.0)

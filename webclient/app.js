@@ -173,6 +173,9 @@ async function disconnect(release = true) {
   if (release && sessionId) {
     fetch("/sessions/" + sessionId, { method: "DELETE", headers: headers() }).catch(() => {});
   }
+  // Our own DELETE makes the server send session_closed; a message already on its way
+  // must not turn this hang-up into "the server ended the call".
+  if (channel) channel.onmessage = null;
   if (pc) pc.close();
   if (micStream) micStream.getTracks().forEach((t) => t.stop());
   pc = channel = micStream = null;
