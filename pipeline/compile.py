@@ -40,6 +40,12 @@ SDPA_CANDIDATES = (
 def compile_engine(engine, mode: str | None = None) -> int:
     """Compile every DiT block's forward in place; returns how many blocks were wrapped."""
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    # Round every fused bf16 intermediate the way eager does. Without it Inductor keeps them
+    # in fp32 registers: slightly more precise, but 0.8 dB outside the quality gate's
+    # reduction-order band against the eager baseline (rt720 on the H200, 47.7 vs 48.5 dB).
+    import torch._inductor.config as inductor_config
+
+    inductor_config.emulate_precision_casts = True
     count = 0
     for name in ("a2v", "sr"):
         for block in engine.modules[name].model.transformer.blocks:

@@ -168,11 +168,11 @@ def test_cli_trains_every_stage_resumes_and_the_engine_loads_it(speech_path, tmp
     for name in ("vae", "audio", "a2v", "sr"):
         assert (out / "weights" / f"{name}.safetensors").is_file()
     logged = [json.loads(line) for line in (out / "losses.jsonl").read_text().splitlines()]
-    assert {r["stage"] for r in logged} == {"vae", "a2v", "sr"}
+    assert {r["stage"] for r in logged} == {"vae", "decoder", "a2v", "sr"}
     assert all(np.isfinite(r["loss"]) for r in logged)
 
     assert train_main(common + ["--steps", "3", "--resume"]) == 0
-    for stage in ("vae", "a2v", "sr"):
+    for stage in ("vae", "decoder", "a2v", "sr"):
         state = torch.load(out / "state" / f"state_{stage}.pt", weights_only=True)
         assert state["step"] == 3  # continued from 2, not restarted
     steps = [r["step"] for r in logged]

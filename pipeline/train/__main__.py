@@ -1,7 +1,7 @@
 """`python -m pipeline.train`: train a config's stack on the synthetic face world.
 
     # once, where espeak-ng is installed: the speech the faces say
-    python -m pipeline.train --make-speech .train_cache/speech.npz --clips 96
+    python -m pipeline.train --make-speech .train_cache/speech.npz --clips 200
     # everything, resumable (rerun the same command with --resume after an interruption)
     python -m pipeline.train --config demo --speech .train_cache/speech.npz --out out/train
     # one stage, a quick look: --stage vae --steps 200
@@ -36,12 +36,16 @@ def build_parser() -> argparse.ArgumentParser:
     for stage in STAGES:
         p.add_argument(f"--{stage}-seconds", type=float, default=None, help="wall-time cap")
         p.add_argument(f"--{stage}-steps", type=int, default=None)
+        p.add_argument(f"--{stage}-batch", type=int, default=None)
+        p.add_argument(f"--{stage}-lr", type=float, default=None)
     p.add_argument("--segments", type=int, default=None, help="rendered training segments")
     p.add_argument("--segment-frames", type=int, default=None)
+    p.add_argument("--data-seed", type=int, default=None, help="which segments are rendered")
     p.add_argument("--workers", type=int, default=None, help="rendering processes")
+    p.add_argument("--sr-input-noise", type=float, default=None, help="noise on SR's input")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--make-speech", default=None, help="write a speech cache here and exit")
-    p.add_argument("--clips", type=int, default=96, help="clips in a new speech cache")
+    p.add_argument("--clips", type=int, default=200, help="clips in a new speech cache")
     return p
 
 
@@ -59,14 +63,16 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.config)
     check_grid(cfg)
     tc = TrainConfig()
-    for key in ("segments", "segment_frames"):
+    for key in ("segments", "segment_frames", "data_seed", "sr_input_noise"):
         if getattr(args, key) is not None:
             setattr(tc, key, getattr(args, key))
     for stage in STAGES:
         s = getattr(tc, stage)
         steps = getattr(args, f"{stage}_steps") or args.steps
         secs = getattr(args, f"{stage}_seconds")
-        s = replace(s, steps=steps or s.steps, batch=args.batch or s.batch)
+        batch = getattr(args, f"{stage}_batch") or args.batch or s.batch
+        lr = getattr(args, f"{stage}_lr") or s.lr
+        s = replace(s, steps=steps or s.steps, batch=batch, lr=lr)
         if secs is not None:
             s = replace(s, seconds=secs)
         if s.steps < 1000:  # short runs (smoke tests): log and save often enough to see

@@ -48,7 +48,7 @@ def chunk_modes(cfg: FacecastConfig) -> list[ChunkMode]:
 
 def sample_t(batch: int, shift: float, gen, device) -> Tensor:
     """Logit-normal timesteps pushed toward high noise by the sampler's shift."""
-    u = torch.sigmoid(torch.randn(batch, generator=gen)).to(device)
+    u = torch.sigmoid(torch.randn(batch, generator=gen, device=device))
     return shift * u / (1 + (shift - 1) * u)
 
 
@@ -97,6 +97,8 @@ def a2v_loss(
     gen,
     known_noise: float = 0.05,
 ) -> tuple[Tensor, dict[str, Tensor]]:
+    """Flow-matching loss of one batch. `gen` is a generator on the batch's device: drawing
+    the noise on the host and copying it over made the host the bottleneck."""
     B, C, T, h, w = x0.shape
     dev = x0.device
     ctx, r = cfg.audio.context_frames, cfg.vae.temporal_ratio
@@ -105,8 +107,8 @@ def a2v_loss(
     if mode.known:
         mask[:, list(mode.known)] = 1.0
     m = mask[:, None, :, None, None]
-    known = (x0 + known_noise * torch.randn(x0.shape, generator=gen).to(dev)) * m
-    noise = torch.randn(x0.shape, generator=gen).to(dev)
+    known = (x0 + known_noise * torch.randn(x0.shape, generator=gen, device=dev)) * m
+    noise = torch.randn(x0.shape, generator=gen, device=dev)
     t = sample_t(B, cfg.sampler.shift, gen, dev)
     tt = t[:, None, None, None, None]
     xt = ((1 - tt) * x0 + tt * noise) * (1 - m) + known

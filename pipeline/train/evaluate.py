@@ -23,8 +23,8 @@ from pipeline.config import load_config
 from pipeline.engine import Engine
 from pipeline.eval import metrics as M
 from pipeline.synth.dataset import identity_for
-from pipeline.synth.face import render_reference
-from pipeline.synth.motion import mouth_track_from_audio
+from pipeline.synth.face import render_frames, render_reference
+from pipeline.synth.motion import motion_from_audio, mouth_track_from_audio
 from pipeline.synth.speech import random_speech
 
 EVAL_SEED = 90_001  # far from the training seeds (0 and small integers)
@@ -54,7 +54,17 @@ def generate(engine: Engine, reference: np.ndarray, audio: np.ndarray, block_s: 
     return frames, seams, cpu, wall, stage_s
 
 
-def score(frames: np.ndarray, reference: np.ndarray, audio: np.ndarray, seams: list[int]) -> dict:
+def score(
+    frames: np.ndarray,
+    reference: np.ndarray,
+    audio: np.ndarray,
+    seams: list[int],
+    truth: np.ndarray | None = None,
+) -> dict:
+    """Metrics of generated `frames`; with `truth` (the world's render of the same speech),
+    the seam ratio is also measured on it at the same frames: how much of the seam change
+    the content itself has there (a paired baseline, so schedules with seams at different
+    frames compare fairly)."""
     layout = M.measure_layout(reference)
     x = M.to_working(frames)
     offsets = M.register(x, layout)
@@ -66,6 +76,14 @@ def score(frames: np.ndarray, reference: np.ndarray, audio: np.ndarray, seams: l
     windows, drift = M.identity_drift(dist, window_s=10.0)
     change = M.frame_change(x, None)
     local, global_ = M.seam_smoothness(change, seams)
+    extra = {}
+    if truth is not None:
+        n = min(len(truth), len(frames))
+        truth_local, _ = M.seam_smoothness(M.frame_change(M.to_working(truth[:n]), None), seams)
+        extra = {
+            "seam_ratio_local_truth": round(truth_local, 3),
+            "seam_excess_over_truth": round(local / truth_local - 1.0, 3),
+        }
     return {
         "lip_sync_r": round(r, 3),
         "lip_sync_lag": lag,
@@ -74,6 +92,7 @@ def score(frames: np.ndarray, reference: np.ndarray, audio: np.ndarray, seams: l
         "identity_drift": round(drift, 4),
         "seam_ratio_local": round(local, 3),
         "seam_ratio_global": round(global_, 3),
+        **extra,
         "frame_std": round(float(frames.std()), 2),
     }
 
@@ -114,10 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"schedule.seam_latents": 0} if args.no_seams else None
     cfg = load_config(args.config, overrides)
     engine = Engine.load(cfg)
-    reference = render_reference(identity_for(EVAL_SEED, args.identity), cfg.video.width)
+    identity = identity_for(EVAL_SEED, args.identity)
+    reference = render_reference(identity, cfg.video.width)
     audio = held_out_speech(args.seconds)
     frames, seams, cpu, wall, stage_s = generate(engine, reference, audio)
-    result = score(frames, reference, audio, seams)
+    truth = render_frames(identity, motion_from_audio(audio, seed=EVAL_SEED), cfg.video.width)
+    result = score(frames, reference, audio, seams, truth)
     video_s = len(frames) / 25
     result.update(
         frames=len(frames),

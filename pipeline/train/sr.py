@@ -1,7 +1,8 @@
 """SR stage: one-step regression from A2V-grid latents to full-res latents.
 
-Inputs are the latents of the half-res frames (what A2V generates), slightly noised
-because at run time they come from the sampler; targets are the latents of the full-res
+Inputs are the latents of the A2V-grid frames (what A2V generates), noised because at run
+time they come from the sampler — with `a2v.downscale: 1` the SR is a same-grid refiner
+that learns to clean the sampler's errors; targets are the latents of the full-res
 frames; the reference frame is the identity's full-res latent, as in `SRStage`.
 
 Legend: B batch, C latent channels, T latent frames, h/w A2V grid, H/W full-res grid.
@@ -31,9 +32,10 @@ def sample_pairs(
 def sr_loss(
     sr: SRDiT, low: Tensor, full: Tensor, ref_full: Tensor, gen, input_noise: float = 0.05
 ) -> tuple[Tensor, dict[str, Tensor]]:
+    """Regression loss of one batch; `gen` is a generator on the batch's device."""
     dev = low.device
-    low_in = low + input_noise * torch.randn(low.shape, generator=gen).to(dev)
-    noise = torch.randn(full.shape, generator=gen).to(dev)
+    low_in = low + input_noise * torch.randn(low.shape, generator=gen, device=dev)
+    noise = torch.randn(full.shape, generator=gen, device=dev)
     pred = sr(low_in, noise, ref_full).float()
     err = (pred - full).pow(2)
     wts = motion_weights(full)

@@ -2,8 +2,9 @@
 
 The weight map is 1 + `motion_weight` where a frame differs from its neutral reference
 (open mouth, closed eyes, a turned head), so the few pixels that carry lip sync are not
-drowned by the static background. A quarter of the batches are at half resolution,
-because the engine also encodes the reference at the A2V grid's scale.
+drowned by the static background. When the A2V grid is downscaled, a quarter of the
+batches are at half resolution, because the engine then also encodes the reference at the
+A2V grid's scale.
 
 After training, `normalize_latents` rescales the latent channels to unit RMS, folding the
 scale into the encoder's last conv and the decoder's first conv (exact: a per-channel
