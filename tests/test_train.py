@@ -184,3 +184,30 @@ def test_cli_trains_every_stage_resumes_and_the_engine_loads_it(speech_path, tmp
     session.push_audio(np.zeros(16_000, np.float32))
     frames = np.concatenate([b.frames for b in session.generate_ready() + session.finish()])
     assert frames.shape == (25, 128, 128, 3)
+
+
+def test_held_out_score_uses_the_ground_truth_as_the_seam_baseline():
+    """`score` on the world's own render is perfect; a jump injected at every seam shows as
+    excess seam change over the ground truth at the same frames."""
+    from pipeline.synth.dataset import identity_for
+    from pipeline.synth.face import render_frames, render_reference
+    from pipeline.synth.motion import motion_from_audio
+    from pipeline.train.evaluate import EVAL_SEED, held_out_speech, score
+
+    audio = held_out_speech(4.0)
+    identity = identity_for(EVAL_SEED, 0)
+    truth = render_frames(identity, motion_from_audio(audio, seed=EVAL_SEED), 128)
+    reference = render_reference(identity, 128)
+    seams = list(range(12, len(truth), 16))
+
+    perfect = score(truth, reference, audio, seams, truth)
+    assert perfect["lip_sync_r"] > 0.9
+    assert perfect["seam_excess_over_truth"] == 0.0
+
+    jumpy = truth.astype(np.int16)
+    for s in seams:  # every piece after a seam a little brighter than the one before
+        jumpy[s:] += 6
+    jumpy = np.clip(jumpy, 0, 255).astype(np.uint8)
+    scored = score(jumpy, reference, audio, seams, truth)
+    assert scored["seam_excess_over_truth"] > 0.5
+    assert scored["seam_ratio_local"] > perfect["seam_ratio_local"] + 0.5
