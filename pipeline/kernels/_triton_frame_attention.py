@@ -112,6 +112,20 @@ def _accumulate(acc, p, V, row, io_dtype: tl.constexpr, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
+def _online_step(acc, m_i, l_i, s, qk_scale, V, row, io_dtype: tl.constexpr,
+                 BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, USE_TMA: tl.constexpr,
+                 UPCAST: tl.constexpr):  # fmt: skip
+    """One key block of the online softmax: raise the running max, rescale acc and l."""
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # qk_scale > 0
+    p = tl.math.exp2(s * qk_scale - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = _accumulate(acc * alpha[:, None], p, V, row, io_dtype, BLOCK_N, HEAD_DIM, USE_TMA,
+                      UPCAST)  # fmt: skip
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _frame_attention_fwd(
     Q,  # (B*H*L, D) bf16/fp16: a pointer, or a TensorDescriptor when USE_TMA
     K,
@@ -222,32 +236,21 @@ def _frame_attention_fwd(
             for j in tl.range(1, n_blocks, warp_specialize=WARP_SPEC):
                 row_next = _key_block_row(j, head_row, n_ref, jump, BLOCK_N)
                 s_next = _scores(q, K, row_next, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST)
-                m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # qk_scale > 0
-                p = tl.math.exp2(s * qk_scale - m_new[:, None])
-                alpha = tl.math.exp2(m_i - m_new)
-                l_i = l_i * alpha + tl.sum(p, 1)
-                acc = acc * alpha[:, None]
-                acc = _accumulate(acc, p, V, row, io_dtype, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST)
-                m_i = m_new
+                acc, m_i, l_i = _online_step(
+                    acc, m_i, l_i, s, qk_scale, V, row, io_dtype, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST
+                )
                 s = s_next
                 row = row_next
-            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-            p = tl.math.exp2(s * qk_scale - m_new[:, None])
-            alpha = tl.math.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
-            acc = _accumulate(acc, p, V, row, io_dtype, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST)
+            acc, m_i, l_i = _online_step(
+                acc, m_i, l_i, s, qk_scale, V, row, io_dtype, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST
+            )
         else:
             for j in tl.range(0, n_blocks, warp_specialize=WARP_SPEC):
                 row = _key_block_row(j, head_row, n_ref, jump, BLOCK_N)
                 s = _scores(q, K, row, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST)
-                m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # qk_scale > 0
-                p = tl.math.exp2(s * qk_scale - m_new[:, None])
-                alpha = tl.math.exp2(m_i - m_new)
-                l_i = l_i * alpha + tl.sum(p, 1)
-                acc = acc * alpha[:, None]
-                acc = _accumulate(acc, p, V, row, io_dtype, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST)
-                m_i = m_new
+                acc, m_i, l_i = _online_step(
+                    acc, m_i, l_i, s, qk_scale, V, row, io_dtype, BLOCK_N, HEAD_DIM, USE_TMA, UPCAST
+                )
 
     out = acc / l_i[:, None]
     if UPCAST:
