@@ -34,7 +34,7 @@ STAGES = ("vae", "decoder", "a2v", "sr")
 
 @dataclass
 class TrainConfig:
-    """Defaults are the recipe of the shipped demo weights on one H200 (~13 min in all):
+    """Defaults are the recipe of the shipped demo weights on one H200 (~16 min in all):
     each stage stops at its step count or its wall-time cap, whichever comes first."""
 
     segments: int = 1500
