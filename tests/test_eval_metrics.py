@@ -162,3 +162,22 @@ def test_cli_on_mp4_at_another_size(world, tmp_path):
     s = json.loads(out.read_text())
     assert s["lip_sync"] > 0.9 and s["idle_present"] and s["idle_bounded"]
     assert 0.8 < s["seam_ratio"] < 1.3
+
+
+def test_seams_on_latent_starts_compared_with_the_same_phase():
+    """A 2-frame-per-latent VAE changes more between latents than inside one; seams always
+    fall on latent starts. Phase matching keeps that stride out of the seam ratio, but a real
+    jump at the seams still shows."""
+    rng = np.random.default_rng(0)
+    n = 400
+    change = np.where(np.arange(n) % 2 == 0, 3.0, 1.0) + 0.1 * rng.random(n)
+    change[0] = np.nan
+    seams = list(range(16, n, 16))
+    stride_only_any_phase, _ = M.seam_smoothness(change, seams)
+    stride_only, stride_only_global = M.seam_smoothness(change, seams, period=2)
+    assert stride_only_any_phase > 1.5
+    assert abs(stride_only - 1.0) < 0.05 and abs(stride_only_global - 1.0) < 0.05
+
+    jumpy = change.copy()
+    jumpy[seams] *= 2.0
+    assert M.seam_smoothness(jumpy, seams, period=2)[0] > 1.9

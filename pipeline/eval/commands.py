@@ -33,6 +33,13 @@ def eval_main(argv: list[str] | None = None) -> int:
     p.add_argument("--reference", type=Path, help="reference image (default: first frame)")
     p.add_argument("--seams", help="comma-separated first frames of new chunks")
     p.add_argument("--chunk-frames", type=int, help="seams every N frames (instead of --seams)")
+    p.add_argument(
+        "--seam-period",
+        type=int,
+        default=1,
+        help="frames per latent of the model (demo: 2): seams are compared with frames of "
+        "the same phase, so the VAE's own latent-to-latent change is not counted as a seam",
+    )
     p.add_argument("--window-s", type=float, default=60.0, help="identity window (s)")
     p.add_argument("--json", type=Path, help="also write the scores as JSON here")
     args = p.parse_args(argv)
@@ -48,6 +55,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         silence_segments(samples),
         reference,
         window_s=args.window_s,
+        seam_period=args.seam_period,
     )
     print(scores.summary())
     if args.json:

@@ -148,13 +148,16 @@ def run_eval(
     *,
     fps: int = FPS,
     window_s: float = 60.0,
+    seam_period: int = 1,
 ) -> EvalScores:
     """Score `video` (frames, batches or a file) against ground truth.
 
     gt: the ground-truth mouth (MouthParams/MotionTrack, a jaw array (N,), or a
     dataset params array (N, P)); seams: first frame index of each new chunk;
     silences: [start, stop) frame ranges without speech; reference: the identity
-    image the video was generated from (defaults to the first frame).
+    image the video was generated from (defaults to the first frame); seam_period: the
+    model's frames per latent, so seams are compared with frames of the same phase
+    (`metrics.seam_smoothness`).
     """
     series, layout = measure_video(video, reference)
     n = len(series.opening)
@@ -163,7 +166,7 @@ def run_eval(
         raise ValueError(f"ground truth covers {len(jaw)} frames but the video has {n}")
     r, lag = M.lip_sync(series.opening, jaw[:n])
     windows, drift = M.identity_drift(series.identity, fps, window_s)
-    local, global_ = M.seam_smoothness(series.change, seams)
+    local, global_ = M.seam_smoothness(series.change, seams, period=seam_period)
     idle = M.idle_motion(series.offsets, series.change, series.opening, silences, layout.size)
     return EvalScores(
         n_frames=n,

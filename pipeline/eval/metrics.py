@@ -285,13 +285,21 @@ def identity_drift(
     return windows, (windows[-1] - windows[0]) if windows else 0.0
 
 
-def seam_smoothness(change: np.ndarray, seams: list[int], radius: int = 3) -> tuple[float, float]:
+def seam_smoothness(
+    change: np.ndarray, seams: list[int], radius: int = 3, period: int = 1
+) -> tuple[float, float]:
     """How much bigger the change at chunk seams is than inside chunks.
 
     `change[t]` is the change from frame t-1 to t; seam s is the first frame of a
     new chunk. Returns (local, global): the mean over seams of change[s] divided by
-    the mean change of the non-seam frames within `radius`, and the mean seam change
-    over the mean non-seam change. 1.0 is seamless; larger means visible jumps.
+    the mean change of the non-seam frames within `radius` (counted in periods), and the
+    mean seam change over the mean non-seam change. 1.0 is seamless; larger means
+    visible jumps.
+
+    `period`: a video VAE that decodes r frames per latent changes more from one latent to
+    the next than inside a latent, and chunk seams always fall on latent starts. With
+    `period=r` a seam is compared only with frames of the same phase (other latent starts),
+    so the VAE's own temporal stride is not counted as a seam.
     """
     n = len(change)
     seams = sorted(s for s in set(seams) if 0 < s < n)
@@ -300,13 +308,18 @@ def seam_smoothness(change: np.ndarray, seams: list[int], radius: int = 3) -> tu
     is_seam = np.zeros(n, bool)
     is_seam[seams] = True
     valid = ~np.isnan(change)
+    same_phase = np.zeros(n, bool)
+    for s in seams:
+        same_phase[s % period :: period] = True
     ratios = []
     for s in seams:
-        lo, hi = max(1, s - radius), min(n, s + radius + 1)
-        near = [t for t in range(lo, hi) if not is_seam[t] and valid[t]]
+        ts = range(max(1, s - radius * period), min(n, s + radius * period + 1))
+        near = [t for t in ts if (t - s) % period == 0 and not is_seam[t] and valid[t]]
         if near:
             ratios.append(change[s] / max(float(np.mean(change[near])), 1e-3))
-    inside = change[~is_seam & valid]
+    inside = change[~is_seam & valid & same_phase]
+    if not len(inside):
+        inside = change[~is_seam & valid]
     global_ratio = float(np.mean(change[seams]) / max(float(np.mean(inside)), 1e-3))
     return (float(np.mean(ratios)) if ratios else 1.0), global_ratio
 

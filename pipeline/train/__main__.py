@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-seed", type=int, default=None, help="which segments are rendered")
     p.add_argument("--workers", type=int, default=None, help="rendering processes")
     p.add_argument("--sr-input-noise", type=float, default=None, help="noise on SR's input")
+    p.add_argument(
+        "--decoder-contrast-weight", type=float, default=None, help="log-light L1 weight"
+    )
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--make-speech", default=None, help="write a speech cache here and exit")
     p.add_argument("--clips", type=int, default=200, help="clips in a new speech cache")
@@ -63,7 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.config)
     check_grid(cfg)
     tc = TrainConfig()
-    for key in ("segments", "segment_frames", "data_seed", "sr_input_noise"):
+    for key in (
+        "segments",
+        "segment_frames",
+        "data_seed",
+        "sr_input_noise",
+        "decoder_contrast_weight",
+    ):
         if getattr(args, key) is not None:
             setattr(tc, key, getattr(args, key))
     for stage in STAGES:

@@ -60,11 +60,14 @@ def score(
     audio: np.ndarray,
     seams: list[int],
     truth: np.ndarray | None = None,
+    period: int = 1,
 ) -> dict:
     """Metrics of generated `frames`; with `truth` (the world's render of the same speech),
     the seam ratio is also measured on it at the same frames: how much of the seam change
     the content itself has there (a paired baseline, so schedules with seams at different
-    frames compare fairly)."""
+    frames compare fairly). `period` is the VAE's frames per latent: seams are compared with
+    the other latent starts near them (`metrics.seam_smoothness`); `seam_ratio_local_any_phase`
+    compares them with every frame near them, as the first evaluations did."""
     layout = M.measure_layout(reference)
     x = M.to_working(frames)
     offsets = M.register(x, layout)
@@ -75,12 +78,14 @@ def score(
     dist = M.identity_distance(M.identity_features(x, offsets, layout), ref_feat)
     windows, drift = M.identity_drift(dist, window_s=10.0)
     change = M.frame_change(x, None)
-    local, global_ = M.seam_smoothness(change, seams)
-    extra = {}
+    local, global_ = M.seam_smoothness(change, seams, period=period)
+    extra = {"seam_ratio_local_any_phase": round(M.seam_smoothness(change, seams)[0], 3)}
     if truth is not None:
         n = min(len(truth), len(frames))
-        truth_local, _ = M.seam_smoothness(M.frame_change(M.to_working(truth[:n]), None), seams)
+        truth_change = M.frame_change(M.to_working(truth[:n]), None)
+        truth_local, _ = M.seam_smoothness(truth_change, seams, period=period)
         extra = {
+            **extra,
             "seam_ratio_local_truth": round(truth_local, 3),
             "seam_excess_over_truth": round(local / truth_local - 1.0, 3),
         }
@@ -138,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     audio = held_out_speech(args.seconds)
     frames, seams, cpu, wall, stage_s = generate(engine, reference, audio)
     truth = render_frames(identity, motion_from_audio(audio, seed=EVAL_SEED), cfg.video.width)
-    result = score(frames, reference, audio, seams, truth)
+    result = score(frames, reference, audio, seams, truth, cfg.vae.temporal_ratio)
     video_s = len(frames) / 25
     result.update(
         frames=len(frames),

@@ -2,7 +2,9 @@
 
 The weight map is 1 + `motion_weight` where a frame differs from its neutral reference
 (open mouth, closed eyes, a turned head), so the few pixels that carry lip sync are not
-drowned by the static background. When the A2V grid is downscaled, a quarter of the
+drowned by the static background. The decoder stage can add a *contrast* term: the same
+L1 on log light (Weber contrast), so an open mouth on a dark face, whose inner mouth is only
+a few grey levels darker than its lips, costs as much to blur as on a light face. When the A2V grid is downscaled, a quarter of the
 batches are at half resolution, because the engine then also encodes the reference at the
 A2V grid's scale.
 
@@ -39,8 +41,21 @@ def sample_clips(pool_frames: Tensor, refs: Tensor, batch: int, frames: int, gen
     return x, to_unit(refs[seg.to(refs.device)])
 
 
+CONTRAST_FLOOR = 0.05  # light (0..1) below which differences stop counting as contrast
+
+
+def log_light(x: Tensor) -> Tensor:
+    """[-1, 1] pixels → log of light in [0, 1], floored: equal steps are equal contrasts."""
+    return torch.log((x + 1.0).mul(0.5).clamp_min(0.0) + CONTRAST_FLOOR)
+
+
 def vae_loss(
-    vae: VAE, x_B3THW: Tensor, ref_B3HW: Tensor, kl_weight: float, motion_weight: float
+    vae: VAE,
+    x_B3THW: Tensor,
+    ref_B3HW: Tensor,
+    kl_weight: float,
+    motion_weight: float,
+    contrast_weight: float = 0.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     mean, logvar = vae.encoder(x_B3THW)
     logvar = logvar.clamp(-12.0, 6.0)
@@ -48,10 +63,16 @@ def vae_loss(
     rec, _ = vae.decoder(z)
     diff = (x_B3THW - ref_B3HW[:, :, None]).abs().mean(dim=1, keepdim=True)
     w = 1.0 + motion_weight * (diff * 4.0).clamp(0, 1)
-    err = (rec.float() - x_B3THW).abs()
-    l1 = (w * err).mean() / w.mean()
+    rec = rec.float()
+    l1 = (w * (rec - x_B3THW).abs()).mean() / w.mean()
     kl = 0.5 * (mean.float().pow(2) + logvar.float().exp() - 1.0 - logvar.float()).mean()
-    return l1 + kl_weight * kl, {"l1": l1.detach(), "kl": kl.detach()}
+    logs = {"l1": l1.detach(), "kl": kl.detach()}
+    loss = l1 + kl_weight * kl
+    if contrast_weight:
+        contrast = (w * (log_light(rec) - log_light(x_B3THW)).abs()).mean() / w.mean()
+        loss = loss + contrast_weight * contrast
+        logs["contrast"] = contrast.detach()
+    return loss, logs
 
 
 def half_res(x_B3THW: Tensor, ref_B3HW: Tensor) -> tuple[Tensor, Tensor]:
