@@ -152,6 +152,8 @@ def test_cli_on_mp4_at_another_size(world, tmp_path):
             str(tmp_path / "ref.png"),
             "--chunk-frames",
             str(CHUNK),
+            "--seam-period",
+            "2",
             "--window-s",
             "5",
             "--json",

@@ -236,3 +236,25 @@ def test_held_out_score_uses_the_ground_truth_as_the_seam_baseline():
     scored = score(jumpy, reference, audio, seams, truth)
     assert scored["seam_excess_over_truth"] > 0.5
     assert scored["seam_ratio_local"] > perfect["seam_ratio_local"] + 0.5
+
+
+def test_vae_reconstruction_baseline_keeps_the_mouth():
+    """The evaluation's floor: the shipped VAE's encode → decode of the ground truth keeps
+    the frame count (whole 16-frame pieces) and the lip sync, so a weak generated score is
+    the generator's, not the VAE's."""
+    from pipeline.config import load_config
+    from pipeline.engine import Engine
+    from pipeline.synth.dataset import identity_for
+    from pipeline.synth.face import render_frames, render_reference
+    from pipeline.synth.motion import motion_from_audio
+    from pipeline.train.evaluate import EVAL_SEED, held_out_speech, recon_scores, reconstruct
+
+    audio = held_out_speech(4.0)
+    identity = identity_for(EVAL_SEED, 2)
+    truth = render_frames(identity, motion_from_audio(audio, seed=EVAL_SEED), 256)
+    engine = Engine.load(load_config("demo"))
+    recon = reconstruct(engine, truth)
+    assert recon.shape == (len(truth) // 16 * 16, 256, 256, 3) and recon.dtype == np.uint8
+    scores = recon_scores(recon, render_reference(identity, 256), audio, [16, 32, 48], 2)
+    assert scores["recon_lip_sync_r"] > 0.85
+    assert 0.5 < scores["recon_seam_ratio_local"] < 1.5

@@ -1,6 +1,7 @@
 """Score a trained stack on held-out synthetic speech: lip sync, identity drift, seams, speed.
 
-    python -m pipeline.train.evaluate --config demo --seconds 12 [--no-seams] [--strip PNG]
+    python -m pipeline.train.evaluate --config demo --seconds 12 [--no-seams] [--recon]
+        [--set schedule.boundary_latents=0] [--strip PNG]
 
 The person and the sentences are drawn from seeds the training data never used. Every
 number is measured from the generated pixels by `pipeline.eval.metrics`; the ground truth
@@ -117,6 +118,34 @@ def write_png(path: str | Path, rgb: np.ndarray) -> None:
     Path(path).write_bytes(png + chunk(b"IEND", b""))
 
 
+@torch.no_grad()
+def reconstruct(engine: Engine, frames: np.ndarray, piece: int = 16) -> np.ndarray:
+    """The engine VAE's encode → decode of `frames` (N, H, W, 3) uint8, `piece` frames at a
+    time: what the decoder can show of perfect latents."""
+    vae = engine.modules["vae"].model
+    n = len(frames) // piece * piece
+    x = torch.from_numpy(frames[:n]).to(engine.device).permute(3, 0, 1, 2)[None].float()
+    x = x / 127.5 - 1.0
+    z = torch.cat([vae.encoder(x[:, :, i : i + piece])[0] for i in range(0, n, piece)], 2)
+    rec, _ = vae.decoder(z)
+    rec = ((rec[0].permute(1, 2, 3, 0).clamp(-1, 1) + 1.0) * 127.5).round()
+    return rec.to(torch.uint8).cpu().numpy()
+
+
+def recon_scores(
+    recon: np.ndarray, reference: np.ndarray, audio: np.ndarray, seams: list[int], period: int
+) -> dict:
+    """Lip sync and seam ratio of the VAE reconstruction of the ground truth: the floor the
+    generated video is measured against (no chunks, no sampling, only the VAE)."""
+    layout = M.measure_layout(reference)
+    x = M.to_working(recon)
+    r, _ = M.lip_sync(
+        M.mouth_opening(x, M.register(x, layout), layout), mouth_track_from_audio(audio).jaw
+    )
+    local, _ = M.seam_smoothness(M.frame_change(x, None), seams, period=period)
+    return {"recon_lip_sync_r": round(r, 3), "recon_seam_ratio_local": round(local, 3)}
+
+
 def frame_strip(
     reference: np.ndarray, frames: np.ndarray, n: int = 8, start: int = 25
 ) -> np.ndarray:
@@ -133,10 +162,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--strip", default=None, help="write a frame strip PNG here")
     p.add_argument("--identity", type=int, default=0)
+    p.add_argument(
+        "--recon", action="store_true", help="also score the VAE reconstruction of the truth"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override, e.g. schedule.boundary_latents=0 (repeatable)",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    overrides = {"schedule.seam_latents": 0} if args.no_seams else None
-    cfg = load_config(args.config, overrides)
+    overrides = {"schedule.seam_latents": 0} if args.no_seams else {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        try:
+            overrides[key] = json.loads(value)
+        except ValueError:  # a plain string, e.g. runtime.attention=sdpa
+            overrides[key] = value
+    cfg = load_config(args.config, overrides or None)
     engine = Engine.load(cfg)
     identity = identity_for(EVAL_SEED, args.identity)
     reference = render_reference(identity, cfg.video.width)
@@ -144,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     frames, seams, cpu, wall, stage_s = generate(engine, reference, audio)
     truth = render_frames(identity, motion_from_audio(audio, seed=EVAL_SEED), cfg.video.width)
     result = score(frames, reference, audio, seams, truth, cfg.vae.temporal_ratio)
+    if args.recon:
+        recon = reconstruct(engine, truth)
+        result.update(recon_scores(recon, reference, audio, seams, cfg.vae.temporal_ratio))
     video_s = len(frames) / 25
     result.update(
         frames=len(frames),
