@@ -27,6 +27,7 @@ from pipeline.synth.dataset import identity_for
 from pipeline.synth.face import render_frames, render_reference
 from pipeline.synth.motion import motion_from_audio, mouth_track_from_audio
 from pipeline.synth.speech import random_speech
+from pipeline.train.vae import to_unit
 
 EVAL_SEED = 90_001  # far from the training seeds (0 and small integers)
 
@@ -124,8 +125,7 @@ def reconstruct(engine: Engine, frames: np.ndarray, piece: int = 16) -> np.ndarr
     time: what the decoder can show of perfect latents."""
     vae = engine.modules["vae"].model
     n = len(frames) // piece * piece
-    x = torch.from_numpy(frames[:n]).to(engine.device).permute(3, 0, 1, 2)[None].float()
-    x = x / 127.5 - 1.0
+    x = to_unit(torch.from_numpy(frames[:n]).to(engine.device)).transpose(0, 1)[None]
     z = torch.cat([vae.encoder(x[:, :, i : i + piece])[0] for i in range(0, n, piece)], 2)
     rec, _ = vae.decoder(z)
     rec = ((rec[0].permute(1, 2, 3, 0).clamp(-1, 1) + 1.0) * 127.5).round()
