@@ -46,9 +46,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--decoder-contrast-weight", type=float, default=None, help="log-light L1 weight"
     )
-    p.add_argument(
-        "--decoder-worst-patch-weight", type=float, default=None, help="worst 8x8 patch weight"
-    )
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--make-speech", default=None, help="write a speech cache here and exit")
     p.add_argument("--clips", type=int, default=200, help="clips in a new speech cache")
@@ -75,7 +72,6 @@ def main(argv: list[str] | None = None) -> int:
         "data_seed",
         "sr_input_noise",
         "decoder_contrast_weight",
-        "decoder_worst_patch_weight",
     ):
         if getattr(args, key) is not None:
             setattr(tc, key, getattr(args, key))

@@ -49,7 +49,6 @@ class TrainConfig:
     sr_input_noise: float = 0.1  # stands in for the sampler's errors in SR's input
     decoder_motion_weight: float = 8.0
     decoder_contrast_weight: float = 1.5  # L1 on log light too: dark faces keep their mouths
-    decoder_worst_patch_weight: float = 0.0  # each frame's worst 8x8 patch: no corner sinks
     vae: StageSettings = field(default_factory=lambda: StageSettings(30000, 24, 5e-4, 260.0))
     decoder: StageSettings = field(default_factory=lambda: StageSettings(8000, 24, 2e-4, 330.0))
     a2v: StageSettings = field(default_factory=lambda: StageSettings(100000, 256, 5e-4, 380.0))
@@ -148,13 +147,7 @@ def train_all(
             x, ref = vae_train.sample_clips(frames, refs, tc.decoder.batch, tc.vae_frames, gen)
             with _autocast(dev):
                 return vae_train.vae_loss(
-                    vae,
-                    x,
-                    ref,
-                    0.0,
-                    tc.decoder_motion_weight,
-                    tc.decoder_contrast_weight,
-                    tc.decoder_worst_patch_weight,
+                    vae, x, ref, 0.0, tc.decoder_motion_weight, tc.decoder_contrast_weight
                 )
 
         summary["stages"]["decoder"] = train_stage(

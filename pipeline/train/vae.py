@@ -56,7 +56,6 @@ def vae_loss(
     kl_weight: float,
     motion_weight: float,
     contrast_weight: float = 0.0,
-    worst_patch_weight: float = 0.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     mean, logvar = vae.encoder(x_B3THW)
     logvar = logvar.clamp(-12.0, 6.0)
@@ -73,14 +72,6 @@ def vae_loss(
         contrast = (w * (log_light(rec) - log_light(x_B3THW)).abs()).mean() / w.mean()
         loss = loss + contrast_weight * contrast
         logs["contrast"] = contrast.detach()
-    if worst_patch_weight:
-        # The worst 8x8 patch of each frame: a decoder can otherwise park a saturated "sink"
-        # in a corner, which costs it only the corner's 0.2% share of the mean L1.
-        B, C, T, H, W = rec.shape
-        err = (rec - x_B3THW).abs().mean(dim=1).reshape(B * T, 1, H, W)
-        worst = F.avg_pool2d(err, 8).flatten(1).amax(dim=1).mean()
-        loss = loss + worst_patch_weight * worst
-        logs["worst_patch"] = worst.detach()
     return loss, logs
 
 
