@@ -308,9 +308,7 @@ def seam_smoothness(
     is_seam = np.zeros(n, bool)
     is_seam[seams] = True
     valid = ~np.isnan(change)
-    same_phase = np.zeros(n, bool)
-    for s in seams:
-        same_phase[s % period :: period] = True
+    same_phase = np.isin(np.arange(n) % period, [s % period for s in seams])
     ratios = []
     for s in seams:
         ts = range(max(1, s - radius * period), min(n, s + radius * period + 1))

@@ -4,9 +4,10 @@ The weight map is 1 + `motion_weight` where a frame differs from its neutral ref
 (open mouth, closed eyes, a turned head), so the few pixels that carry lip sync are not
 drowned by the static background. The decoder stage can add a *contrast* term: the same
 L1 on log light (Weber contrast), so an open mouth on a dark face, whose inner mouth is only
-a few grey levels darker than its lips, costs as much to blur as on a light face. When the A2V grid is downscaled, a quarter of the
-batches are at half resolution, because the engine then also encodes the reference at the
-A2V grid's scale.
+a few grey levels darker than its lips, costs as much to blur as on a light face.
+
+When the A2V grid is downscaled, a quarter of the batches are at half resolution, because
+the engine then also encodes the reference at the A2V grid's scale.
 
 After training, `normalize_latents` rescales the latent channels to unit RMS, folding the
 scale into the encoder's last conv and the decoder's first conv (exact: a per-channel
