@@ -37,9 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.config import load_config
 from pipeline.models.audio_encoder import SAMPLE_RATE
-from pipeline.module import resolve_device
 
 log = logging.getLogger("facecast.bench")
 
@@ -233,45 +231,33 @@ def _force_eager():
 
 
 # -- the run ----------------------------------------------------------------------------------
-def load_engine(opts: BenchOptions):
-    from pipeline.engine import Engine
-    from pipeline.offload import OffloadConfig
+def engine_options(opts: BenchOptions):
+    """The benchmark's engine, started like every command's (`pipeline.startup`)."""
+    from pipeline.startup import EngineOptions
 
-    overrides = dict(opts.overrides)
-    if opts.attention:
-        overrides["runtime.attention"] = opts.attention
-    cfg = load_config(opts.config, overrides=overrides)
-    device = torch.device(resolve_device(opts.device))
-    cap = None
-    if opts.memory_cap_gb and device.type == "cuda":
-        cap = int(opts.memory_cap_gb * 1e9)
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device.index or 0)
-    offload = (
-        OffloadConfig(prefetch=opts.prefetch, budget_gb=opts.offload_budget_gb, record_stalls=True)
-        if opts.offload
-        else False
+    return EngineOptions(
+        config=opts.config,
+        device=opts.device,
+        attention=opts.attention,
+        compile=opts.compile,
+        sdpa_pick=opts.sdpa_pick,
+        offload=opts.offload,  # False: resident even when large (the resident rows)
+        prefetch=opts.prefetch,
+        memory_cap_gb=opts.memory_cap_gb,
+        offload_budget_gb=opts.offload_budget_gb,
+        warmup=opts.warmup,
+        record_stalls=True,
+        overrides=dict(opts.overrides),
     )
-    t = time.perf_counter()
-    engine = Engine.load(cfg, str(device), offload=offload, memory_cap_bytes=cap)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return engine, time.perf_counter() - t
 
 
 def run_bench(opts: BenchOptions) -> dict:
-    from pipeline.compile import prepare
+    from pipeline.startup import start_engine
 
-    engine, load_s = load_engine(opts)
+    engine, report = start_engine(engine_options(opts))
     cfg, device = engine.cfg, engine.device
     cuda = device.type == "cuda"
-    startup = {"load_seconds": load_s}
-    if opts.warmup:
-        startup.update(prepare(engine, compile_blocks=opts.compile, sdpa_pick=opts.sdpa_pick))
-    elif opts.compile:
-        from pipeline.compile import compile_engine
-
-        compile_engine(engine)
+    startup = report.to_dict()
     if engine.offloader is not None:
         engine.offloader.stats.stalls.clear()
     if cuda:

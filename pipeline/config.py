@@ -8,6 +8,7 @@ allowed. Sizes here are in pixels (video) or latent frames (schedule); see `late
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import types
 import typing
@@ -231,6 +232,21 @@ def load_config(name_or_path: str | Path, overrides: dict | None = None) -> Face
     cfg = _build(FacecastConfig, raw, prefix="")
     cfg.validate()
     return cfg
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """`["schedule.seam_latents=0", ...]` (command-line `--set`) → dotted overrides; values
+    are read as JSON where they parse (numbers, booleans, lists), else kept as strings."""
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. sampler.steps=4")
+        try:
+            overrides[key] = json.loads(value)
+        except ValueError:
+            overrides[key] = value
+    return overrides
 
 
 def _build(cls: type, raw: dict, prefix: str):

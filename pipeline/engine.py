@@ -35,7 +35,7 @@ from pipeline.offload import (
     materialize_blockwise,
     offload_engine,
 )
-from pipeline.schedule import Chunk, ChunkPlan
+from pipeline.schedule import Chunk, ChunkPlan, StreamStep
 from pipeline.stages.a2v import A2VStage
 from pipeline.stages.context import ContextStage
 from pipeline.stages.decode import DecodeStage
@@ -90,6 +90,10 @@ class Engine:
         self.device = modules["vae"].device
         self.offloader: OffloadManager | None = None  # set when DiT blocks are offloaded
         self.warmup_seconds: float | None = None
+        # Wall seconds of one warm `generate_ready()` step, measured by `warmup()`:
+        # {"first": step 0, "steady": the slowest later step}. Serving plans playout on it.
+        self.step_seconds: dict[str, float] | None = None
+        self.startup = None  # pipeline.startup.StartupReport, once started that way
 
     @classmethod
     def load(
@@ -144,22 +148,38 @@ class Engine:
     def warmup(self, seed: int = 0) -> float:
         """Run one throwaway session over every chunk shape (N_0, N, I, each SR segment, the
         end-of-stream tail) so that compilation, autotuning and kernel plans happen at start-up
-        and never inside a session's time to first frame. Returns the seconds it took."""
+        and never inside a session's time to first frame; then a second, timed one, step by
+        step, for `step_seconds`. Returns the seconds it all took."""
         t = time.perf_counter()
-        plan = ChunkPlan(self.cfg.schedule)
-        frames = (plan.n_end(2) + 1) * self.cfg.vae.temporal_ratio
-        samples = frames * SAMPLES_PER_FRAME
-        audio = (0.1 * np.sin(np.arange(samples) * 0.07)).astype(np.float32)
+        self._warm_session(seed, timed=False)
+        self.step_seconds = self._warm_session(seed, timed=True)
+        self.warmup_seconds = time.perf_counter() - t
+        return self.warmup_seconds
+
+    def stream_step(self, k: int) -> StreamStep:
+        """What step k of a stream waits for and emits (video frames), from the schedule."""
+        cfg = self.cfg
+        plan = ChunkPlan(cfg.schedule)
+        return plan.step(k, cfg.vae.temporal_ratio, cfg.audio.lookahead_frames)
+
+    def _warm_session(self, seed: int, timed: bool) -> dict[str, float]:
+        steps = 4
+        frames = self.stream_step(steps - 1).audio_frames
+        audio = (0.1 * np.sin(np.arange(frames * SAMPLES_PER_FRAME) * 0.07)).astype(np.float32)
         h, w = self.cfg.video.height, self.cfg.video.width
         session = self.new_session(np.full((h, w, 3), 127, np.uint8), seed=seed)
-        session.push_audio(audio)
-        session.generate_ready()
+        seconds = []
+        for k in range(steps if timed else 1):
+            end = len(audio) if not timed else self.stream_step(k).audio_frames * SAMPLES_PER_FRAME
+            session.push_audio(audio[session.timeline.total : end])
+            t = time.perf_counter()
+            session.generate_ready()  # returns frames on the host: the GPU work is done
+            seconds.append(time.perf_counter() - t)
         session.finish()
         session.close()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.warmup_seconds = time.perf_counter() - t
-        return self.warmup_seconds
+        return {"first": seconds[0], "steady": max(seconds[1:], default=seconds[0])}
 
     def new_session(
         self,
@@ -223,6 +243,13 @@ class Session:
         if self.total_frames is not None:
             raise RuntimeError("push_audio after finish(): the stream has ended")
         self.timeline.append(samples)
+
+    def samples_needed(self) -> int:
+        """16 kHz samples still missing before `generate_ready()` can run the next step."""
+        if self.total_frames is not None:
+            return 0
+        _, needed_sample = self.context.audio_window(self.plan.n_chunk(self.next_n))
+        return max(0, needed_sample - self.timeline.total)
 
     def generate_ready(self) -> list[FrameBatch]:
         """Run every N chunk (and its I chunk) whose audio, lookahead included, has arrived."""

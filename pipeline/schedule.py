@@ -31,6 +31,20 @@ class Chunk:
         return self.start + self.length
 
 
+@dataclass(frozen=True)
+class StreamStep:
+    """One `generate_ready()` step of a stream, in video frames from the stream's start."""
+
+    index: int
+    audio_frames: int  # audio the step needs before it can run (lookahead included)
+    first_frame: int  # it emits frames [first_frame, end_frame), all at once
+    end_frame: int
+
+    @property
+    def frames(self) -> int:
+        return self.end_frame - self.first_frame
+
+
 class ChunkPlan:
     def __init__(self, cfg: ScheduleConfig) -> None:
         self.first = cfg.first_chunk_latents
@@ -70,12 +84,14 @@ class ChunkPlan:
         """Frames of N_k left unemitted when no N_{k+1} will follow."""
         return self.n_end(k) - self.w, self.n_end(k)
 
-    def chunks_to_cover(self, latent_frames: int) -> int:
-        """How many N chunks are needed so that the timeline reaches `latent_frames`."""
-        k = 0
-        while self.n_end(k) < latent_frames:
-            k += 1
-        return k + 1
+    def step(self, k: int, temporal_ratio: int, lookahead_frames: int) -> StreamStep:
+        """Stream step k (N_k, then I_{k-1}) in video frames: the audio it waits for and the
+        frames it emits at once. It emits from N_{k-1}'s last kept latent (I_{k-1}) to the
+        start of N_k's own tail, which I_k will redo."""
+        r = temporal_ratio
+        begin = 0 if k == 0 else self.n_end(k - 1) - self.w
+        end = self.n_end(k) - self.w
+        return StreamStep(k, self.n_end(k) * r + lookahead_frames, begin * r, end * r)
 
     def execution_order(self, n_chunks: int) -> list[Chunk]:
         order = [self.n_chunk(0)]

@@ -306,21 +306,36 @@ class FacecastClient:
             out["fps"] = round((len(rec.video_arrival) - 1) / span, 2)
             pts_span = (rec.video_pts[-1] - rec.video_pts[0]) / 90_000
             out["fps_pts"] = round((len(rec.video_pts) - 1) / pts_span, 2) if pts_span else None
-        offset = av_offset_ms(rec, self.source.sent)
+        offset = av_offset_ms(rec, as_timeline(self.source.sent, self.events))
         if offset is not None:
             out["av_offset_ms"] = round(offset, 1)
         out["arrival_skew_ms"] = arrival_skew_ms(rec)
         return out
 
 
-def av_offset_ms(rec: Received, sent: np.ndarray, max_lag_s: float = 1.0) -> float | None:
+def as_timeline(sent: np.ndarray, events: list[dict]) -> np.ndarray:
+    """The sent audio as the server's session timeline holds it: with the silence the
+    server inserted (`delay_grown {at_ms, added_ms}`, timeline positions) to grow its
+    playout delay while nobody spoke."""
+    parts, done, shift = [], 0, 0  # `done`: sent samples placed; `shift`: inserted so far
+    for event in events:
+        if event.get("type") != "delay_grown":
+            continue
+        at = int(event["at_ms"] * RATE // 1000) - shift  # in sent-audio samples
+        parts += [sent[done:at], np.zeros(int(event["added_ms"] * RATE // 1000), sent.dtype)]
+        done, shift = max(done, at), shift + int(event["added_ms"] * RATE // 1000)
+    return np.concatenate([*parts, sent[done:]])
+
+
+def av_offset_ms(rec: Received, timeline: np.ndarray, max_lag_s: float = 1.0) -> float | None:
     """Where the sent audio appears in the returned audio, in ms, against the video.
 
-    Video frame n (pts n·3600) is generated from input [n·40, (n+1)·40) ms, so a returned
-    audio stream in sync with the video carries input time t at audio pts t: lag 0.
+    Video frame n (pts n·3600) is generated from timeline [n·40, (n+1)·40) ms (the sent
+    audio with the server's inserted silence: `as_timeline`), so a returned audio stream in
+    sync with the video carries timeline time t at audio pts t: lag 0.
     """
     got = rec.audio_timeline().astype(np.float32)
-    ref = sent.astype(np.float32)
+    ref = timeline.astype(np.float32)
     n = min(got.size, ref.size)
     if n < RATE or not rec.video_pts or np.abs(ref[:n]).max() == 0 or np.abs(got).max() == 0:
         return None

@@ -37,6 +37,12 @@ class ServerFull(RealtimeError):
     status = 503
 
 
+class EngineStarting(RealtimeError):
+    """The engine is still loading or warming up (HTTP 503): try again shortly."""
+
+    status = 503
+
+
 class SessionClosed(RealtimeError):
     """An operation was attempted on a session that has already closed."""
 

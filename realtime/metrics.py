@@ -1,8 +1,10 @@
 """Prometheus metrics of the real-time service, one registry per app (no globals).
 
 Generation health is visible as chunk generation time against chunk duration (the
-real-time factor, < 1 keeps up); playout health as repeated frames (generation was late
-and the last frame was shown again) and dropped frames (a frame came after its deadline).
+real-time factor, < 1 keeps up); playout health as fresh frames (sent as generated, on
+time), repeated frames (generation was late and the last frame was shown again) and dropped
+frames (a frame came after its deadline); latency as time to first frame and
+speech-to-lips (an audio sample's arrival to the frame made from it leaving).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ class RealtimeMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self._sent = 0
+        self._fresh = 0
         self.active_sessions = Gauge(
             "facecast_active_sessions", "Peers with a live session", registry=r
         )
@@ -31,7 +35,7 @@ class RealtimeMetrics:
         self.ttff = Histogram(
             "facecast_time_to_first_frame_seconds",
             "From the first received audio to the first video frame sent",
-            buckets=(0.25, 0.5, 1, 1.5, 2, 3, 5, 8, 13, 20),
+            buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1, 1.2, 1.5, 2, 3, 5, 8, 13, 20),
             registry=r,
         )
         self.chunk_generation = Histogram(
@@ -60,6 +64,39 @@ class RealtimeMetrics:
         self.frames_sent = Counter(
             "facecast_video_frames_sent_total", "Video frames handed to the encoder", registry=r
         )
+        self.frames_fresh = Counter(
+            "facecast_video_frames_fresh_total",
+            "Frames sent at their deadline as generated (not a repeat of the last one)",
+            registry=r,
+        )
+        self.frames_generated = Counter(
+            "facecast_video_frames_generated_total", "Frames the engine made", registry=r
+        )
+        self.fresh_share = Gauge(
+            "facecast_video_fresh_share",
+            "Fresh frames over frames sent, all sessions since start (1.0 = none repeated)",
+            registry=r,
+        )
+        self.speech_to_lips = Histogram(
+            "facecast_speech_to_lips_seconds",
+            "From an audio sample's arrival to the video frame made from it leaving",
+            buckets=(0.25, 0.5, 0.75, 1, 1.25, 1.5, 2, 2.5, 3, 4, 6),
+            registry=r,
+        )
+        self.playout_delay = Histogram(
+            "facecast_playout_delay_seconds",
+            "Planned delay from audio arrival to its frame, per session start and re-plan",
+            buckets=(0.25, 0.5, 0.75, 1, 1.25, 1.5, 2, 2.5, 3, 4, 6),
+            registry=r,
+        )
+        self.startup_seconds = Gauge(
+            "facecast_startup_seconds",
+            "Engine start-up: load, kernel picks, compilation and warm-up (0 until ready)",
+            registry=r,
+        )
+        self.ready = Gauge(
+            "facecast_ready", "1 once the engine is warm and sessions are taken", registry=r
+        )
         self.frames_repeated = Counter(
             "facecast_video_frames_repeated_total",
             "Deadlines met by repeating the last frame because generation was late",
@@ -81,6 +118,17 @@ class RealtimeMetrics:
         self.session_errors = Counter(
             "facecast_session_errors_total", "Sessions ended by an error", registry=r
         )
+
+    def frame_sent(self, fresh: bool) -> None:
+        """Count one frame sent to a peer, fresh or a repeat."""
+        self.frames_sent.inc()
+        self._sent += 1
+        if fresh:
+            self.frames_fresh.inc()
+            self._fresh += 1
+        else:
+            self.frames_repeated.inc()
+        self.fresh_share.set(self._fresh / self._sent)
 
     def render(self) -> bytes:
         """The registry in Prometheus text exposition format."""

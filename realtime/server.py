@@ -6,10 +6,13 @@ Routes (all but the page need `Authorization: Bearer TOKEN` when a token is set)
     GET  /sessions                  live sessions
     DELETE /sessions/{id}           close one
     POST /sessions/{id}/interrupt   flush queued speech → {played_ms}
-    GET  /healthz                   {status, sessions, max_sessions}
+    GET  /healthz                   {status: starting|ok|failed, sessions, max_sessions,
+                                     startup_seconds}; 503 until the engine is warm
     GET  /metrics                   Prometheus text format
 
-`facecast serve` calls `add_arguments` and `main`.
+`facecast serve` (the `facecast` package's CLI) calls `add_arguments` and `serve`. The
+server listens at once; the engine starts (load, compile, warm-up: `pipeline.startup`) in a
+worker thread meanwhile, and offers are refused with 503 until it is ready.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ import json
 import logging
 import os
 import secrets
+import signal
+import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,8 +39,15 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.codecs import CODECS
 from aiortc.sdp import SessionDescription
 
-from pipeline.config import DEFAULT_CONFIG
-from realtime.errors import BadRequest, RealtimeError, ServerFull, SessionNotFound, Unauthorized
+from pipeline.startup import EngineOptions, start_engine
+from realtime.errors import (
+    BadRequest,
+    EngineStarting,
+    RealtimeError,
+    ServerFull,
+    SessionNotFound,
+    Unauthorized,
+)
 from realtime.kvs import (
     KvsConfigError,
     KvsMirror,
@@ -45,6 +58,7 @@ from realtime.kvs import (
 )
 from realtime.kvs.options import check_stream_name
 from realtime.metrics import CONTENT_TYPE_LATEST, RealtimeMetrics
+from realtime.playout import EngineTiming
 from realtime.session import Session, SessionConfig
 from realtime.tracks import FPS, MediaSink
 from realtime.vad import VoiceActivityDetector
@@ -56,13 +70,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ServerConfig:
-    config: str = "tiny"  # engine preset name or YAML path
     host: str = "127.0.0.1"
     port: int = 8080
     max_sessions: int = 4
     token: str | None = None
     reference: str | None = None  # image file; default: the engine's packaged reference
-    device: str = "cpu"
     max_body_bytes: int = 64 * 1024  # an SDP offer is a few KiB
     session: SessionConfig = field(default_factory=SessionConfig)
     kvs: KvsOptions | None = None  # mirror every session to Kinesis Video Streams
@@ -80,13 +92,41 @@ class Service:
         self, config: ServerConfig, engine: Any, sink_factories: Sequence[SinkFactory] = ()
     ) -> None:
         self.config = config
-        self.engine = engine
+        self.engine = engine  # None until `start_engine` has it warm
+        self.startup_error: str | None = None
+        self.startup_began = time.monotonic()
         self.sink_factories = list(sink_factories)
         self.metrics = RealtimeMetrics()
+        if engine is not None:
+            self._mark_ready(engine)
         self.sessions: dict[str, Session] = {}
         self.reserved = 0  # offers being negotiated count against capacity
         self.engine_lock = threading.Lock()  # one generate_ready() at a time per engine
         self.reference: np.ndarray | None = None
+
+    @property
+    def state(self) -> str:
+        if self.engine is not None:
+            return "ok"
+        return "failed" if self.startup_error else "starting"
+
+    async def start_engine(self, options: EngineOptions) -> None:
+        """Start the engine off the event loop; sessions are refused until it is warm."""
+        try:
+            engine, _ = await asyncio.to_thread(start_engine, options)
+        except Exception as exc:  # reported by /healthz and by `serve`, which then exits
+            self.startup_error = f"{type(exc).__name__}: {exc}"
+            log.error("engine start-up failed: %s", self.startup_error)
+            return
+        self._mark_ready(engine)
+
+    def _mark_ready(self, engine: Any) -> None:
+        report = getattr(engine, "startup", None)
+        seconds = report.seconds if report is not None else 0.0
+        self.startup_seconds = seconds
+        self.metrics.startup_seconds.set(seconds)
+        self.metrics.ready.set(1)
+        self.engine = engine
 
     def video_size(self) -> tuple[int, int]:
         video = self.engine.cfg.video
@@ -161,6 +201,13 @@ async def _page(request: web.Request) -> web.FileResponse:
 
 async def _offer(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
+    if service.engine is None:
+        if service.startup_error:
+            raise EngineStarting(f"the engine failed to start: {service.startup_error}")
+        waited = time.monotonic() - service.startup_began
+        raise EngineStarting(
+            f"the engine is still starting ({waited:.0f} s so far); retry when /healthz is ok"
+        )
     body = await _json_body(request)
     offer = _parse_offer(body, kvs=service.config.kvs is not None)
     if len(service.sessions) + service.reserved >= service.config.max_sessions:
@@ -191,6 +238,7 @@ async def _negotiate(service: Service, request: OfferRequest) -> Session:
         service.metrics,
         service.on_session_closed,
         vad,
+        EngineTiming.of(service.engine),
         service.engine_lock,
     )
     try:
@@ -335,14 +383,20 @@ async def _interrupt(request: web.Request) -> web.Response:
 
 
 async def _healthz(request: web.Request) -> web.Response:
+    """200 once the engine is warm; 503 while it starts (or after it failed to)."""
     service = request.app[SERVICE]
-    return web.json_response(
-        {
-            "status": "ok",
-            "sessions": len(service.sessions),
-            "max_sessions": service.config.max_sessions,
-        }
-    )
+    body: dict[str, Any] = {
+        "status": service.state,
+        "sessions": len(service.sessions),
+        "max_sessions": service.config.max_sessions,
+    }
+    if service.engine is not None:
+        body["startup_seconds"] = round(service.startup_seconds, 3)
+    else:
+        body["starting_for_s"] = round(time.monotonic() - service.startup_began, 1)
+        if service.startup_error:
+            body["error"] = service.startup_error
+    return web.json_response(body, status=200 if service.engine is not None else 503)
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -410,8 +464,7 @@ def _placeholder_reference(width: int, height: int) -> np.ndarray:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of `facecast serve`."""
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="engine preset name or YAML path")
+    """The server's own options of `facecast serve` (the engine's come from the CLI)."""
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument(
@@ -423,47 +476,81 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="require 'Authorization: Bearer TOKEN' (env FACECAST_TOKEN)",
     )
     parser.add_argument("--reference", default=None, help="identity image (PNG/JPEG)")
-    parser.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda if present)")
     parser.add_argument(
         "--lead-ms", type=int, default=2000, help="how far generation may run ahead of playout"
     )
-    add_kvs_arguments(parser)
     parser.add_argument(
-        "--jitter-ms",
+        "--playout-margin-ms",
         type=int,
-        default=800,
-        help="playout starts this long after the first frames exist (covers engine bursts)",
+        default=100,
+        help="added to the playout budget (schedule + measured step times)",
     )
+    parser.add_argument(
+        "--playout-delay-ms",
+        type=int,
+        default=None,
+        help="a fixed delay from first audio to first frame instead of the budget",
+    )
+    add_kvs_arguments(parser)
 
 
-def main(args: argparse.Namespace) -> int:
-    from pipeline.config import load_config
-    from pipeline.engine import Engine
-    from pipeline.module import resolve_device
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    args.device = resolve_device(args.device)
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """ServerConfig from parsed flags; ValueError names a bad value."""
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port {args.port}: must be in [0, 65535]")
     if args.max_sessions < 1:
-        raise SystemExit("--max-sessions must be >= 1")
+        raise ValueError(f"--max-sessions {args.max_sessions}: must be >= 1")
+    if args.lead_ms < 200:
+        raise ValueError(f"--lead-ms {args.lead_ms}: must be >= 200")
+    if not 0 <= args.playout_margin_ms <= 5000:
+        raise ValueError(f"--playout-margin-ms {args.playout_margin_ms}: must be in [0, 5000]")
+    if args.playout_delay_ms is not None and not 0 <= args.playout_delay_ms <= 30_000:
+        raise ValueError(f"--playout-delay-ms {args.playout_delay_ms}: must be in [0, 30000]")
+    if args.reference is not None and not Path(args.reference).is_file():
+        raise ValueError(f"--reference {args.reference}: file not found")
+    delay = None if args.playout_delay_ms is None else args.playout_delay_ms / 1000
     config = ServerConfig(
-        config=args.config,
         host=args.host,
         port=args.port,
         max_sessions=args.max_sessions,
         token=args.token or None,
         reference=args.reference,
-        device=args.device,
-        session=SessionConfig(lead_s=args.lead_ms / 1000, jitter_s=args.jitter_ms / 1000),
+        session=SessionConfig(
+            lead_s=args.lead_ms / 1000,
+            playout_margin_s=args.playout_margin_ms / 1000,
+            playout_delay_s=delay,
+        ),
     )
     kvs = options_from_args(args)
     if kvs.enabled:
+        try:
+            kvs.validate(FPS)
+        except KvsConfigError as exc:
+            raise ValueError(str(exc)) from None
         config.kvs = kvs
-    log.info("loading engine %s on %s", config.config, config.device)
-    engine = Engine.load(load_config(config.config), device=config.device)
-    try:
-        app = build_app(config, engine)
-    except KvsConfigError as exc:
-        raise SystemExit(f"facecast serve: {exc}") from None
+    return config
+
+
+def serve(config: ServerConfig, engine_options: EngineOptions) -> int:
+    """Listen now, start the engine meanwhile; run until SIGINT/SIGTERM. Exit status 2 if
+    the engine cannot start."""
+    app = build_app(config, engine=None)
+    service = app[SERVICE]
+    url = f"http://{config.host}:{config.port}/"
+
+    async def start(app: web.Application) -> None:
+        print(f"facecast serve: {url} (starting the {engine_options.config} engine)", flush=True)
+
+        async def warm() -> None:
+            await service.start_engine(engine_options)
+            if service.engine is None:
+                print(f"facecast serve: error: {service.startup_error}", file=sys.stderr)
+                signal.raise_signal(signal.SIGTERM)  # run_app's graceful exit
+            print(f"facecast serve: ready in {service.startup_seconds:.1f} s at {url}", flush=True)
+
+        app["startup_task"] = asyncio.get_running_loop().create_task(warm())
+
+    app.on_startup.append(start)
     # run_app turns SIGINT/SIGTERM into a graceful exit: on_shutdown closes every peer.
-    web.run_app(app, host=config.host, port=config.port, print=log.info)
-    return 0
+    web.run_app(app, host=config.host, port=config.port, print=None)
+    return 0 if service.startup_error is None else 2

@@ -3,13 +3,19 @@
 Flow of one session (all on the event loop except the engine, which has its own thread):
 
     peer audio track ──recv──▶ InputResampler ──48k──▶ AudioTimeline ──▶ AvatarAudioTrack
-                                       └─16k─▶ VoiceActivityDetector (events)
+                                       └─16k─▶ VadThread (events)
                                        └─16k─▶ GenerationWorker ──▶ FrameQueue ──▶ AvatarVideoTrack
 
 Silence is part of the timeline: the peer's silent frames flow like speech, and if the
 peer stops sending, digital silence is padded so the avatar keeps moving (idle). A peer
 that sends nothing for `peer_timeout_s` is treated as gone and the session closes.
 Output frames and audio are also handed to `sinks` (e.g. the KVS mirror) as they are sent.
+
+Playout starts once the first frames exist, at the delay the latency budget gives
+(`realtime.playout`): the short first step's while the peer has been quiet, so the first
+frame leaves early, else the steady one. The delay grows to the steady budget (and to what
+a slower engine needs, re-planned after each utterance) only while nobody speaks, by
+inserting silence: the avatar idles a little longer, and no frame is ever late for it.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +39,7 @@ from realtime.audio_in import RATE_IN, AudioTimeline, InputResampler
 from realtime.errors import RealtimeError, SessionClosed
 from realtime.events import PlaybackTracker, message, parse_client_message
 from realtime.metrics import RealtimeMetrics
+from realtime.playout import EngineTiming, PlayoutBudget, plan_playout
 from realtime.tracks import (
     FPS,
     SAMPLES_PER_FRAME,
@@ -41,7 +49,7 @@ from realtime.tracks import (
     MediaSink,
     PlayoutClock,
 )
-from realtime.vad import VadEvent, VoiceActivityDetector
+from realtime.vad import VadEvent, VadThread, VoiceActivityDetector
 from realtime.worker import SAMPLES_PER_FRAME_16K, ChunkStats, GenerationWorker
 
 log = logging.getLogger(__name__)
@@ -49,11 +57,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SessionConfig:
-    lead_s: float = 2.0  # generation may run at most this far ahead of playout
-    # Playout starts this long after the first frames exist. It must cover one burst of the
-    # engine (a whole N chunk plus its I chunk arrive at once) plus its generation time.
-    jitter_s: float = 0.8
-    push_ahead_s: float = 3.0  # audio handed to the engine beyond playout
+    lead_s: float = 2.0  # generation may run at most this far ahead of playout (or the delay)
+    # Added to the playout budget: covers the spread of step times and event-loop latency.
+    playout_margin_s: float = 0.1
+    # A fixed delay from the first audio to the first frame instead of the budget (tests).
+    playout_delay_s: float | None = None
     peer_timeout_s: float = 5.0  # no incoming audio for this long: the peer is gone
     # Digital silence is padded up to `fill_margin_s` behind the wall clock when the peer
     # has been quiet for `fill_after_s`, or has fallen `fill_drift_s` behind (its audio
@@ -82,6 +90,7 @@ class Session:
         metrics: RealtimeMetrics,
         on_closed: Callable[[Session], Awaitable[None]],
         vad: VoiceActivityDetector,
+        timing: EngineTiming,
         engine_lock: threading.Lock | None = None,
     ) -> None:
         self.id = session_id
@@ -109,8 +118,21 @@ class Session:
         self.clock = PlayoutClock()
         self.timeline = AudioTimeline(config.max_input_ahead_s)
         self._resampler = InputResampler()
-        self.vad = vad
+        self.vad = VadThread(vad, self._loop, self._on_vad, name=f"vad-{session_id[:8]}")
         self.playback = PlaybackTracker(self._send)
+        self.timing = timing
+        self._steady_step = timing.step(1)
+        self.budget: PlayoutBudget | None = None
+        self.playout_delay_s: float | None = None  # first audio → first frame, as started
+        self._delay_target: float | None = None  # what the delay grows to while quiet
+        self._inserted_s = 0.0  # silence inserted to grow the delay
+        self._heard_speech = False
+        self._last_speech_start = 0.0
+        # (timeline head after an append, its arrival time or None for inserted silence):
+        # what speech-to-lips is measured from; trimmed as frames are sent
+        self._arrivals: deque[tuple[int, float | None]] = deque()
+        self.speech_to_lips: deque[float] = deque(maxlen=3000)  # seconds, recent frames
+        self.generated = 0
         lead = max(1, int(config.lead_s * FPS))
         self.frames = FrameQueue(lead, capacity=lead + 10 * FPS)
         self.worker = GenerationWorker(
@@ -121,7 +143,9 @@ class Session:
             self._on_chunk,
             self._on_worker_error,
             session_id,
-            push_ahead_frames=max(lead, int(config.push_ahead_s * FPS)),
+            step=self._steady_step,
+            step_seconds=timing.steady_seconds,
+            margin_s=config.playout_margin_s,
             engine_lock=engine_lock,
         )
         self.video = AvatarVideoTrack(
@@ -131,7 +155,7 @@ class Session:
             metrics,
             self.sinks,
             session_id,
-            on_first_frame=self._on_first_frame,
+            on_sent=self._on_sent,
         )
         self.audio = AvatarAudioTrack(
             self.clock, self.timeline, self.sinks, session_id, self.playback.played
@@ -165,6 +189,7 @@ class Session:
             if task is not current:
                 task.cancel()
         self.worker.stop()
+        self.vad.close()
         self._send(message("session_closed", reason=self.close_reason))
         try:
             self.video.stop()
@@ -221,7 +246,7 @@ class Session:
                 self._last_rx = time.monotonic()
                 if self._first_audio is None:
                     self._first_audio = self._last_rx
-                self._ingest(self._resampler.mono48(frame))
+                self._ingest(self._resampler.mono48(frame), self._last_rx)
         except MediaStreamError:
             self.close("peer ended its audio track")
         except asyncio.CancelledError:
@@ -230,8 +255,9 @@ class Session:
             log.exception("session %s: audio input failed", self.id)
             self._fail(exc)
 
-    def _ingest(self, pcm48: np.ndarray) -> None:
-        """Append to the timeline; VAD and the engine see the same audio."""
+    def _ingest(self, pcm48: np.ndarray, arrived: float | None = None) -> None:
+        """Append to the timeline; VAD and the engine see the same audio. `arrived` is the
+        peer audio's arrival time (None for silence the session inserts)."""
         if self.timeline.overfull():
             if not self._overfull_logged:  # once per episode, not 50 times a second
                 self._overfull_logged = True
@@ -243,25 +269,36 @@ class Session:
             return
         self._overfull_logged = False
         self.timeline.append(pcm48)
+        self._arrivals.append((self.timeline.head, arrived))
         pcm16 = self._resampler.to16(pcm48)
-        for event in self.vad.feed(pcm16):
-            self._on_vad(event)
+        self.vad.feed(pcm16)
         self.worker.push(pcm16)
 
     def _on_vad(self, event: VadEvent) -> None:
+        if self.state == "closed":
+            return
         self.metrics.vad_transitions.labels(event.kind).inc()
         at48 = event.sample * 3
         if event.kind == "speech_started":
+            self._heard_speech = True
+            self._last_speech_start = time.monotonic()
             self.playback.speech_started(at48)
         else:
             self.playback.speech_stopped(at48)
+            self._replan()  # between utterances: the only time the delay may change
         self._send(message(event.kind, at_ms=round(event.ms)))
 
     async def _watchdog(self) -> None:
-        """Keep the timeline moving when the peer goes quiet; close when it vanished."""
+        """Keep the timeline moving when the peer goes quiet; close when it vanished; grow
+        the playout delay while nobody speaks; report stats to the peer once a second."""
         tick = 0.1
+        ticks = 0
         while True:
             await asyncio.sleep(tick)
+            ticks += 1
+            if ticks % 10 == 0:
+                self._send(message("stats", **self.stats()))
+            self._grow_delay()
             last = self._last_audio_age()
             if last is not None and last > self.config.peer_timeout_s:
                 self.close(f"no audio from the peer for {self.config.peer_timeout_s:.0f} s")
@@ -271,7 +308,8 @@ class Session:
                     self.close("the peer never sent audio")
                     return
                 continue
-            behind = (time.monotonic() - self._first_audio) - self.timeline.head / RATE_IN
+            elapsed = time.monotonic() - self._first_audio + self._inserted_s
+            behind = elapsed - self.timeline.head / RATE_IN
             quiet = (last or 0.0) > self.config.fill_after_s
             if (quiet and behind > self.config.fill_margin_s) or behind > self.config.fill_drift_s:
                 pad = int((behind - self.config.fill_margin_s) * RATE_IN)
@@ -284,18 +322,111 @@ class Session:
 
     def _on_chunk(self, stats: ChunkStats) -> None:
         if self.clock.t0 is None:
-            self.clock.start(time.monotonic() + self.config.jitter_s)
+            self._start_playout()
         duration = stats.frames / FPS
+        self.generated += stats.frames
+        self.metrics.frames_generated.inc(stats.frames)
         self.metrics.chunk_generation.observe(stats.seconds)
         self.metrics.chunk_duration.observe(duration)
         self.metrics.realtime_factor.observe(stats.seconds / duration)
         if stats.skipped:
             self.metrics.frames_skipped.inc(stats.skipped)
 
-    def _on_first_frame(self) -> None:
-        if self._first_audio is not None:
-            self.ttff_s = time.monotonic() - self._first_audio
+    # ---- playout delay ---------------------------------------------------------------
+
+    def _plan(self, rate: float = 1.0) -> PlayoutBudget:
+        steady = max(self.timing.steady_seconds, self.worker.step_seconds)
+        first = self.timing.first_seconds
+        return plan_playout(self.timing.step, first, steady, rate, self.config.playout_margin_s)
+
+    def _start_playout(self) -> None:
+        """The first frames exist: start the clock at the budget's delay after the first
+        audio (never in the past)."""
+        now = time.monotonic()
+        first_audio = self._first_audio if self._first_audio is not None else now
+        elapsed = max(1e-3, now - first_audio)
+        # audio pushed faster than real time (an agent's TTS) is planned at its rate
+        rate = min(10.0, max(1.0, self.timeline.head / RATE_IN / elapsed))
+        rate = rate if rate > 1.5 else 1.0
+        self.budget = self._plan(rate)
+        if self.config.playout_delay_s is not None:
+            delay = self.config.playout_delay_s
+        elif self._heard_speech or self.vad.speaking or rate > 1.0:
+            delay = self.budget.steady
+        else:
+            delay = self.budget.first  # quiet so far: idle frames early, grow before speech
+            self._delay_target = self.budget.steady
+        t0 = max(first_audio + delay, now)
+        self.playout_delay_s = t0 - first_audio
+        self.metrics.playout_delay.observe(self.playout_delay_s)
+        self._set_lead(max(self.playout_delay_s, self._delay_target or 0.0))
+        self.clock.start(t0)
+        self._grow_delay()
+
+    def _replan(self) -> None:
+        """After an utterance: if generation got slower than planned, aim for a longer delay
+        (reached while quiet by `_grow_delay`). The delay never shrinks mid-session."""
+        if self.clock.t0 is None or self.config.playout_delay_s is not None:
+            return
+        target = self._plan().steady
+        current = self._delay_target or self.playout_delay_s or 0.0
+        if target > current + 0.02:
+            self._delay_target = target
+            self._set_lead(target)
+
+    def _grow_delay(self) -> None:
+        """While nobody speaks, insert silence so that the delay reaches its target."""
+        target, t0, last_rx = self._delay_target, self.clock.t0, self._last_rx
+        if target is None or t0 is None or last_rx is None or self.vad.speaking:
+            return
+        if time.monotonic() - self._last_speech_start < 0.5:
+            return  # a speech start may still be on its way from the VAD thread
+        # the delay the newest peer audio will see: its timeline slot minus its arrival
+        current = t0 + self.timeline.head / RATE_IN - last_rx
+        missing = target - current
+        if missing > 0.02:
+            samples = int(missing * RATE_IN) // SAMPLES_PER_FRAME * SAMPLES_PER_FRAME
+            at = self.timeline.head
+            self._inserted_s += samples / RATE_IN
+            self._ingest(np.zeros(samples, np.int16))
+            delay = current + samples / RATE_IN
+            self.metrics.playout_delay.observe(delay)
+            # peers that align returned audio with what they sent need the shift
+            self._send(
+                message(
+                    "delay_grown",
+                    at_ms=round(at * 1000 / RATE_IN),
+                    added_ms=round(samples * 1000 / RATE_IN),
+                    delay_ms=round(delay * 1000),
+                )
+            )
+        self._delay_target = None
+
+    def _set_lead(self, delay_s: float) -> None:
+        """Generation may run ahead of playout by the delay plus a step (it must, to keep
+        the delay's worth of frames queued)."""
+        frames = math.ceil(delay_s * FPS) + 2 * self._steady_step.frames
+        self.frames.lead = max(self.frames.lead, frames)
+
+    # ---- frames sent (event loop) ----------------------------------------------------
+
+    def _on_sent(self, index: int, fresh: bool) -> None:
+        now = time.monotonic()
+        if self.ttff_s is None and self._first_audio is not None:
+            self.ttff_s = now - self._first_audio
             self.metrics.ttff.observe(self.ttff_s)
+        # the frame shows timeline audio [index, index + 1) frames; its middle sample's
+        # arrival starts the frame's speech-to-lips latency
+        middle = index * SAMPLES_PER_FRAME + SAMPLES_PER_FRAME // 2
+        while len(self._arrivals) > 1 and self._arrivals[0][0] <= middle:
+            self._arrivals.popleft()
+        if not fresh or not self._arrivals:
+            return
+        head, arrived = self._arrivals[0]
+        if head > middle and arrived is not None:
+            latency = now - arrived
+            self.speech_to_lips.append(latency)
+            self.metrics.speech_to_lips.observe(latency)
 
     def _on_worker_error(self, exc: BaseException) -> None:
         self._fail(exc)
@@ -323,11 +454,10 @@ class Session:
         self.timeline.cut_at(new_audio * SAMPLES_PER_FRAME)
         self.timeline.mute(self.audio.position, new_audio * SAMPLES_PER_FRAME)
         self.last_interrupt = (now, cut, new_audio)
-        stop = self.vad.force_silence()
+        stop = self.vad.reset_at(new_audio * SAMPLES_PER_FRAME_16K)
         if stop is not None:
             self.metrics.vad_transitions.labels(stop.kind).inc()
             self._send(message(stop.kind, at_ms=round(stop.ms), interrupted=True))
-        self.vad.rebase(new_audio * SAMPLES_PER_FRAME_16K)
         self._send(message("interrupted", played_ms=played_ms))
         return played_ms
 
@@ -353,16 +483,38 @@ class Session:
             except Exception:
                 log.exception("session %s: data channel send failed", self.id)
 
+    def stats(self) -> dict:
+        """Playout counters and latencies so far (also sent to the peer as `stats`)."""
+        sent, fresh = self.video.sent, self.video.sent - self.video.repeated
+        lips = sorted(self.speech_to_lips)
+
+        def ms(x: float | None) -> int | None:
+            return None if x is None else round(x * 1000)
+
+        return {
+            "frames_sent": sent,
+            "frames_fresh": fresh,
+            "frames_repeated": self.video.repeated,
+            "frames_dropped": self.video.dropped,
+            "frames_generated": self.generated,
+            "frames_skipped": self.worker.skipped_frames_total,
+            "fresh_share": round(fresh / sent, 4) if sent else None,
+            "ttff_ms": ms(self.ttff_s),
+            "playout_delay_ms": ms(self.playout_delay_s),
+            "playout_delay_now_ms": ms(
+                None if self.playout_delay_s is None else self.playout_delay_s + self._inserted_s
+            ),
+            "speech_to_lips_p50_ms": ms(lips[len(lips) // 2]) if lips else None,
+            "speech_to_lips_p95_ms": ms(lips[int(len(lips) * 0.95)]) if lips else None,
+            "step_seconds": round(self.worker.step_seconds, 4),
+        }
+
     def describe(self) -> dict:
         return {
             "id": self.id,
             "state": self.state,
             "age_s": round(time.time() - self.created, 1),
-            "ttff_ms": None if self.ttff_s is None else round(self.ttff_s * 1000),
-            "frames_sent": self.video.sent,
-            "frames_repeated": self.video.repeated,
-            "frames_dropped": self.video.dropped,
-            "frames_skipped": self.worker.skipped_frames_total,
+            **self.stats(),
             "queue_depth": self.frames.depth(),
             "speaking": self.vad.speaking,
         }

@@ -9,6 +9,11 @@ one quiet syllable does not split a sentence). Reported edges are sample positio
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +26,7 @@ from silero_vad import load_silero_vad  # noqa: E402
 
 torch.set_num_threads(_threads)
 
+log = logging.getLogger(__name__)
 WINDOW = 512  # silero-vad's only supported window at 16 kHz (32 ms)
 RATE = 16_000
 
@@ -106,3 +112,65 @@ class VoiceActivityDetector:
         if self.speaking:
             return VadEvent("speech_started", max(0, edge - cfg.start_pad_ms * RATE // 1000))
         return VadEvent("speech_stopped", edge)
+
+
+class VadThread:
+    """A detector on its own thread, so silero's model never runs on the event loop.
+
+    `feed` only queues audio; events come back through `on_event`, called on `loop`.
+    `reset_at` (interrupt) drops audio not yet looked at, ends a running speech segment and
+    continues at a new timeline position, all at once under the detector's lock.
+    """
+
+    def __init__(
+        self,
+        detector: VoiceActivityDetector,
+        loop: asyncio.AbstractEventLoop,
+        on_event: Callable[[VadEvent], None],
+        name: str = "vad",
+    ) -> None:
+        self.detector = detector
+        self._loop = loop
+        self._on_event = on_event
+        self._queue: queue.SimpleQueue[tuple[int, np.ndarray] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._epoch = 0  # bumped by reset_at: audio queued before it is dropped
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def speaking(self) -> bool:
+        return self.detector.speaking
+
+    def feed(self, pcm16: np.ndarray) -> None:
+        self._queue.put((self._epoch, pcm16))
+
+    def reset_at(self, pos16: int) -> VadEvent | None:
+        with self._lock:
+            self._epoch += 1
+            stop = self.detector.force_silence()
+            self.detector.rebase(pos16)
+        return stop
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            epoch, pcm16 = item
+            with self._lock:
+                if epoch != self._epoch:
+                    continue
+                try:
+                    events = self.detector.feed(pcm16)
+                except Exception:  # a broken window must not end detection for the session
+                    log.exception("vad: feed failed")
+                    continue
+            for event in events:
+                try:
+                    self._loop.call_soon_threadsafe(self._on_event, event)
+                except RuntimeError:  # the loop closed
+                    return

@@ -1,17 +1,24 @@
 """The engine side of a session: one worker thread feeding audio and collecting frames.
 
 `generate_ready()` is heavy and blocking, so it never runs on the event loop. The event
-loop appends 16 kHz audio with `push`; the thread pushes it into the engine session a block
-at a time, no further than `push_ahead` beyond playout, generates while fewer than `lead`
-frames wait in the `FrameQueue`, and reports batches and failures back through loop
-callbacks. An engine slower than real time skips audio it can no longer turn into frames
-before their deadline, so video stays live and in sync (choppier) instead of freezing.
+loop appends 16 kHz audio with `push`; the thread waits until the engine's next step has
+all the audio it needs (`samples_needed()`), hands it exactly that, generates while fewer
+than `lead` frames wait in the `FrameQueue`, and reports batches and failures back through
+loop callbacks.
+
+Feeding one step at a time keeps the audio the engine holds to what it must, so at each
+step boundary the worker can still decide where the next frames land on the timeline. An
+engine slower than real time builds a backlog of audio; the worker then skips the oldest
+of it, whole frames, so that the frames this step and the next make from it are due after
+they will exist (`_skip_for_slack`). Every frame the engine makes is then shown, in sync,
+and the viewer sees the engine's own rate of fresh frames instead of a cascade of late ones.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -21,12 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from realtime.tracks import FrameQueue, PlayoutClock
+from pipeline.schedule import StreamStep
+from realtime.tracks import FPS, FrameQueue, PlayoutClock
 
 SAMPLES_PER_FRAME_16K = 640  # video frame n ↔ 16 kHz samples [n·640, (n+1)·640)
-# Audio beyond a frame that engines read before emitting it (lookahead, seam context);
-# generous, since it only bounds how much fresh audio is never skipped.
-LOOKAHEAD_FRAMES = 8
 log = logging.getLogger(__name__)
 
 
@@ -47,8 +52,9 @@ class GenerationWorker:
         on_chunk: Callable[[ChunkStats], None],
         on_error: Callable[[BaseException], None],
         session_id: str,
-        push_ahead_frames: int,
-        block_frames: int = 12,
+        step: StreamStep,
+        step_seconds: float = 0.0,
+        margin_s: float = 0.1,
         engine_lock: threading.Lock | None = None,
     ) -> None:
         self._open = open_engine_session
@@ -59,8 +65,12 @@ class GenerationWorker:
         self._on_chunk = on_chunk
         self._on_error = on_error
         self._sid = session_id
-        self._push_ahead = push_ahead_frames
-        self._block = block_frames
+        # A steady step emits `step.frames` frames at once; the audio it reads beyond them
+        # (lookahead, the seam the next step redoes) is already in the engine when the next
+        # step's skip is decided.
+        self._step_frames = step.frames
+        self._carry_frames = step.audio_frames - step.end_frame
+        self._margin_s = margin_s
         self._engine_lock = engine_lock or threading.Lock()
         self._pending: deque[np.ndarray] = deque()
         self._pending_lock = threading.Lock()
@@ -69,9 +79,9 @@ class GenerationWorker:
         self.skipped = 0  # 16 kHz samples skipped because generation was late
         self.skipped_frames_total = 0
         self._unreported_skips = 0
-        self._gen_seconds = 0.0  # moving average of one generate_ready() call
-        self._breaks: list[tuple[int, int]] = []
-        self._pad = 0  # zeros to push before the next audio (completes a frame at rebase)  # (engine sample, frames skipped before it)
+        self._gen_seconds = step_seconds  # recent wall time of one step (moving average)
+        self._breaks: list[tuple[int, int]] = []  # (engine sample, frames skipped before it)
+        self._pad = 0  # zeros to push before the next audio (completes a frame at rebase)
         self.generated = 0  # frames produced
         self._thread = threading.Thread(target=self._run, name=f"gen-{session_id[:8]}")
         self.exited = threading.Event()
@@ -125,7 +135,7 @@ class GenerationWorker:
             self._engine = self._open()  # the init stage (reference encoding) is heavy too
             while self._frames.wait_room(self._clock.frame_now, self._stop):
                 if not self._feed():
-                    self._frames.wait_idle(self._stop, 0.02)
+                    self._frames.wait_idle(self._stop, 0.05)  # woken by push()
                     continue
                 self._generate()
         except Exception as exc:  # the session ends with an error event, never the server
@@ -145,28 +155,31 @@ class GenerationWorker:
             self._exited_async.set_result(None)
 
     @property
+    def step_seconds(self) -> float:
+        """Recent wall time of one generation step (a moving average)."""
+        return self._gen_seconds
+
+    @property
     def timeline_pos(self) -> int:
         """16 kHz timeline position of the next sample to give the engine."""
         return self.pushed + self.skipped
 
     def _feed(self) -> bool:
-        """Move up to one block of pending audio into the engine, within `push_ahead`."""
-        now = self._clock.frame_now()
+        """Hand the engine exactly the audio its next step still needs, once it is all here
+        (skipping backlog first if generation is late); False while it is not."""
         with self._pending_lock:
-            self._skip_late(now)
-            limit = min(
-                (now + self._push_ahead) * SAMPLES_PER_FRAME_16K,
-                self.timeline_pos + self._block * SAMPLES_PER_FRAME_16K,
-            )
-            parts = self._take(limit - self.timeline_pos)
-            size = sum(p.size for p in parts)
-            self.pushed += size  # under the lock, so rebase sees a consistent split
+            need = max(0, self._engine.samples_needed() - self._pad)
+            pending = sum(p.size for p in self._pending)
+            if pending < need:
+                return False
+            self._skip_for_slack(pending - need)
+            parts = self._take(need)
+            self.pushed += sum(p.size for p in parts)  # under the lock: rebase sees one split
             if self._pad:  # zeros that rebase already counted in `pushed` go in first
                 parts.insert(0, np.zeros(self._pad, np.float32))
                 self._pad = 0
-        if not parts:
-            return False
-        self._engine.push_audio(np.concatenate(parts))
+        if parts:
+            self._engine.push_audio(np.concatenate(parts))
         return True
 
     def _take(self, room: int) -> list[np.ndarray]:
@@ -180,31 +193,28 @@ class GenerationWorker:
             size += part.size
         return parts
 
-    def _skip_late(self, now: int) -> None:
-        """Generation fell behind playout: skip the oldest pending audio, whole frames, that
-        could no longer become frames before their deadline. The engine then works on frames
-        that can still be shown; sync is kept (later frames are placed at their timeline
-        index; the skipped deadlines repeat a frame). The freshest block (plus the engine's
-        lookahead) always stays, so a worker that keeps up never skips."""
-        if self._clock.t0 is None:
+    def _skip_for_slack(self, surplus: int) -> None:
+        """At a step boundary, with `surplus` samples of backlog beyond the step's need: skip
+        the oldest, whole frames, until the frames made from the next audio are due after
+        they will exist. That audio becomes this step's last frames and, `carry` frames of it,
+        the next step's first ones, which exist one step later still; so the first new frame
+        must be due `margin + max(G, 2G - (E - carry))` from now (G: step time, E: frames per
+        step). A worker that keeps up has no backlog and never skips."""
+        if self._clock.t0 is None or surplus < SAMPLES_PER_FRAME_16K:
             return
-        needed = now + self._needed_ahead()
-        behind = needed * SAMPLES_PER_FRAME_16K - self.timeline_pos
-        keep = (self._block + LOOKAHEAD_FRAMES) * SAMPLES_PER_FRAME_16K
-        spare = sum(p.size for p in self._pending) - keep
-        skip = min(behind, spare) // SAMPLES_PER_FRAME_16K * SAMPLES_PER_FRAME_16K
+        spf = SAMPLES_PER_FRAME_16K
+        g = self._gen_seconds * FPS  # in frame times
+        ahead = self._margin_s * FPS + max(g, 2 * g - (self._step_frames - self._carry_frames))
+        due_now = (time.monotonic() - self._clock.t0) * FPS
+        behind = math.ceil(due_now + ahead - self.timeline_pos / spf)
+        skip = min(behind, surplus // spf) * spf
         if skip <= 0:
             return
         self._take(skip)
         self.skipped += skip
-        self.skipped_frames_total += skip // SAMPLES_PER_FRAME_16K
-        self._unreported_skips += skip // SAMPLES_PER_FRAME_16K
-        self._breaks.append((self.pushed, self.skipped // SAMPLES_PER_FRAME_16K))
-
-    def _needed_ahead(self) -> int:
-        """Frames the engine's input must lead playout by for its output to be on time:
-        1.5x the recent generation time of a block, plus two frames of slack."""
-        return int(1.5 * self._gen_seconds * 25) + 2
+        self.skipped_frames_total += skip // spf
+        self._unreported_skips += skip // spf
+        self._breaks.append((self.pushed, self.skipped // spf))
 
     def _timeline_index(self, engine_frame: int) -> int:
         """Engine frame → timeline frame (they differ by the frames skipped before it)."""
@@ -220,7 +230,6 @@ class GenerationWorker:
         with self._engine_lock:
             batches = self._engine.generate_ready()
         seconds = time.perf_counter() - t
-        self._gen_seconds = 0.7 * self._gen_seconds + 0.3 * seconds
         count = 0
         for batch in batches:
             frames = np.asarray(batch.frames)
@@ -234,9 +243,12 @@ class GenerationWorker:
             self.generated = start + len(frames)
             count += len(frames)
         # Breaks before the last generated frame are folded into one.
-        while len(self._breaks) > 1 and self._breaks[1][0] <= self.generated * 640:
+        while (
+            len(self._breaks) > 1 and self._breaks[1][0] <= self.generated * SAMPLES_PER_FRAME_16K
+        ):
             self._breaks.pop(0)
         if count:
+            self._gen_seconds = 0.7 * self._gen_seconds + 0.3 * seconds
             skipped, self._unreported_skips = self._unreported_skips, 0
             self._call_soon(self._on_chunk, ChunkStats(count, seconds, skipped))
 

@@ -90,13 +90,13 @@ _ENGINE = None
 
 
 def load_test_engine():
-    """The real engine on CPU with the `tiny` config, loaded once per test process."""
+    """The real engine on CPU with the `tiny` config, started (warmed up) as `facecast
+    serve` starts it, once per test process."""
     global _ENGINE
     if _ENGINE is None:
-        from pipeline.config import load_config
-        from pipeline.engine import Engine
+        from pipeline.startup import EngineOptions, start_engine
 
-        _ENGINE = Engine.load(load_config("tiny"), device="cpu")
+        _ENGINE, _ = start_engine(EngineOptions(config="tiny", device="cpu"))
     return _ENGINE
 
 

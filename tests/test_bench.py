@@ -5,8 +5,8 @@ import json
 
 import numpy as np
 
+from facecast.cli import main
 from pipeline.bench import BenchOptions, append_markdown, run_bench, speech_like_audio
-from pipeline.cli import main
 
 
 def test_speech_like_audio_has_syllables_and_pauses():

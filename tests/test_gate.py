@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
+from facecast.cli import main
 from pipeline import gate
-from pipeline.cli import main
 from pipeline.errors import FacecastError
 
 

@@ -182,6 +182,8 @@ class FailingEngine:
     def __init__(self, engine) -> None:
         self.cfg = engine.cfg
         self._engine = engine
+        self.stream_step = engine.stream_step
+        self.step_seconds = engine.step_seconds
 
     def new_session(self, reference_rgb, seed=0):
         session = self._engine.new_session(reference_rgb, seed=seed)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.cli import main
+from facecast.cli import main
 from pipeline.config import load_config
 from pipeline.engine import build_models
 from pipeline.module import save_checkpoint
@@ -183,7 +183,7 @@ def test_cli_user_error_has_no_traceback(tmp_path):
         [
             sys.executable,
             "-m",
-            "pipeline.cli",
+            "facecast.cli",
             "render",
             "--audio",
             str(tmp_path / "x.wav"),
@@ -220,7 +220,7 @@ def test_peak_memory_flat_over_duration(tmp_path, assets):
             [
                 sys.executable,
                 "-m",
-                "pipeline.cli",
+                "facecast.cli",
                 "render",
                 "--reference",
                 str(assets["reference"]),

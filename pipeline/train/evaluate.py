@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.config import load_config
+from pipeline.config import load_config, parse_overrides
 from pipeline.engine import Engine
 from pipeline.eval import metrics as M
 from pipeline.synth.dataset import identity_for
@@ -174,12 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     overrides = {"schedule.seam_latents": 0} if args.no_seams else {}
-    for item in args.set:
-        key, _, value = item.partition("=")
-        try:
-            overrides[key] = json.loads(value)
-        except ValueError:  # a plain string, e.g. runtime.attention=sdpa
-            overrides[key] = value
+    overrides.update(parse_overrides(args.set))
     cfg = load_config(args.config, overrides or None)
     engine = Engine.load(cfg)
     identity = identity_for(EVAL_SEED, args.identity)

@@ -1,7 +1,9 @@
 """The `facecast` command: render, serve, and the tools around them.
 
-User errors (bad files, bad config, mismatched checkpoints) print one line on stderr and
-exit with status 2; a traceback means a bug.
+Every command that runs the engine takes the same engine flags (`add_engine_arguments`)
+and starts it the same way (`pipeline.startup.start_engine`: load, kernel picks, compile,
+warm-up). User errors (bad flags, bad files, bad config, mismatched checkpoints) print one
+line on stderr and exit with status 2; a traceback means a bug.
 """
 
 from __future__ import annotations
@@ -18,6 +20,66 @@ from pipeline.module import resolve_device
 ASSETS = Path(__file__).resolve().parent / "assets"
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line on stderr (and exit 2), not a usage dump."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, default_config: str) -> None:
+    """The engine flags every engine command shares (`pipeline.startup.EngineOptions`)."""
+    parser.add_argument("--config", default=default_config, help="config name or YAML path")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument(
+        "--attention", choices=["sdpa", "flex", "facecast"], help="override the config's"
+    )
+    parser.add_argument("--compile", action="store_true", help="torch.compile the DiT blocks")
+    parser.add_argument(
+        "--offload", action="store_true", help="keep DiT blocks in host memory, stream them in"
+    )
+    parser.add_argument(
+        "--prefetch", type=_positive_int, default=2, help="offload: blocks copied ahead"
+    )
+    parser.add_argument(
+        "--memory-cap-gb", type=_positive_float, help="hard GPU memory cap for the process"
+    )
+    parser.add_argument(
+        "--offload-budget-gb", type=_positive_float, help="GPU bytes for offloaded blocks"
+    )
+
+
+def engine_options(args: argparse.Namespace, warmup: bool = True, **extra):
+    from pipeline.startup import EngineOptions
+
+    return EngineOptions(
+        config=args.config,
+        device=resolve_device(args.device),
+        attention=args.attention,
+        compile=args.compile,
+        offload=True if args.offload else None,
+        prefetch=args.prefetch,
+        memory_cap_gb=args.memory_cap_gb,
+        offload_budget_gb=args.offload_budget_gb,
+        warmup=warmup,
+        **extra,
+    )
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (got {value})")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 (got {text})")
+    return value
+
+
 def setup_logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper()),
@@ -27,8 +89,8 @@ def setup_logging(level: str) -> None:
 
 def cmd_render(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
-    from pipeline.engine import Engine
     from pipeline.render import render_file
+    from pipeline.startup import start_engine
 
     cfg = load_config(args.config)
     for path, what in ((args.reference, "reference image"), (args.audio, "audio file")):
@@ -37,7 +99,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     if args.gpus > 1:
         return render_parallel(cfg, device, args)
-    engine = Engine.load(cfg, device, offload=True if args.offload else None)
+    # A batch render pays warm-up only when it compiles (the graphs must exist first);
+    # eager rendering gains nothing from running every shape twice.
+    engine, _ = start_engine(engine_options(args, warmup=args.compile))
     result = render_file(
         engine, args.reference, args.audio, args.out, seed=args.seed, progress=not args.quiet
     )
@@ -69,6 +133,7 @@ def render_parallel(cfg, device: str, args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from pipeline.bench import BenchOptions, run_bench, summary_line, write_results
+    from pipeline.config import parse_overrides
 
     opts = BenchOptions(
         config=args.config,
@@ -82,6 +147,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         offload_budget_gb=args.offload_budget_gb,
         warmup=not args.no_warmup,
         isolated_reps=args.isolated_reps,
+        overrides=parse_overrides(args.set),
     )
     res = run_bench(opts)
     command = args.command_line or bench_command(args)
@@ -103,18 +169,20 @@ def bench_command(args: argparse.Namespace) -> str:
         parts.append(f"--prefetch {args.prefetch}")
     if args.isolated_reps != 3:
         parts.append(f"--isolated-reps {args.isolated_reps}")
+    parts += [f"--set {item}" for item in args.set]
     return " ".join(parts)
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
     from pipeline import gate
     from pipeline.compile import compile_engine, pick_sdpa_backends
-    from pipeline.config import load_config
-    from pipeline.engine import Engine
+    from pipeline.startup import start_engine
 
-    overrides = {"runtime.attention": args.attention} if args.attention else {}
-    cfg = load_config(args.config, overrides=overrides)
-    engine = Engine.load(cfg, resolve_device(args.device), offload=True if args.offload else None)
+    # The baseline is the plain eager engine: started without compile or kernel picks;
+    # the change under test is applied on top of it below.
+    opts = engine_options(args, warmup=False, sdpa_pick=False)
+    opts.compile = False
+    engine, _ = start_engine(opts)
     if args.record or not gate.has_baseline(args.baseline):
         meta = gate.record_baseline(engine, args.baseline, args.seconds, args.seed)
         print(
@@ -135,78 +203,79 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from realtime.server import main as serve_main
+    from pipeline.config import load_config
+    from realtime.server import config_from_args, serve
 
-    return serve_main(args) or 0
+    load_config(args.config)  # a bad config fails here, in one line, before listening
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        raise FacecastError(str(exc)) from None
+    if args.log_level == "warning":  # serving: say what it is doing (peers, closes)
+        logging.getLogger("realtime").setLevel(logging.INFO)
+    return serve(config, engine_options(args))
 
 
 def build_parser(with_serve_options: bool = True) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="facecast", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="facecast", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--log-level", default="warning", choices=["debug", "info", "warning", "error"]
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     render = sub.add_parser("render", help="render an MP4 from a photo and an audio file")
+    add_engine_arguments(render, DEFAULT_CONFIG)
     render.add_argument(
         "--reference", default=str(ASSETS / "reference.png"), help="identity photo (PNG, JPEG, …)"
     )
     render.add_argument("--audio", required=True, help="speech audio of any length and format")
     render.add_argument("--out", required=True, help="output .mp4 path")
-    render.add_argument("--config", default=DEFAULT_CONFIG, help="config name or YAML path")
     render.add_argument("--seed", type=int, default=0)
-    render.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     render.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     render.add_argument(
         "--gpus",
-        type=int,
+        type=_positive_int,
         default=1,
         help="split one session over N GPUs (N CPU processes without CUDA)",
     )
     render.add_argument(
         "--head-groups",
-        type=int,
+        type=_positive_int,
         default=2,
         help="Ulysses head groups per all-to-all when --gpus > 1",
-    )
-    render.add_argument(
-        "--offload", action="store_true", help="keep DiT blocks in host memory, stream them in"
     )
     render.set_defaults(func=cmd_render)
 
     bench = sub.add_parser("bench", help="benchmark the streaming pipeline (GPU numbers)")
-    bench.add_argument("--config", default="rt720", help="config name or YAML path")
-    bench.add_argument("--seconds", type=float, default=20.0, help="seconds of video to stream")
+    add_engine_arguments(bench, "rt720")
+    bench.add_argument("--seconds", type=_positive_float, default=20.0, help="seconds of video")
     bench.add_argument("--json", help="write the full results here (bench/results/*.json)")
     bench.add_argument("--markdown", help="append a table to this file (bench/RESULTS.md)")
-    bench.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    bench.add_argument("--attention", choices=["sdpa", "flex", "facecast"], help="override")
-    bench.add_argument("--compile", action="store_true", help="torch.compile the DiT blocks")
-    bench.add_argument("--offload", action="store_true", help="stream DiT blocks from host")
-    bench.add_argument("--prefetch", type=int, default=2, help="offload: blocks copied ahead")
-    bench.add_argument("--memory-cap-gb", type=float, help="hard GPU memory cap for the run")
-    bench.add_argument("--offload-budget-gb", type=float, help="GPU bytes for offloaded blocks")
     bench.add_argument("--no-warmup", action="store_true", help="skip start-up warm-up")
-    bench.add_argument("--isolated-reps", type=int, default=3)
+    bench.add_argument("--isolated-reps", type=_positive_int, default=3)
+    bench.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override, e.g. schedule.seam_latents=0 (repeatable)",
+    )
     bench.add_argument("--command-line", help=argparse.SUPPRESS)
     bench.set_defaults(func=cmd_bench)
 
     gate = sub.add_parser("gate", help="check that a speed change kept the pixels")
-    gate.add_argument("--config", default=DEFAULT_CONFIG, help="config name or YAML path")
+    add_engine_arguments(gate, DEFAULT_CONFIG)
     gate.add_argument("--baseline", required=True, help="baseline folder (recorded if empty)")
     gate.add_argument("--record", action="store_true", help="(re)record the baseline only")
-    gate.add_argument("--seconds", type=float, default=2.0, help="seconds of audio to render")
+    gate.add_argument("--seconds", type=_positive_float, default=2.0, help="seconds of audio")
     gate.add_argument("--seed", type=int, default=0)
-    gate.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    gate.add_argument("--attention", choices=["sdpa", "flex", "facecast"])
-    gate.add_argument("--compile", action="store_true")
     gate.add_argument("--sdpa-pick", action="store_true", help="pin the fastest SDPA backends")
-    gate.add_argument("--offload", action="store_true")
     gate.add_argument("--tolerance-db", type=float, default=0.5)
     gate.add_argument("--json", help="write the report here")
     gate.set_defaults(func=cmd_gate)
 
     serve = sub.add_parser("serve", help="serve the avatar over WebRTC")
+    add_engine_arguments(serve, DEFAULT_CONFIG)
     if with_serve_options:  # only then import the WebRTC stack (aiortc, silero-vad, …)
         from realtime.server import add_arguments
 

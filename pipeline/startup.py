@@ -1,0 +1,104 @@
+"""Engine start-up, the same for every command: load, pick kernels, compile, warm up.
+
+`facecast serve`, `render`, `bench` and `gate` all start their engine with `start_engine`,
+so none of them pays first-use costs (Triton JIT, cuDNN plans, Inductor graphs, every
+chunk shape's first run) inside a session: those happen here, are timed, and are reported
+(`/healthz` and `/metrics` of the server, the benchmark's JSON).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from pipeline.config import ATTENTION_BACKENDS, DEFAULT_CONFIG, load_config
+from pipeline.errors import ConfigError
+from pipeline.module import resolve_device
+
+
+@dataclass
+class EngineOptions:
+    """How to start an engine; the command-line flags of every command map onto these."""
+
+    config: str = DEFAULT_CONFIG  # preset name or YAML path
+    device: str = "auto"  # auto, cpu or cuda
+    attention: str | None = None  # override runtime.attention (sdpa, flex, facecast)
+    compile: bool = False  # torch.compile the DiT blocks
+    sdpa_pick: bool = True  # time and pin the fastest SDPA backend per attention shape
+    # DiT blocks in pinned host memory, streamed in with prefetch; None: only when the
+    # weights would not fit the GPU (or the memory cap)
+    offload: bool | None = None
+    prefetch: int = 2  # offload: blocks copied ahead of the one computing
+    memory_cap_gb: float | None = None  # hard GPU memory cap for this process
+    offload_budget_gb: float | None = None  # GPU bytes that offloaded blocks may keep
+    warmup: bool = True  # run every chunk shape once before the engine takes work
+    record_stalls: bool = False  # offload: keep per-block copy stalls (benchmarks)
+    overrides: dict = field(default_factory=dict)  # dotted config keys → values
+
+    def validate(self) -> None:
+        if self.attention is not None and self.attention not in ATTENTION_BACKENDS:
+            raise ConfigError(
+                f"attention {self.attention!r} is not one of {', '.join(ATTENTION_BACKENDS)}"
+            )
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ConfigError(f"device {self.device!r}: use auto, cpu or cuda")
+        if self.prefetch < 1:
+            raise ConfigError(f"prefetch must be >= 1 block (got {self.prefetch})")
+        if self.memory_cap_gb is not None and self.memory_cap_gb <= 0:
+            raise ConfigError(f"memory cap must be > 0 GB (got {self.memory_cap_gb:g})")
+        if self.offload_budget_gb is not None and self.offload_budget_gb < 0:
+            raise ConfigError(f"offload budget must be >= 0 GB (got {self.offload_budget_gb:g})")
+        if self.offload_budget_gb is not None and self.offload is not True:
+            raise ConfigError("an offload budget needs --offload")
+
+
+@dataclass
+class StartupReport:
+    load_seconds: float = 0.0
+    prepare: dict = field(default_factory=dict)  # sdpa picks, compiled blocks, warm-up
+    seconds: float = 0.0  # the whole start-up
+
+    def to_dict(self) -> dict:
+        return {"load_seconds": self.load_seconds, **self.prepare, "startup_seconds": self.seconds}
+
+
+def start_engine(opts: EngineOptions):
+    """Load the engine `opts` describe and make it ready for work; returns (engine, report)."""
+    from pipeline.compile import compile_engine, prepare
+    from pipeline.engine import Engine
+    from pipeline.offload import OffloadConfig
+
+    opts.validate()
+    t = time.perf_counter()
+    overrides = dict(opts.overrides)
+    if opts.attention:
+        overrides["runtime.attention"] = opts.attention
+    cfg = load_config(opts.config, overrides=overrides)
+    device = torch.device(resolve_device(opts.device))
+    cap = None
+    if opts.memory_cap_gb and device.type == "cuda":
+        cap = int(opts.memory_cap_gb * 1e9)
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device.index or 0)
+    offload = (
+        OffloadConfig(
+            prefetch=opts.prefetch,
+            budget_gb=opts.offload_budget_gb,
+            record_stalls=opts.record_stalls,
+        )
+        if opts.offload
+        else opts.offload  # False: resident; None: the engine decides
+    )
+    engine = Engine.load(cfg, str(device), offload=offload, memory_cap_bytes=cap)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    report = StartupReport(load_seconds=time.perf_counter() - t)
+    if opts.warmup:
+        report.prepare = prepare(engine, compile_blocks=opts.compile, sdpa_pick=opts.sdpa_pick)
+    elif opts.compile:
+        report.prepare = {"compiled_blocks": compile_engine(engine)}
+    report.seconds = time.perf_counter() - t
+    engine.startup = report
+    return engine, report
