@@ -211,7 +211,17 @@ def latent_grid(cfg: FacecastConfig) -> LatentGrid:
 
 
 def load_config(name_or_path: str | Path, overrides: dict | None = None) -> FacecastConfig:
-    """Load a preset from `configs/` by name, or any YAML file by path, then validate it."""
+    """Load a preset from `configs/` by name, or any YAML file by path, then validate it.
+    A preset may start from another (`base: rt720`) and change only some keys."""
+    raw = _read_preset(name_or_path, seen=())
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(raw, dotted, value)
+    cfg = _build(FacecastConfig, raw, prefix="")
+    cfg.validate()
+    return cfg
+
+
+def _read_preset(name_or_path: str | Path, seen: tuple[str, ...]) -> dict:
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):
         path = CONFIG_DIR / f"{name_or_path}.yaml"
@@ -226,12 +236,23 @@ def load_config(name_or_path: str | Path, overrides: dict | None = None) -> Face
         raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config {path} must be a mapping at the top level")
+    base = raw.pop("base", None)
+    if base is not None:
+        if not isinstance(base, str) or base in seen or base == path.stem:
+            raise ConfigError(f"config {path}: 'base' must name another preset (got {base!r})")
+        merged = _read_preset(base, (*seen, path.stem))
+        merged.pop("name", None)
+        raw = _merge(merged, raw)
     raw.setdefault("name", path.stem)
-    for dotted, value in (overrides or {}).items():
-        _set_dotted(raw, dotted, value)
-    cfg = _build(FacecastConfig, raw, prefix="")
-    cfg.validate()
-    return cfg
+    return raw
+
+
+def _merge(base: dict, change: dict) -> dict:
+    out = dict(base)
+    for key, value in change.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merge(out[key], value) if both else value
+    return out
 
 
 def parse_overrides(items: list[str]) -> dict:

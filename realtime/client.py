@@ -47,20 +47,25 @@ log = logging.getLogger(__name__)
 class PcmSource(MediaStreamTrack):
     """Outgoing microphone-like audio: queued PCM, then silence, 20 ms per frame.
 
-    `speed` 1.0 sends in real time; 2.0 twice as fast (an agent pushing TTS ahead).
-    After the queued audio runs out it keeps sending silence like a muted mic, so the
-    call stays alive; `ended_at` is when the last queued sample was sent.
+    `speed` 1.0 sends in real time; 2.0 sends queued audio twice as fast (an agent pushing
+    TTS ahead). After the queued audio runs out it keeps sending silence in real time, like
+    a muted mic, so the call stays alive; `ended_at` is when the last queued sample was sent.
     """
 
     kind = "audio"
 
-    def __init__(self, pcm: np.ndarray | None = None, speed: float = 1.0) -> None:
+    def __init__(
+        self, pcm: np.ndarray | None = None, speed: float = 1.0, loop: bool = False
+    ) -> None:
         super().__init__()
         if speed <= 0:
             raise ValueError("speed must be > 0")
         self.speed = speed
+        self._loop = np.asarray(pcm, np.int16).reshape(-1) if loop and pcm is not None else None
         self._buf = np.zeros(0, np.int16)
         self.sent = np.zeros(0, np.int16)  # everything sent, for alignment
+        self.sent_at: list[float] = []  # when each 20 ms frame of it was sent
+        self._deadline = 0.0
         self._index = 0
         self._t0: float | None = None
         self.started_at: float | None = None  # monotonic time of the first frame
@@ -69,8 +74,8 @@ class PcmSource(MediaStreamTrack):
             self.push(pcm)
 
     @classmethod
-    def from_wav(cls, path: str | Path, speed: float = 1.0) -> PcmSource:
-        return cls(read_audio(path), speed)
+    def from_wav(cls, path: str | Path, speed: float = 1.0, loop: bool = False) -> PcmSource:
+        return cls(read_audio(path), speed, loop)
 
     def push(self, pcm: np.ndarray, rate: int = RATE) -> None:
         """Queue mono PCM (int16, or float in [-1, 1]; NaN/clipping tolerated)."""
@@ -91,10 +96,14 @@ class PcmSource(MediaStreamTrack):
             raise MediaStreamError
         now = time.monotonic()
         if self._t0 is None:
-            self._t0 = self.started_at = now
-        deadline = self._t0 + self._index * FRAME / RATE / self.speed
-        if deadline > now:
-            await asyncio.sleep(deadline - now)
+            self._t0 = self.started_at = self._deadline = now
+        if self._deadline > now:
+            await asyncio.sleep(self._deadline - now)
+        if self._loop is not None and self._buf.size < FRAME:  # the clip again, seamlessly
+            self._buf = np.concatenate([self._buf, self._loop])
+        # queued audio goes at `speed`; the silence after it at real time, like a mic
+        self._deadline += FRAME / RATE / (self.speed if self._buf.size else 1.0)
+        self.sent_at.append(time.monotonic())
         chunk, self._buf = self._buf[:FRAME], self._buf[FRAME:]
         if chunk.size < FRAME:
             if chunk.size or self.ended_at is None:
@@ -306,11 +315,50 @@ class FacecastClient:
             out["fps"] = round((len(rec.video_arrival) - 1) / span, 2)
             pts_span = (rec.video_pts[-1] - rec.video_pts[0]) / 90_000
             out["fps_pts"] = round((len(rec.video_pts) - 1) / pts_span, 2) if pts_span else None
-        offset = av_offset_ms(rec, as_timeline(self.source.sent, self.events))
+        timeline = as_timeline(self.source.sent, self.events)
+        offset = av_offset_ms(rec, timeline)
         if offset is not None:
             out["av_offset_ms"] = round(offset, 1)
         out["arrival_skew_ms"] = arrival_skew_ms(rec)
+        if len(rec.video_arrival) > 1:
+            out["max_gap_ms"] = round(float(np.diff(rec.video_arrival).max()) * 1000, 1)
+        out.update(self.round_trip())
+        server = [e for e in self.events if e.get("type") == "stats"]
+        if server:  # the server's own counters (fresh share, latencies), last report
+            out["server"] = {k: v for k, v in server[-1].items() if k not in ("type", "_t")}
         return out
+
+    def round_trip(self) -> dict:
+        """Outside latency: each returned 20 ms of audio (in sync with the lips: see
+        `av_offset_ms`) against when the client sent the audio it carries. The server's
+        timeline is the sent audio plus inserted silence (`as_timeline`), so returned pts
+        P carries sent sample `sent_index(P)`; speech only (silence has nothing to match)."""
+        rec, src = self.received, self.source
+        if not rec.audio_pts or src.started_at is None:
+            return {}
+        inserted = [
+            (int(e["at_ms"] * RATE // 1000), int(e["added_ms"] * RATE // 1000))
+            for e in self.events
+            if e.get("type") == "delay_grown"
+        ]
+        base = rec.audio_pts[0]
+        loud = np.abs(src.sent.astype(np.int32))
+        lat = []
+        for pts, arrived in zip(rec.audio_pts, rec.audio_arrival, strict=True):
+            pos = pts - base
+            shift = sum(n for at, n in inserted if at <= pos)
+            if any(at <= pos < at + n for at, n in inserted):
+                continue  # inserted silence was never sent
+            sample = pos - shift
+            if 0 <= sample < loud.size - FRAME and loud[sample : sample + FRAME].max() > 1000:
+                lat.append(arrived - src.sent_at[sample // FRAME])
+        if not lat:
+            return {}
+        lat.sort()
+        return {
+            "round_trip_p50_ms": round(lat[len(lat) // 2] * 1000),
+            "round_trip_p95_ms": round(lat[int(len(lat) * 0.95)] * 1000),
+        }
 
 
 def as_timeline(sent: np.ndarray, events: list[dict]) -> np.ndarray:
@@ -448,7 +496,7 @@ async def run(args: argparse.Namespace) -> dict:
     else:
         raw = np.frombuffer(Path(args.pcm).read_bytes(), np.int16)
         pcm = resample_s16(raw, args.pcm_rate)
-    source = PcmSource(pcm, speed=args.speed)
+    source = PcmSource(pcm, speed=args.speed, loop=args.loop)
     seconds = args.seconds or (pcm.size / RATE + 3.0)
     client = FacecastClient(args.url, source, token=args.token, record_to=args.out)
     await client.connect()
@@ -457,7 +505,10 @@ async def run(args: argparse.Namespace) -> dict:
     finally:
         await client.close()
     stats = client.stats()
-    stats["events"] = [e["type"] for e in client.events]
+    counts: dict[str, int] = {}
+    for e in client.events:
+        counts[e["type"]] = counts.get(e["type"], 0) + 1
+    stats["events"] = counts
     return stats
 
 
@@ -476,6 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--seconds", type=float, default=0, help="call length (default: audio + 3 s)"
     )
+    parser.add_argument("--loop", action="store_true", help="send the audio again and again")
     parser.add_argument("--out", help="record the returned avatar to this MP4")
     parser.add_argument("--token")
     args = parser.parse_args(argv)

@@ -94,6 +94,11 @@ class RealtimeMetrics:
             "Engine start-up: load, kernel picks, compilation and warm-up (0 until ready)",
             registry=r,
         )
+        self.gpu_memory = Gauge(
+            "facecast_gpu_memory_peak_bytes",
+            "Peak GPU memory the engine's process allocated (CUDA only)",
+            registry=r,
+        )
         self.ready = Gauge(
             "facecast_ready", "1 once the engine is warm and sessions are taken", registry=r
         )

@@ -11,29 +11,38 @@ every step when
 done_k being when step k finishes, counted from A0. This module computes that bound; the
 session starts its clock with it and re-sets it only between utterances.
 
-Two delays matter for a live microphone. The first step is short (a short N_0), so the
-first frame can leave early (`first`); later steps need more audio per frame shown, so
-keeping up needs a longer delay (`steady`). The session starts with `first` while the
-peer is quiet, then grows to `steady` by inserting silence before speech starts, which is
-invisible: the avatar idles a little longer. For an engine slower than real time the bound
-grows without end; the worker skips backlog instead, and the delay covers one step.
+For a live microphone the session starts the timeline with a pre-roll of silence, so that
+the first step runs at once (its audio is the pre-roll) and the avatar appears within a
+step's time, idle, while speech still meets its frames at the steady delay: frame n's
+audio arrives `delay - preroll` before the clock shows it, which is what the bound needs.
+For an engine slower than real time the bound grows without end; the worker skips backlog
+instead (`realtime.worker`), and the delay covers two steps.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipeline.schedule import StreamStep
 
 FPS = 25
+# Step time in serve over step time at warm-up, and the spread of step times (a fraction
+# of a step, added to the margin). The demo on 2 cores took 0.33-0.38 s per step (peaks
+# 0.5 s, 0.58 s when pushed audio keeps it busy) beside its media loop, against 0.255 s
+# alone; on an H200 the media loop runs on other cores and serve matched bench (issue 13:
+# RTF 0.97 against 0.974), with steps within a few percent of each other.
+SERVE_SLOWDOWN = {"cpu": 1.5, "cuda": 1.05}
+STEP_SPREAD = {"cpu": 0.3, "cuda": 0.05}
 HORIZON_STEPS = 6  # enough for the bound to settle: the schedule repeats after step 1
 
 
 @dataclass(frozen=True)
 class PlayoutBudget:
-    first: float  # seconds from the first audio to the first frame, covering step 0 only
-    steady: float  # the same, covering every step: what keeps every frame on time
+    delay: float  # seconds from an audio sample's arrival to its frame leaving
+    first_frame: float  # seconds from the first audio to the first frame (t0 - A0)
+    preroll: float  # seconds of silence the timeline starts with (0 for pushed audio)
     keeps_up: bool  # a steady step takes less time than the video it makes
 
 
@@ -43,11 +52,15 @@ def required_delay(
     steady_seconds: float,
     rate: float = 1.0,
     margin_s: float = 0.0,
+    preroll_s: float = 0.0,
+    start_s: float = 0.0,
 ) -> float:
-    """The smallest D = t0 - A0 (plus margin) that has every step's frames ready on time."""
+    """The smallest t0 - A0 (plus margin) that has every step's frames ready on time, when
+    timeline second t arrives at max(start_s, (t - preroll_s) / rate) after A0: a pre-roll
+    of silence is there at `start_s`, the input follows at `rate` times real time."""
     done, worst = 0.0, 0.0
     for step in steps:
-        arrived = step.audio_frames / FPS / rate
+        arrived = max(start_s, (step.audio_frames / FPS - preroll_s) / rate)
         seconds = first_seconds if step.index == 0 else steady_seconds
         done = max(arrived, done) + seconds
         worst = max(worst, done - step.first_frame / FPS)
@@ -60,19 +73,31 @@ def plan_playout(
     steady_seconds: float,
     rate: float = 1.0,
     margin_s: float = 0.1,
+    start_s: float = 0.0,
 ) -> PlayoutBudget:
-    """The budget for a schedule (`step(k)`, e.g. `Engine.stream_step`) and measured step
-    times. A slow engine is planned over two steps: beyond that the worker's skips keep the
-    slack the second step had (`realtime.worker`)."""
-    steady_step = step(1)
-    keeps_up = steady_seconds < steady_step.frames / FPS
-    horizon = HORIZON_STEPS if keeps_up else 2
-    steps = [step(k) for k in range(horizon)]
-    return PlayoutBudget(
-        first=required_delay(steps[:1], first_seconds, steady_seconds, rate, margin_s),
-        steady=required_delay(steps, first_seconds, steady_seconds, rate, margin_s),
-        keeps_up=keeps_up,
-    )
+    """The budget for a schedule (`step(k)`, e.g. `Engine.stream_step`), measured step times
+    and an input at `rate` (1: a microphone) whose first audio is held until `start_s`.
+
+    A microphone gets the pre-roll that makes the first frame as early as the engine's
+    speed allows (working through the pre-roll is compute-bound) while speech keeps the
+    live bound; pushed audio needs none. A slow engine is planned over two steps: beyond
+    that the worker's skips keep the slack the second step had (`realtime.worker`)."""
+    keeps_up = steady_seconds < step(1).frames / FPS
+    steps = [step(k) for k in range(HORIZON_STEPS if keeps_up else 2)]
+
+    def bound(preroll: float, at_rate: float = 1.0) -> float:
+        return required_delay(
+            steps, first_seconds, steady_seconds, at_rate, margin_s, preroll, start_s
+        )
+
+    if rate > 1.0:
+        first = bound(0.0, rate)
+        return PlayoutBudget(first, first, 0.0, keeps_up)
+    live = bound(0.0)  # what speech needs from its arrival to its frame
+    soonest = bound(live)  # the first frame when the engine works through pre-roll only
+    preroll = math.floor(max(0.0, live - soonest) * FPS) / FPS  # whole frames
+    first = bound(preroll)
+    return PlayoutBudget(max(live, first + preroll), first, preroll, keeps_up)
 
 
 @dataclass(frozen=True)
@@ -80,11 +105,17 @@ class EngineTiming:
     """What a session needs to know of its engine to plan playout."""
 
     step: Callable[[int], StreamStep]  # the schedule, e.g. `Engine.stream_step`
-    first_seconds: float  # measured wall time of step 0 (warm)
+    first_seconds: float  # wall time of step 0 in serve (warm)
     steady_seconds: float  # and of a later step
+    spread: float = 0.0  # how much steps vary, as a fraction of one (added to the margin)
 
     @classmethod
     def of(cls, engine) -> EngineTiming:
-        """From a started engine (`Engine.warmup` measured the step times)."""
+        """From a started engine (`Engine.warmup` measured the step times alone). Serving
+        is slower on a CPU, where the media loop (H.264, Opus, VAD) shares the cores with
+        the engine; the plan starts from that and follows the measured steps after."""
         times = engine.step_seconds or {"first": 0.0, "steady": 0.0}
-        return cls(engine.stream_step, times["first"], times["steady"])
+        kind = getattr(getattr(engine, "device", None), "type", "cpu")
+        slow = SERVE_SLOWDOWN.get(kind, 1.0)
+        first, steady = times["first"] * slow, times["steady"] * slow
+        return cls(engine.stream_step, first, steady, STEP_SPREAD.get(kind, 0.0))

@@ -402,6 +402,11 @@ async def _healthz(request: web.Request) -> web.Response:
 async def _metrics(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     service.metrics.queue_depth.set(sum(s.frames.depth() for s in service.sessions.values()))
+    device = getattr(service.engine, "device", None)
+    if device is not None and device.type == "cuda":
+        import torch
+
+        service.metrics.gpu_memory.set(torch.cuda.max_memory_allocated(device))
     return web.Response(
         body=service.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )
@@ -546,7 +551,14 @@ def serve(config: ServerConfig, engine_options: EngineOptions) -> int:
             if service.engine is None:
                 print(f"facecast serve: error: {service.startup_error}", file=sys.stderr)
                 signal.raise_signal(signal.SIGTERM)  # run_app's graceful exit
-            print(f"facecast serve: ready in {service.startup_seconds:.1f} s at {url}", flush=True)
+                return
+            steps = service.engine.step_seconds or {}
+            print(
+                f"facecast serve: ready in {service.startup_seconds:.1f} s at {url} "
+                f"(a step takes {steps.get('first', 0):.3f} s first, "
+                f"{steps.get('steady', 0):.3f} s after)",
+                flush=True,
+            )
 
         app["startup_task"] = asyncio.get_running_loop().create_task(warm())
 

@@ -11,11 +11,12 @@ peer stops sending, digital silence is padded so the avatar keeps moving (idle).
 that sends nothing for `peer_timeout_s` is treated as gone and the session closes.
 Output frames and audio are also handed to `sinks` (e.g. the KVS mirror) as they are sent.
 
-Playout starts once the first frames exist, at the delay the latency budget gives
-(`realtime.playout`): the short first step's while the peer has been quiet, so the first
-frame leaves early, else the steady one. The delay grows to the steady budget (and to what
-a slower engine needs, re-planned after each utterance) only while nobody speaks, by
-inserting silence: the avatar idles a little longer, and no frame is ever late for it.
+Playout follows the latency budget (`realtime.playout`). The first 0.1 s of audio tells a
+microphone (real time) from an agent pushing faster; a microphone's timeline then starts
+with a pre-roll of silence, so the first step runs at once and the avatar appears, idle,
+within a step's time, while speech meets its frames at the budget's delay. If generation
+gets slower than planned, the delay is re-planned after each utterance and grown only while
+nobody speaks, by inserting silence: the avatar idles a little longer, no frame is late.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from realtime.vad import VadEvent, VadThread, VoiceActivityDetector
 from realtime.worker import SAMPLES_PER_FRAME_16K, ChunkStats, GenerationWorker
 
 log = logging.getLogger(__name__)
+PROBE_S = 0.1  # the first audio is held this long to tell a microphone from a push
 
 
 @dataclass
@@ -108,6 +110,7 @@ class Session:
         self._loop = asyncio.get_running_loop()
         self._tasks: set[asyncio.Task] = set()
         self._channel: RTCDataChannel | None = None
+        self._unsent: list[str] = []  # events before the data channel opened
         self._first_audio: float | None = None
         self._last_rx: float | None = None
         self._overfull_logged = False
@@ -123,9 +126,13 @@ class Session:
         self.timing = timing
         self._steady_step = timing.step(1)
         self.budget: PlayoutBudget | None = None
-        self.playout_delay_s: float | None = None  # first audio → first frame, as started
+        self.playout_delay_s: float | None = None  # audio arrival → its frame, as started
+        self._planned_delay: float | None = None  # decided after the first PROBE_S of audio
+        self._preroll_s = 0.0  # silence the timeline starts with (a microphone's)
+        self._held: list[tuple[np.ndarray, float]] = []  # audio of the probe
         self._delay_target: float | None = None  # what the delay grows to while quiet
-        self._inserted_s = 0.0  # silence inserted to grow the delay
+        self._inserted_s = 0.0  # silence inserted: the pre-roll and later growth
+        self._grown_s = 0.0  # of which growth after the start
         self._heard_speech = False
         self._last_speech_start = 0.0
         # (timeline head after an append, its arrival time or None for inserted silence):
@@ -145,7 +152,7 @@ class Session:
             session_id,
             step=self._steady_step,
             step_seconds=timing.steady_seconds,
-            margin_s=config.playout_margin_s,
+            margin_s=config.playout_margin_s + timing.spread * timing.steady_seconds,
             engine_lock=engine_lock,
         )
         self.video = AvatarVideoTrack(
@@ -246,7 +253,11 @@ class Session:
                 self._last_rx = time.monotonic()
                 if self._first_audio is None:
                     self._first_audio = self._last_rx
-                self._ingest(self._resampler.mono48(frame), self._last_rx)
+                pcm48 = self._resampler.mono48(frame)
+                if self._planned_delay is None:
+                    self._probe(pcm48, self._last_rx)
+                else:
+                    self._ingest(pcm48, self._last_rx)
         except MediaStreamError:
             self.close("peer ended its audio track")
         except asyncio.CancelledError:
@@ -298,6 +309,9 @@ class Session:
             ticks += 1
             if ticks % 10 == 0:
                 self._send(message("stats", **self.stats()))
+            if self._planned_delay is None and self._first_audio is not None:
+                if time.monotonic() - self._first_audio >= PROBE_S:
+                    self._decide_start()  # the peer went quiet during the probe
             self._grow_delay()
             last = self._last_audio_age()
             if last is not None and last > self.config.peer_timeout_s:
@@ -337,39 +351,57 @@ class Session:
     def _plan(self, rate: float = 1.0) -> PlayoutBudget:
         steady = max(self.timing.steady_seconds, self.worker.step_seconds)
         first = self.timing.first_seconds
-        return plan_playout(self.timing.step, first, steady, rate, self.config.playout_margin_s)
+        margin = self.config.playout_margin_s + self.timing.spread * steady
+        return plan_playout(self.timing.step, first, steady, rate, margin, start_s=PROBE_S)
+
+    def _probe(self, pcm48: np.ndarray, arrived: float) -> None:
+        self._held.append((pcm48, arrived))
+        if self._first_audio is not None and arrived - self._first_audio >= PROBE_S:
+            self._decide_start()
+
+    def _decide_start(self) -> None:
+        """After the probe: plan the delay at the input's rate, and give a microphone's
+        timeline its pre-roll (the step-0 audio exists at once: the first frame leaves a
+        step's time after the probe, and speech keeps the planned delay)."""
+        assert self._first_audio is not None
+        held = sum(p.size for p, _ in self._held) / RATE_IN
+        rate = held / max(PROBE_S, time.monotonic() - self._first_audio)
+        pushed = rate > 1.5  # an agent's audio, faster than real time
+        self.budget = budget = self._plan(min(rate, 10.0) if pushed else 1.0)
+        fixed = self.config.playout_delay_s
+        if fixed is not None:  # a set delay, all of it between first audio and first frame
+            budget = PlayoutBudget(fixed, fixed, 0.0, budget.keeps_up)
+        self._planned_delay = budget.first_frame
+        if budget.preroll:
+            samples = round(budget.preroll * RATE_IN) // SAMPLES_PER_FRAME * SAMPLES_PER_FRAME
+            if samples:
+                self._preroll_s = samples / RATE_IN
+                self._inserted_s += self._preroll_s
+                self._ingest(np.zeros(samples, np.int16))
+                self._send_delay_grown(0, samples, budget.delay)
+        for pcm48, arrived in self._held:
+            self._ingest(pcm48, arrived)
+        self._held = []
 
     def _start_playout(self) -> None:
-        """The first frames exist: start the clock at the budget's delay after the first
-        audio (never in the past)."""
+        """The first frames exist: start the clock so that audio meets its frame at the
+        planned delay (never in the past)."""
         now = time.monotonic()
         first_audio = self._first_audio if self._first_audio is not None else now
-        elapsed = max(1e-3, now - first_audio)
-        # audio pushed faster than real time (an agent's TTS) is planned at its rate
-        rate = min(10.0, max(1.0, self.timeline.head / RATE_IN / elapsed))
-        rate = rate if rate > 1.5 else 1.0
-        self.budget = self._plan(rate)
-        if self.config.playout_delay_s is not None:
-            delay = self.config.playout_delay_s
-        elif self._heard_speech or self.vad.speaking or rate > 1.0:
-            delay = self.budget.steady
-        else:
-            delay = self.budget.first  # quiet so far: idle frames early, grow before speech
-            self._delay_target = self.budget.steady
-        t0 = max(first_audio + delay, now)
-        self.playout_delay_s = t0 - first_audio
+        planned = self._planned_delay if self._planned_delay is not None else 0.0
+        t0 = max(first_audio + planned, now)
+        self.playout_delay_s = t0 - first_audio + self._preroll_s
         self.metrics.playout_delay.observe(self.playout_delay_s)
-        self._set_lead(max(self.playout_delay_s, self._delay_target or 0.0))
+        self._set_lead(self.playout_delay_s)
         self.clock.start(t0)
-        self._grow_delay()
 
     def _replan(self) -> None:
         """After an utterance: if generation got slower than planned, aim for a longer delay
         (reached while quiet by `_grow_delay`). The delay never shrinks mid-session."""
         if self.clock.t0 is None or self.config.playout_delay_s is not None:
             return
-        target = self._plan().steady
-        current = self._delay_target or self.playout_delay_s or 0.0
+        target = self._plan().delay
+        current = self._delay_target or (self.playout_delay_s or 0.0) + self._grown_s
         if target > current + 0.02:
             self._delay_target = target
             self._set_lead(target)
@@ -388,19 +420,23 @@ class Session:
             samples = int(missing * RATE_IN) // SAMPLES_PER_FRAME * SAMPLES_PER_FRAME
             at = self.timeline.head
             self._inserted_s += samples / RATE_IN
+            self._grown_s += samples / RATE_IN
             self._ingest(np.zeros(samples, np.int16))
             delay = current + samples / RATE_IN
             self.metrics.playout_delay.observe(delay)
-            # peers that align returned audio with what they sent need the shift
-            self._send(
-                message(
-                    "delay_grown",
-                    at_ms=round(at * 1000 / RATE_IN),
-                    added_ms=round(samples * 1000 / RATE_IN),
-                    delay_ms=round(delay * 1000),
-                )
-            )
+            self._send_delay_grown(at, samples, delay)
         self._delay_target = None
+
+    def _send_delay_grown(self, at: int, samples: int, delay: float) -> None:
+        """Peers that align the returned audio with what they sent need each insertion."""
+        self._send(
+            message(
+                "delay_grown",
+                at_ms=round(at * 1000 / RATE_IN),
+                added_ms=round(samples * 1000 / RATE_IN),
+                delay_ms=round(delay * 1000),
+            )
+        )
 
     def _set_lead(self, delay_s: float) -> None:
         """Generation may run ahead of playout by the delay plus a step (it must, to keep
@@ -463,6 +499,8 @@ class Session:
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         self._channel = channel
+        channel.on("open", lambda: self._send_unsent())
+        self._send_unsent()
 
         @channel.on("message")
         def _message(raw: str | bytes) -> None:
@@ -475,13 +513,26 @@ class Session:
             except RealtimeError as exc:
                 self._send(message("error", message=str(exc)))
 
-    def _send(self, text: str) -> None:
+    def _send_unsent(self) -> None:
         channel = self._channel
         if channel is not None and channel.readyState == "open":
-            try:
-                channel.send(text)
-            except Exception:
-                log.exception("session %s: data channel send failed", self.id)
+            while self._unsent:
+                self._send(self._unsent.pop(0))
+
+    def _send(self, text: str) -> None:
+        """Send an event; until the peer's data channel is open, the first few wait for it
+        (the pre-roll's `delay_grown` is decided as the first audio arrives)."""
+        channel = self._channel
+        if channel is None or channel.readyState != "open":
+            if len(self._unsent) < 32:
+                self._unsent.append(text)
+            return
+        try:
+            while self._unsent:
+                channel.send(self._unsent.pop(0))
+            channel.send(text)
+        except Exception:
+            log.exception("session %s: data channel send failed", self.id)
 
     def stats(self) -> dict:
         """Playout counters and latencies so far (also sent to the peer as `stats`)."""
@@ -502,8 +553,9 @@ class Session:
             "ttff_ms": ms(self.ttff_s),
             "playout_delay_ms": ms(self.playout_delay_s),
             "playout_delay_now_ms": ms(
-                None if self.playout_delay_s is None else self.playout_delay_s + self._inserted_s
+                None if self.playout_delay_s is None else self.playout_delay_s + self._grown_s
             ),
+            "preroll_ms": ms(self._preroll_s),
             "speech_to_lips_p50_ms": ms(lips[len(lips) // 2]) if lips else None,
             "speech_to_lips_p95_ms": ms(lips[int(len(lips) * 0.95)]) if lips else None,
             "step_seconds": round(self.worker.step_seconds, 4),

@@ -79,7 +79,8 @@ class GenerationWorker:
         self.skipped = 0  # 16 kHz samples skipped because generation was late
         self.skipped_frames_total = 0
         self._unreported_skips = 0
-        self._gen_seconds = step_seconds  # recent wall time of one step (moving average)
+        self._gen_seconds = step_seconds  # planned wall time of one step, then measured
+        self._recent: deque[float] = deque(maxlen=16)  # wall times of recent steps (not N_0)
         self._breaks: list[tuple[int, int]] = []  # (engine sample, frames skipped before it)
         self._pad = 0  # zeros to push before the next audio (completes a frame at rebase)
         self.generated = 0  # frames produced
@@ -156,7 +157,8 @@ class GenerationWorker:
 
     @property
     def step_seconds(self) -> float:
-        """Recent wall time of one generation step (a moving average)."""
+        """What one generation step takes: the 90th percentile of recent steps (so a
+        plan on it covers their spread), the start-up measurement until there are a few."""
         return self._gen_seconds
 
     @property
@@ -210,6 +212,13 @@ class GenerationWorker:
         skip = min(behind, surplus // spf) * spf
         if skip <= 0:
             return
+        log.warning(
+            "DIAG skip %d frames behind=%d g=%.3f t=%.3f",
+            skip // spf,
+            behind,
+            self._gen_seconds,
+            time.monotonic(),
+        )
         self._take(skip)
         self.skipped += skip
         self.skipped_frames_total += skip // spf
@@ -230,6 +239,9 @@ class GenerationWorker:
         with self._engine_lock:
             batches = self._engine.generate_ready()
         seconds = time.perf_counter() - t
+        log.warning(
+            "DIAG step %.3f s t=%.3f now_f=%d", seconds, time.monotonic(), self._clock.frame_now()
+        )
         count = 0
         for batch in batches:
             frames = np.asarray(batch.frames)
@@ -247,8 +259,12 @@ class GenerationWorker:
             len(self._breaks) > 1 and self._breaks[1][0] <= self.generated * SAMPLES_PER_FRAME_16K
         ):
             self._breaks.pop(0)
+        if count and self.generated > count:  # not the short first step
+            self._recent.append(seconds)
+            if len(self._recent) >= 4:
+                ranked = sorted(self._recent)
+                self._gen_seconds = ranked[int(0.9 * (len(ranked) - 1))]
         if count:
-            self._gen_seconds = 0.7 * self._gen_seconds + 0.3 * seconds
             skipped, self._unreported_skips = self._unreported_skips, 0
             self._call_soon(self._on_chunk, ChunkStats(count, seconds, skipped))
 

@@ -1,0 +1,232 @@
+"""The product path, measured: `facecast serve` with a WebRTC client on the same machine.
+
+    python bench/serve_bench.py --config rt720 --compile --wav speech.wav --seconds 60 \
+        --json bench/results/serve_rt720_h200.json --markdown bench/RESULTS.md
+
+starts `facecast serve` (a subprocess, exactly as a user would), waits for `/healthz` to be
+ready (start-up seconds), then holds one call per `--mode` in turn with the project's aiortc
+client: `live` sends the WAV looped in real time, as a microphone would (speech with pauses),
+for `--seconds`; `push` sends it once at `--push-speed` times real time, as an agent's TTS
+would, and lingers 3 s. For each call it records the server's own counters (fresh, repeated
+and dropped frames, time to first frame, speech-to-lips p50/p95, playout delay), the
+generation real-time factor and GPU memory from `/metrics`, and the client's view (fps,
+A/V offset, longest gap, round trip of the sound).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+from realtime.client import FacecastClient, PcmSource, read_audio
+
+SECTION = "## Live serving (`bench/serve_bench.py`)"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def wait_ready(url: str, server: subprocess.Popen, timeout: float) -> dict:
+    start = time.monotonic()
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() - start < timeout:
+            if server.poll() is not None:
+                raise RuntimeError(f"facecast serve exited with {server.returncode}")
+            try:
+                async with http.get(f"{url}/healthz") as r:
+                    body = await r.json()
+                    if r.status == 200:
+                        return body
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.5)
+    raise TimeoutError(f"facecast serve was not ready within {timeout:.0f} s")
+
+
+def metric_values(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-z_]+(?:\{[^}]*\})?) ([0-9.eE+-]+)$", line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+async def one_call(url: str, pcm, mode: str, seconds: float, speed: float) -> dict:
+    source = PcmSource(pcm, speed=speed if mode == "push" else 1.0, loop=mode == "live")
+    length = seconds if mode == "live" else pcm.size / 48_000 / speed + 3.0
+    async with aiohttp.ClientSession() as http:
+        before = metric_values(await (await http.get(f"{url}/metrics")).text())
+        client = FacecastClient(url, source)
+        await client.connect()
+        await asyncio.sleep(length)
+        sessions = (await (await http.get(f"{url}/sessions")).json())["sessions"]
+        after = metric_values(await (await http.get(f"{url}/metrics")).text())
+        await client.close()
+    server = next((s for s in sessions if s["id"] == client.session_id), {})
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    generated = delta("facecast_chunk_duration_seconds_sum")
+    return {
+        "mode": mode,
+        "seconds": length,
+        "speed": source.speed,
+        "server": server,
+        "generation_rtf": delta("facecast_chunk_generation_seconds_sum") / generated
+        if generated
+        else None,
+        "gpu_memory_peak_bytes": after.get("facecast_gpu_memory_peak_bytes"),
+        "client": client.stats(),
+    }
+
+
+async def run(args: argparse.Namespace) -> dict:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "facecast", "serve", "--config", args.config, "--port", str(port)]
+    cmd += ["--device", args.device] + (["--compile"] if args.compile else []) + args.serve_arg
+    log = open(args.server_log, "w") if args.server_log else subprocess.DEVNULL
+    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        health = await wait_ready(url, server, args.startup_timeout)
+        pcm = read_audio(args.wav)
+        calls = []
+        for mode in args.mode:
+            calls.append(await one_call(url, pcm, mode, args.seconds, args.push_speed))
+            print(summary(args.config, calls[-1]), flush=True)
+    finally:
+        server.terminate()
+        server.wait(30)
+    return {
+        "meta": {
+            "date": datetime.date.today().isoformat(),
+            "gpu": gpu_name(),
+            "commit": os.environ.get("FACECAST_COMMIT") or git_commit(),
+            "config": args.config,
+            "compile": args.compile,
+            "command": " ".join(["python bench/serve_bench.py", *sys.argv[1:]]),
+        },
+        "startup_seconds": health.get("startup_seconds"),
+        "calls": calls,
+    }
+
+
+def summary(config: str, call: dict) -> str:
+    s, c = call["server"], call["client"]
+    gb = call["gpu_memory_peak_bytes"]
+    return (
+        f"{config} {call['mode']}: fresh {s.get('fresh_share')} "
+        f"({s.get('frames_fresh')}/{s.get('frames_sent')}, dropped {s.get('frames_dropped')}, "
+        f"skipped {s.get('frames_skipped')}), ttff {s.get('ttff_ms')} ms, "
+        f"speech-to-lips p50/p95 {s.get('speech_to_lips_p50_ms')}/"
+        f"{s.get('speech_to_lips_p95_ms')} ms, delay {s.get('playout_delay_ms')}→"
+        f"{s.get('playout_delay_now_ms')} ms, gen RTF {call['generation_rtf'] or 0:.3f}, "
+        f"client fps {c.get('fps')} A/V {c.get('av_offset_ms')} ms gap {c.get('max_gap_ms')} ms "
+        f"round trip p50/p95 {c.get('round_trip_p50_ms')}/{c.get('round_trip_p95_ms')} ms, "
+        f"GPU {gb / 1e9 if gb else 0:.2f} GB"
+    )
+
+
+def markdown(res: dict) -> str:
+    m = res["meta"]
+    lines = [
+        f"### {m['config']} · compile={m['compile']} · {m['gpu']}",
+        "",
+        f"{m['date']} · commit `{m['commit']}` · start-up {res['startup_seconds']} s",
+        f"`{m['command']}`",
+        "",
+        "| call | fresh share (fresh/sent) | dropped · skipped | time to first frame | "
+        "speech-to-lips p50 / p95 | playout delay start → now | generation RTF | "
+        "client fps · A/V · max gap | round trip p50 / p95 | GPU peak |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for call in res["calls"]:
+        s, c = call["server"], call["client"]
+        gb = call["gpu_memory_peak_bytes"]
+        rtf = call["generation_rtf"]
+        lines.append(
+            f"| {call['mode']} ×{call['speed']:g}, {call['seconds']:.0f} s | "
+            f"{s.get('fresh_share')} ({s.get('frames_fresh')}/{s.get('frames_sent')}) | "
+            f"{s.get('frames_dropped')} · {s.get('frames_skipped')} | {s.get('ttff_ms')} ms | "
+            f"{s.get('speech_to_lips_p50_ms')} / {s.get('speech_to_lips_p95_ms')} ms | "
+            f"{s.get('playout_delay_ms')} → {s.get('playout_delay_now_ms')} ms | "
+            f"{'–' if rtf is None else f'{rtf:.3f}'} | "
+            f"{c.get('fps')} · {c.get('av_offset_ms')} ms · {c.get('max_gap_ms')} ms | "
+            f"{c.get('round_trip_p50_ms')} / {c.get('round_trip_p95_ms')} ms | "
+            f"{f'{gb / 1e9:.1f} GB' if gb else '–'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def gpu_name() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return f"CPU ({os.cpu_count()} cores)"
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        )
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default="demo")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--wav", required=True, help="speech with pauses (looped for live calls)")
+    p.add_argument("--seconds", type=float, default=60.0, help="length of a live call")
+    p.add_argument("--mode", action="append", choices=["live", "push"], help="repeatable")
+    p.add_argument("--push-speed", type=float, default=5.0)
+    p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--serve-arg", action="append", default=[], help="extra serve flag")
+    p.add_argument("--server-log", help="write the server's output here")
+    p.add_argument("--json")
+    p.add_argument("--markdown")
+    args = p.parse_args()
+    args.mode = args.mode or ["live"]
+    res = asyncio.run(run(args))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(res, indent=2))
+    if args.markdown:
+        append_section(Path(args.markdown), markdown(res))
+    return 0
+
+
+def append_section(path: Path, block: str) -> None:
+    text = path.read_text() if path.exists() else "# Facecast benchmark results\n"
+    if SECTION not in text:
+        text = text.rstrip("\n") + f"\n\n{SECTION}\n"
+    head, tail = text.split(SECTION, 1)
+    path.write_text(head + SECTION + tail.rstrip("\n") + "\n\n" + block)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
