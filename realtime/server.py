@@ -34,12 +34,14 @@ from typing import Any
 
 import av
 import numpy as np
+import torch
 from aiohttp import web
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.codecs import CODECS
 from aiortc.sdp import SessionDescription
 
 from pipeline.startup import EngineOptions, start_engine
+from realtime.engine_process import EngineProcess
 from realtime.errors import (
     BadRequest,
     EngineStarting,
@@ -75,6 +77,7 @@ class ServerConfig:
     max_sessions: int = 4
     token: str | None = None
     reference: str | None = None  # image file; default: the engine's packaged reference
+    engine_process: bool = True  # `serve`: the engine in its own process
     max_body_bytes: int = 64 * 1024  # an SDP offer is a few KiB
     session: SessionConfig = field(default_factory=SessionConfig)
     kvs: KvsOptions | None = None  # mirror every session to Kinesis Video Streams
@@ -110,10 +113,15 @@ class Service:
             return "ok"
         return "failed" if self.startup_error else "starting"
 
-    async def start_engine(self, options: EngineOptions) -> None:
-        """Start the engine off the event loop; sessions are refused until it is warm."""
+    async def start_engine(self, options: EngineOptions, own_process: bool = True) -> None:
+        """Start the engine off the event loop, in a process of its own unless told not to
+        (`realtime.engine_process`); sessions are refused until it is warm."""
         try:
-            engine, _ = await asyncio.to_thread(start_engine, options)
+            if own_process:
+                engine = await asyncio.to_thread(EngineProcess, options)
+                torch.set_num_threads(1)  # this process only runs the VAD now
+            else:
+                engine, _ = await asyncio.to_thread(start_engine, options)
         except Exception as exc:  # reported by /healthz and by `serve`, which then exits
             self.startup_error = f"{type(exc).__name__}: {exc}"
             log.error("engine start-up failed: %s", self.startup_error)
@@ -403,9 +411,11 @@ async def _metrics(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     service.metrics.queue_depth.set(sum(s.frames.depth() for s in service.sessions.values()))
     device = getattr(service.engine, "device", None)
-    if device is not None and device.type == "cuda":
-        import torch
-
+    if isinstance(service.engine, EngineProcess):
+        peak = await asyncio.to_thread(service.engine.gpu_memory_peak)  # may wait for a step
+        if peak is not None:
+            service.metrics.gpu_memory.set(peak)
+    elif device is not None and device.type == "cuda":
         service.metrics.gpu_memory.set(torch.cuda.max_memory_allocated(device))
     return web.Response(
         body=service.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
@@ -413,10 +423,13 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 async def _close_all(app: web.Application) -> None:
-    sessions = list(app[SERVICE].sessions.values())
+    service = app[SERVICE]
+    sessions = list(service.sessions.values())
     await asyncio.gather(
         *(s.close("server shutting down") for s in sessions), return_exceptions=True
     )
+    if isinstance(service.engine, EngineProcess):
+        await asyncio.to_thread(service.engine.close)
 
 
 def kvs_sink_factory(options: KvsOptions) -> SinkFactory:
@@ -496,6 +509,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="a fixed delay from first audio to first frame instead of the budget",
     )
+    parser.add_argument(
+        "--engine-process",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the engine in its own process, off the media loop's GIL (default)",
+    )
     add_kvs_arguments(parser)
 
 
@@ -520,6 +539,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_sessions=args.max_sessions,
         token=args.token or None,
         reference=args.reference,
+        engine_process=args.engine_process,
         session=SessionConfig(
             lead_s=args.lead_ms / 1000,
             playout_margin_s=args.playout_margin_ms / 1000,
@@ -547,7 +567,7 @@ def serve(config: ServerConfig, engine_options: EngineOptions) -> int:
         print(f"facecast serve: {url} (starting the {engine_options.config} engine)", flush=True)
 
         async def warm() -> None:
-            await service.start_engine(engine_options)
+            await service.start_engine(engine_options, config.engine_process)
             if service.engine is None:
                 print(f"facecast serve: error: {service.startup_error}", file=sys.stderr)
                 signal.raise_signal(signal.SIGTERM)  # run_app's graceful exit
