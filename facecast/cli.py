@@ -47,6 +47,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser, default_config: str) -
     parser.add_argument(
         "--offload-budget-gb", type=_positive_float, help="GPU bytes for offloaded blocks"
     )
+    parser.add_argument(
+        "--threads", type=_positive_int, help="CPU threads for the engine (default: torch's)"
+    )
 
 
 def engine_options(args: argparse.Namespace, warmup: bool = True, **extra):
@@ -61,6 +64,7 @@ def engine_options(args: argparse.Namespace, warmup: bool = True, **extra):
         prefetch=args.prefetch,
         memory_cap_gb=args.memory_cap_gb,
         offload_budget_gb=args.offload_budget_gb,
+        threads=args.threads,
         warmup=warmup,
         **extra,
     )

@@ -35,6 +35,7 @@ class EngineOptions:
     offload_budget_gb: float | None = None  # GPU bytes that offloaded blocks may keep
     warmup: bool = True  # run every chunk shape once before the engine takes work
     record_stalls: bool = False  # offload: keep per-block copy stalls (benchmarks)
+    threads: int | None = None  # torch's CPU threads for the engine (None: torch's default)
     overrides: dict = field(default_factory=dict)  # dotted config keys → values
 
     def validate(self) -> None:
@@ -50,6 +51,8 @@ class EngineOptions:
             raise ConfigError(f"memory cap must be > 0 GB (got {self.memory_cap_gb:g})")
         if self.offload_budget_gb is not None and self.offload_budget_gb < 0:
             raise ConfigError(f"offload budget must be >= 0 GB (got {self.offload_budget_gb:g})")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be >= 1 (got {self.threads})")
         if self.offload_budget_gb is not None and self.offload is not True:
             raise ConfigError("an offload budget needs --offload")
 
@@ -71,6 +74,8 @@ def start_engine(opts: EngineOptions):
     from pipeline.offload import OffloadConfig
 
     opts.validate()
+    if opts.threads is not None:
+        torch.set_num_threads(opts.threads)
     t = time.perf_counter()
     overrides = dict(opts.overrides)
     if opts.attention:

@@ -77,7 +77,10 @@ class ServerConfig:
     max_sessions: int = 4
     token: str | None = None
     reference: str | None = None  # image file; default: the engine's packaged reference
-    engine_process: bool = True  # `serve`: the engine in its own process
+    # `serve`: the engine in its own process (None: on a CPU, where it measured 35-50%
+    # faster steps beside the media loop; not on a GPU, where the frames' trip through
+    # shared memory cost 0.07-0.14 s a 720p step and in-process steps matched bench)
+    engine_process: bool | None = None
     max_body_bytes: int = 64 * 1024  # an SDP offer is a few KiB
     session: SessionConfig = field(default_factory=SessionConfig)
     kvs: KvsOptions | None = None  # mirror every session to Kinesis Video Streams
@@ -113,9 +116,11 @@ class Service:
             return "ok"
         return "failed" if self.startup_error else "starting"
 
-    async def start_engine(self, options: EngineOptions, own_process: bool = True) -> None:
+    async def start_engine(self, options: EngineOptions, own_process: bool | None = None) -> None:
         """Start the engine off the event loop, in a process of its own unless told not to
         (`realtime.engine_process`); sessions are refused until it is warm."""
+        if own_process is None:
+            own_process = options.device == "cpu"
         try:
             if own_process:
                 engine = await asyncio.to_thread(EngineProcess, options)
@@ -512,8 +517,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine-process",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="run the engine in its own process, off the media loop's GIL (default)",
+        default=None,
+        help="run the engine in its own process, off the media loop's GIL "
+        "(default: on a CPU, not on a GPU; see bench/RESULTS.md)",
     )
     add_kvs_arguments(parser)
 

@@ -203,13 +203,14 @@ class AvatarVideoTrack(_PacedTrack):
     def _next_rgb(self, index: int) -> np.ndarray:
         rgb, dropped = self._frames.take(index)
         if dropped:
-            log.warning("DIAG frame %d: dropped %d late, t=%.3f", index, dropped, time.monotonic())
+            log.debug(
+                "session %s: %d frames before %d came late, dropped", self._sid, dropped, index
+            )
             self.dropped += dropped
             self._metrics.frames_dropped.inc(dropped)
         fresh = rgb is not None and _valid(rgb, self._size)
         if not fresh:
             log.warning(
-                "DIAG frame %d repeated depth=%d t=%.3f",
                 index,
                 self._frames.depth(),
                 time.monotonic(),

@@ -213,7 +213,6 @@ class GenerationWorker:
         if skip <= 0:
             return
         log.warning(
-            "DIAG skip %d frames behind=%d g=%.3f t=%.3f",
             skip // spf,
             behind,
             self._gen_seconds,
@@ -239,9 +238,7 @@ class GenerationWorker:
         with self._engine_lock:
             batches = self._engine.generate_ready()
         seconds = time.perf_counter() - t
-        log.warning(
-            "DIAG step %.3f s t=%.3f now_f=%d", seconds, time.monotonic(), self._clock.frame_now()
-        )
+        log.warning()
         count = 0
         for batch in batches:
             frames = np.asarray(batch.frames)
