@@ -210,11 +210,6 @@ class AvatarVideoTrack(_PacedTrack):
             self._metrics.frames_dropped.inc(dropped)
         fresh = rgb is not None and _valid(rgb, self._size)
         if not fresh:
-            log.warning(
-                index,
-                self._frames.depth(),
-                time.monotonic(),
-            )
             if rgb is not None:
                 log.warning("session %s: frame %d has bad shape/dtype", self._sid, index)
             self.repeated += 1

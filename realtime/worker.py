@@ -212,12 +212,7 @@ class GenerationWorker:
         skip = min(behind, surplus // spf) * spf
         if skip <= 0:
             return
-        log.warning(
-            skip // spf,
-            behind,
-            self._gen_seconds,
-            time.monotonic(),
-        )
+        log.debug("session %s: generation is late, skipping %d frames", self._sid, skip // spf)
         self._take(skip)
         self.skipped += skip
         self.skipped_frames_total += skip // spf
@@ -238,7 +233,6 @@ class GenerationWorker:
         with self._engine_lock:
             batches = self._engine.generate_ready()
         seconds = time.perf_counter() - t
-        log.warning()
         count = 0
         for batch in batches:
             frames = np.asarray(batch.frames)

@@ -189,6 +189,9 @@ class ScriptedEngineSession:
     def push_audio(self, samples):
         self.audio += len(samples)
 
+    def samples_needed(self):
+        return max(0, (self.emitted + 16) * 640 - self.audio)
+
     def generate_ready(self):
         from pipeline.engine import FrameBatch
 
@@ -211,6 +214,7 @@ def scripted_worker(engine, frames, clock):
     """A generation worker around a scripted engine, with no stats or error callbacks."""
     import threading
 
+    from pipeline.schedule import StreamStep
     from realtime.worker import GenerationWorker
 
     return GenerationWorker(
@@ -221,7 +225,7 @@ def scripted_worker(engine, frames, clock):
         lambda stats: None,
         lambda exc: None,
         "unit",
-        push_ahead_frames=200,
+        step=StreamStep(1, audio_frames=28, first_frame=12, end_frame=24),
         engine_lock=threading.Lock(),
     )
 
@@ -237,9 +241,10 @@ async def test_worker_rebase_retimes_frames_after_an_interrupt():
         assert worker.generated == 36 and worker.next_index() == 36
         frames.truncate(10)  # what Session.interrupt does: keep 0..9
         new_audio = worker.rebase(10)
-        # The engine holds audio up to frame 41 (40 + a partial one): its frames 36..40 are
-        # shown muted from 10 on; new audio starts at timeline frame 10 + 41 - 36 = 15.
-        assert new_audio == 15 and worker.timeline_pos == 15 * 640
+        # The engine was given exactly what its steps needed, audio up to frame 40 (the
+        # partial frame still waited in the worker and is flushed): its frames 36..39 are
+        # shown muted from 10 on; new audio starts at timeline frame 10 + 40 - 36 = 14.
+        assert new_audio == 14 and worker.timeline_pos == 14 * 640
         worker.push(np.zeros(30 * 640, np.float32))
         await asyncio.sleep(0.3)
         queued = list(frames._frames)
