@@ -94,6 +94,12 @@ def plan_playout(
         first = bound(0.0, rate)
         return PlayoutBudget(first, first, 0.0, keeps_up)
     live = bound(0.0)  # what speech needs from its arrival to its frame
+    if not keeps_up:
+        # The worker's skips can only take audio that has arrived: to place a step's new
+        # frames (and the `carry` the next step emits) after they exist, the audio arriving
+        # now must be due two steps, plus the carry, plus the margin from now.
+        carry = (step(1).audio_frames - step(1).end_frame) / FPS
+        live = max(live, 2 * steady_seconds + carry + margin_s)
     soonest = bound(live)  # the first frame when the engine works through pre-roll only
     preroll = math.floor(max(0.0, live - soonest) * FPS) / FPS  # whole frames
     first = bound(preroll)

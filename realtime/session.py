@@ -140,6 +140,7 @@ class Session:
         self._arrivals: deque[tuple[int, float | None]] = deque()
         self.speech_to_lips: deque[float] = deque(maxlen=3000)  # seconds, recent frames
         self.generated = 0
+        self.first_step_s: float | None = None  # wall time of the engine's first step
         lead = max(1, int(config.lead_s * FPS))
         self.frames = FrameQueue(lead, capacity=lead + 10 * FPS)
         self.worker = GenerationWorker(
@@ -336,6 +337,7 @@ class Session:
 
     def _on_chunk(self, stats: ChunkStats) -> None:
         if self.clock.t0 is None:
+            self.first_step_s = stats.seconds
             self._start_playout()
         duration = stats.frames / FPS
         self.generated += stats.frames
@@ -549,6 +551,7 @@ class Session:
             "frames_dropped": self.video.dropped,
             "frames_generated": self.generated,
             "frames_skipped": self.worker.skipped_frames_total,
+            "frames_queued": self.frames.depth(),  # made, not yet due
             "fresh_share": round(fresh / sent, 4) if sent else None,
             "ttff_ms": ms(self.ttff_s),
             "playout_delay_ms": ms(self.playout_delay_s),
@@ -559,6 +562,7 @@ class Session:
             "speech_to_lips_p50_ms": ms(lips[len(lips) // 2]) if lips else None,
             "speech_to_lips_p95_ms": ms(lips[int(len(lips) * 0.95)]) if lips else None,
             "step_seconds": round(self.worker.step_seconds, 4),
+            "first_step_ms": ms(self.first_step_s),
         }
 
     def describe(self) -> dict:

@@ -148,3 +148,77 @@ def normalized_xcorr_peak(a: np.ndarray, b: np.ndarray, max_lag: int = RATE) -> 
     corr = np.fft.irfft(np.fft.rfft(a, size) * np.conj(np.fft.rfft(b, size)), size)
     corr = np.concatenate([corr[: max_lag + 1], corr[size - max_lag :]])
     return float(np.abs(corr).max() / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-9))
+
+
+class ScriptedEngine:
+    """An engine with a set schedule and speed, for playout tests.
+
+    Step 0 emits `first` frames, each later step `chunk`, once `lookahead` frames of audio
+    beyond them have arrived; a step takes `rtf` times its frames' duration (it sleeps, as
+    if a GPU were busy, so the test machine's load does not change it). Each frame's pixels
+    hold the loudness of its own input audio, so a test can tell which audio a shown frame
+    was made from."""
+
+    def __init__(self, rtf: float, first: int = 8, chunk: int = 16, lookahead: int = 2):
+        from types import SimpleNamespace
+
+        self.rtf, self.first, self.chunk, self.lookahead = rtf, first, chunk, lookahead
+        self.cfg = SimpleNamespace(video=SimpleNamespace(width=32, height=32))
+        self.device = SimpleNamespace(type="scripted")  # no serve slowdown, no spread
+        self.step_seconds = {"first": rtf * first / 25, "steady": rtf * chunk / 25}
+        self.sessions: list[ScriptedStream] = []
+
+    def stream_step(self, k: int):
+        from pipeline.schedule import StreamStep
+
+        end = self.first + k * self.chunk
+        begin = 0 if k == 0 else end - self.chunk
+        return StreamStep(k, end + self.lookahead, begin, end)
+
+    def new_session(self, reference_rgb, seed: int = 0):
+        stream = ScriptedStream(self)
+        self.sessions.append(stream)
+        return stream
+
+
+def loudness_pixel(pcm: np.ndarray) -> int:
+    """The pixel value a ScriptedStream frame gets for its audio (float in [-1, 1])."""
+    return int(min(255, 700 * float(np.sqrt(np.mean(np.square(pcm, dtype=np.float64))))))
+
+
+class ScriptedStream:
+    def __init__(self, engine: ScriptedEngine) -> None:
+        self.engine = engine
+        self.audio: list[np.ndarray] = []
+        self.samples = 0
+        self.step = 0
+        self.closed = False
+
+    def push_audio(self, samples: np.ndarray) -> None:
+        self.audio.append(np.asarray(samples, np.float32))
+        self.samples += len(samples)
+
+    def samples_needed(self) -> int:
+        return max(0, self.engine.stream_step(self.step).audio_frames * 640 - self.samples)
+
+    def generate_ready(self):
+        import time
+
+        from pipeline.engine import FrameBatch
+
+        out = []
+        audio = np.concatenate(self.audio) if self.audio else np.zeros(0, np.float32)
+        while self.samples_needed() == 0:
+            step = self.engine.stream_step(self.step)
+            time.sleep(self.engine.rtf * step.frames / 25)
+            values = [
+                loudness_pixel(audio[f * 640 : (f + 1) * 640])
+                for f in range(step.first_frame, step.end_frame)
+            ]
+            frames = np.repeat(np.array(values, np.uint8), 32 * 32 * 3).reshape(-1, 32, 32, 3)
+            out.append(FrameBatch(step.first_frame, frames))
+            self.step += 1
+        return out
+
+    def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,140 @@
+"""Playout from the latency budget: scripted engines of a set speed behind the real server,
+a real aiortc client in front; what the viewer is sent is checked frame by frame."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from realtime_helpers import ScriptedEngine, running_server
+
+from realtime.client import FacecastClient, PcmSource
+from realtime.playout import plan_playout, required_delay
+from realtime.server import SERVICE
+from realtime.session import PROBE_S
+
+RATE = 48_000
+FRAME = RATE // 25  # timeline samples per video frame
+
+
+def loudness_track(seconds: float, seed: int = 3) -> np.ndarray:
+    """A tone whose loudness changes every 40 ms at random: each frame's audio is its own."""
+    rng = np.random.default_rng(seed)
+    frames = int(seconds * 25)
+    levels = np.repeat(rng.uniform(0.02, 0.3, frames), FRAME)
+    t = np.arange(frames * FRAME) / RATE
+    return (levels * np.sin(2 * np.pi * 300 * t) * 32767).astype(np.int16)
+
+
+class Sink:
+    """What the peer is sent: each video frame (a repeat is the same array again) and the
+    timeline audio, by index."""
+
+    def __init__(self) -> None:
+        self.video: list[tuple[int, np.ndarray, bool]] = []  # (index, rgb, fresh)
+        self.audio: dict[int, np.ndarray] = {}
+        self._last = None
+
+    def put_video(self, frame_rgb, index):
+        self.video.append((index, frame_rgb, frame_rgb is not self._last))
+        self._last = frame_rgb
+
+    def put_audio(self, pcm, sample_index):
+        self.audio[sample_index] = pcm
+
+    def audio_level(self, index: int) -> float | None:
+        parts = [self.audio.get(index * FRAME + k * 960) for k in (0, 1)]
+        if any(p is None for p in parts):
+            return None
+        pcm = np.concatenate(parts).astype(np.float64) / 32767
+        return float(np.sqrt(np.mean(pcm**2)))
+
+
+async def serve_scripted(engine: ScriptedEngine, seconds: float, **session):
+    sink = Sink()
+
+    async def attach(_session):
+        return sink
+
+    async with running_server(engine=engine, sink_factories=[attach], **session) as (url, app):
+        client = FacecastClient(url, PcmSource(loudness_track(seconds + 4)))
+        await client.connect()
+        await asyncio.sleep(seconds)
+        live = app[SERVICE].sessions[client.session_id]
+        stats = live.stats()
+        budget = live.budget
+        await client.close()
+    return sink, stats, budget, live
+
+
+def sync_lag(sink: Sink) -> int:
+    """The lag (frames) at which fresh frames' pixels best match the audio sent with them."""
+    fresh = [(i, int(rgb[0, 0, 0])) for i, rgb, new in sink.video if new]
+    best, best_r = 0, -2.0
+    for lag in range(-4, 5):
+        pairs = [(p, sink.audio_level(i + lag)) for i, p in fresh]
+        pairs = [(p, a) for p, a in pairs if a is not None]
+        r = float(np.corrcoef(*zip(*pairs, strict=True))[0, 1])
+        if r > best_r:
+            best, best_r = lag, r
+    assert best_r > 0.8, best_r
+    return best
+
+
+def test_budget_is_the_schedules_bound():
+    engine = ScriptedEngine(rtf=0.8)
+    first, chunk, la = engine.first, engine.chunk, engine.lookahead
+    g = engine.step_seconds["steady"]
+    budget = plan_playout(engine.stream_step, *engine.step_seconds.values(), margin_s=0.1)
+    # A live input: step 1 waits for its audio (first + chunk + lookahead frames), takes a
+    # step, and must show its first frame (frame `first`) on time.
+    assert budget.delay == pytest.approx((chunk + la) / 25 + g + 0.1)
+    assert budget.keeps_up
+    # The pre-roll lets step 0 run on silence at once: the first frame a step after start.
+    steps = [engine.stream_step(k) for k in range(6)]
+    soonest = required_delay(steps, *engine.step_seconds.values(), 1.0, 0.1, 10.0)
+    assert budget.first_frame == pytest.approx(soonest, abs=0.04)
+    assert budget.first_frame + budget.preroll == pytest.approx(budget.delay, abs=0.04)
+    del first
+    # Pushed five times faster, no pre-roll: the engine's own speed bounds the delay.
+    pushed = plan_playout(engine.stream_step, *engine.step_seconds.values(), rate=5.0)
+    assert pushed.preroll == 0 and pushed.delay < budget.delay
+
+
+@pytest.mark.timeout(60)
+async def test_engine_that_keeps_up_in_bursts_has_every_frame_fresh_and_on_its_budget():
+    engine = ScriptedEngine(rtf=0.8)  # whole 16-frame chunks at once, 0.8x real time
+    sink, stats, budget, session = await serve_scripted(engine, seconds=9.0)
+    assert stats["frames_sent"] > 150
+    assert stats["frames_repeated"] == 0 and stats["frames_dropped"] == 0, stats
+    assert stats["fresh_share"] == 1.0 and stats["frames_skipped"] == 0
+    # the delay chosen is the budget computed from the schedule (within a frame)
+    expected = plan_playout(
+        engine.stream_step, *engine.step_seconds.values(), margin_s=0.1, start_s=PROBE_S
+    )
+    assert budget == expected
+    assert abs(session.playout_delay_s - expected.delay) <= 0.04
+    # latency metrics: every frame's audio arrived `delay` before it left; the first frame
+    # left `first_frame` after the first audio (scripted delays, so within 40 ms)
+    assert abs(stats["speech_to_lips_p50_ms"] / 1000 - expected.delay) <= 0.04, stats
+    assert abs(stats["speech_to_lips_p95_ms"] / 1000 - expected.delay) <= 0.04, stats
+    assert abs(stats["ttff_ms"] / 1000 - expected.first_frame) <= 0.04, stats
+    assert sync_lag(sink) == 0
+
+
+@pytest.mark.timeout(60)
+async def test_engine_slower_than_real_time_shows_every_frame_it_makes_in_sync():
+    engine = ScriptedEngine(rtf=1.25)  # 20 fps of frames, in 16-frame bursts
+    seconds = 10.0
+    sink, stats, _budget, _session = await serve_scripted(engine, seconds=seconds)
+    made = stats["frames_generated"]
+    fresh = stats["frames_fresh"]
+    assert stats["frames_skipped"] > 0  # audio it could never turn into frames in time
+    # fresh fps equals engine fps: what it makes is shown, not dropped as late
+    assert stats["frames_dropped"] <= 0.05 * made, stats
+    assert fresh >= 0.95 * made, stats
+    shown = [i for i, _rgb, new in sink.video if new]
+    span = (shown[-1] - shown[0]) / 25
+    assert 18.0 <= len(shown) / span <= 21.0, len(shown) / span  # the engine's 20 fps
+    assert sync_lag(sink) == 0  # each frame is shown with the audio it was made from
