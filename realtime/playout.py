@@ -28,12 +28,14 @@ from dataclasses import dataclass
 from pipeline.schedule import StreamStep
 
 FPS = 25
-# Step time in serve over step time at warm-up, and the spread of step times (a fraction
-# of a step, added to the margin). The demo on 2 cores took 0.33-0.38 s per step (peaks
-# 0.5 s, 0.58 s when pushed audio keeps it busy) beside its media loop, against 0.255 s
-# alone; on an H200 the media loop runs on other cores and serve matched bench (issue 13:
-# RTF 0.97 against 0.974), with steps within a few percent of each other.
-SERVE_SLOWDOWN = {"cpu": 1.5, "cuda": 1.05}
+# Step time in serve over step time at warm-up, by (device, engine in its own process),
+# and the spread of step times (a fraction of a step, added to the margin), all measured
+# (bench/RESULTS.md). The demo on 2 cores, in the server's process: 0.33-0.38 s a step
+# (peaks 0.5 s) against 0.255 s at warm-up; in its own process on one thread: 0.41 s
+# against 0.37 s. rt720 on an H200 in the server's process: as at warm-up (0.51 s); in its
+# own process 0.60-0.67 s, the frames' trip through shared memory.
+SERVE_SLOWDOWN = {("cpu", False): 1.5, ("cpu", True): 1.15, ("cuda", False): 1.05,
+                  ("cuda", True): 1.25}  # fmt: skip
 STEP_SPREAD = {"cpu": 0.3, "cuda": 0.05}
 HORIZON_STEPS = 6  # enough for the bound to settle: the schedule repeats after step 1
 
@@ -116,12 +118,12 @@ class EngineTiming:
     spread: float = 0.0  # how much steps vary, as a fraction of one (added to the margin)
 
     @classmethod
-    def of(cls, engine) -> EngineTiming:
+    def of(cls, engine, own_process: bool = False) -> EngineTiming:
         """From a started engine (`Engine.warmup` measured the step times alone). Serving
-        is slower on a CPU, where the media loop (H.264, Opus, VAD) shares the cores with
-        the engine; the plan starts from that and follows the measured steps after."""
+        is slower, most on a CPU, where the media loop (H.264, Opus, VAD) shares the cores
+        with the engine; the plan starts from that and follows the measured steps after."""
         times = engine.step_seconds or {"first": 0.0, "steady": 0.0}
         kind = getattr(getattr(engine, "device", None), "type", "cpu")
-        slow = SERVE_SLOWDOWN.get(kind, 1.0)
+        slow = SERVE_SLOWDOWN.get((kind, own_process), 1.0)
         first, steady = times["first"] * slow, times["steady"] * slow
         return cls(engine.stream_step, first, steady, STEP_SPREAD.get(kind, 0.0))

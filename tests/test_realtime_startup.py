@@ -1,0 +1,131 @@
+"""`facecast serve` as a user starts it: flags checked in one line, the engine warm before
+/healthz says ok, and no first-use cost left for the first call to pay."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import aiohttp
+import pytest
+
+from facecast.cli import build_parser, engine_options, main
+from realtime.client import FacecastClient, PcmSource, read_audio
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLE = os.path.join(ROOT, "pipeline", "assets", "sample_speech.wav")
+
+
+def flags_of(parser, command: str) -> set[str]:
+    sub = next(a for a in parser._actions if a.dest == "command").choices[command]
+    return {opt for action in sub._actions for opt in action.option_strings}
+
+
+def test_serve_takes_every_engine_flag_bench_has():
+    parser = build_parser()
+    engine_flags = flags_of(parser, "bench") - {
+        "--seconds", "--json", "--markdown", "--no-warmup", "--isolated-reps", "--set",
+        "--command-line", "-h", "--help",
+    }  # fmt: skip
+    assert {"--compile", "--offload", "--prefetch", "--memory-cap-gb", "--attention"} <= (
+        engine_flags
+    )
+    assert engine_flags <= flags_of(parser, "serve")
+    args = parser.parse_args(
+        "serve --config tiny --device cpu --compile --offload --prefetch 3 --memory-cap-gb 40 "
+        "--offload-budget-gb 8 --attention sdpa --threads 2".split()
+    )
+    opts = engine_options(args)
+    assert (opts.config, opts.device, opts.compile, opts.offload) == ("tiny", "cpu", True, True)
+    assert (opts.prefetch, opts.memory_cap_gb, opts.offload_budget_gb) == (3, 40.0, 8.0)
+    assert (opts.attention, opts.threads) == ("sdpa", 2)
+    opts.validate()
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        "--prefetch 0",
+        "--prefetch x",
+        "--memory-cap-gb -1",
+        "--offload-budget-gb 0",
+        "--attention bogus",
+        "--threads 0",
+        "--device tpu",
+        "--port 70000",
+        "--port abc",
+        "--max-sessions 0",
+        "--lead-ms 10",
+        "--playout-margin-ms -5",
+        "--config nope",
+        "--reference /no/such.png",
+        "--offload-budget-gb 4",  # a budget needs --offload
+    ],
+)
+def test_bad_serve_flags_exit_2_with_one_line(flags, capsys):
+    try:
+        code = main(["serve", "--device", "cpu", *flags.split()])
+    except SystemExit as exc:  # argparse's own checks
+        code = exc.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and "error" in err, err
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(180)
+async def test_healthz_ready_only_after_warmup_and_first_call_pays_nothing_extra():
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "facecast", "serve", "--config", "tiny", "--device", "cpu",
+         "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        seen, offer_while_starting = [], None
+        async with aiohttp.ClientSession() as http:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                try:
+                    async with http.get(f"{url}/healthz") as r:
+                        body = await r.json()
+                        seen.append((r.status, body["status"]))
+                        if r.status == 200:
+                            break
+                    if offer_while_starting is None:
+                        async with http.post(f"{url}/offer", json={}) as r:
+                            offer_while_starting = (r.status, (await r.json())["error"])
+                except aiohttp.ClientConnectionError:
+                    pass
+                await asyncio.sleep(0.05)
+            assert seen and seen[0] == (503, "starting"), seen
+            assert seen[-1] == (200, "ok") and body["startup_seconds"] > 0, body
+            assert offer_while_starting[0] == 503 and "starting" in offer_while_starting[1]
+            metrics = await (await http.get(f"{url}/metrics")).text()
+            assert "facecast_ready 1.0" in metrics and "facecast_startup_seconds" in metrics
+        # Two calls, one after the other: the first one's first step is no slower.
+        firsts = []
+        for _ in range(2):
+            client = FacecastClient(url, PcmSource(read_audio(SAMPLE)))
+            await client.connect()
+            await client.wait_frames(40, timeout=30)
+            async with aiohttp.ClientSession() as http:
+                listed = (await (await http.get(f"{url}/sessions")).json())["sessions"]
+            await client.close()
+            firsts.append(next(s for s in listed if s["id"] == client.session_id)["first_step_ms"])
+        assert firsts[0] <= 1.5 * firsts[1] + 30, firsts
+    finally:
+        server.terminate()
+        out, _ = server.communicate(timeout=30)
+    # serve says where it listens, and when it is ready, at the default log level
+    assert f"facecast serve: {url}/" in out and "ready in" in out, out
