@@ -40,6 +40,7 @@ from aiortc.codecs import CODECS
 from aiortc.sdp import SessionDescription
 
 from pipeline.startup import EngineOptions, start_engine
+from realtime.dtls import allow_rsa_peers
 from realtime.errors import (
     BadRequest,
     EngineStarting,
@@ -149,6 +150,7 @@ def build_app(
     config: ServerConfig, engine: Any, sink_factories: Sequence[SinkFactory] = ()
 ) -> web.Application:
     """The app around a loaded engine; `sink_factories` attach mirrors to each session."""
+    allow_rsa_peers()  # GStreamer's webrtcbin has an RSA certificate (realtime/dtls.py)
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[_errors, _auth])
     factories = list(sink_factories)
     if config.kvs is not None:
