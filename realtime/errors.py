@@ -47,3 +47,10 @@ class SessionClosed(RealtimeError):
     """An operation was attempted on a session that has already closed."""
 
     status = 409
+
+
+class UnsupportedMediaType(RealtimeError):
+    """The request body has the wrong Content-Type, e.g. a WHIP offer not sent as
+    `application/sdp` (HTTP 415)."""
+
+    status = 415
