@@ -8,13 +8,7 @@ under the system Python) receiving the avatar over `POST /offer`, in VP8 and in 
 
 from __future__ import annotations
 
-import asyncio
 import datetime
-import json
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from aiortc import RTCCertificate
@@ -23,50 +17,12 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
+from gstreamer_helpers import needs_gstreamer, run_gst_peer
 from OpenSSL import SSL
 from realtime_helpers import running_server
 
 from realtime.dtls import RSA_SUITES, allow_rsa_peers
 from realtime.server import SERVICE
-
-GST_PEER = Path(__file__).with_name("gst_peer.py")
-SYSTEM_PYTHON = "/usr/bin/python3"
-
-
-def gstreamer_missing() -> str | None:
-    """Why the webrtcbin peer cannot run here (None when it can)."""
-    if not shutil.which("gst-inspect-1.0") or not Path(SYSTEM_PYTHON).exists():
-        return "GStreamer is not installed (make sysdeps)"
-    probe = "import gi; gi.require_version('GstWebRTC', '1.0'); gi.require_version('GstSdp', '1.0')"
-    elements = ["webrtcbin", "dtlssrtpdec", "opusenc", "opusdec", "vp8dec", "avdec_h264"]
-    for cmd in [[SYSTEM_PYTHON, "-c", probe]] + [
-        ["gst-inspect-1.0", "--exists", name] for name in elements
-    ]:
-        if subprocess.run(cmd, capture_output=True).returncode != 0:
-            return f"GStreamer webrtcbin is not usable: {' '.join(cmd)} failed (make sysdeps)"
-    return None
-
-
-needs_gstreamer = pytest.mark.skipif(
-    gstreamer_missing() is not None, reason=str(gstreamer_missing())
-)
-
-
-async def run_gst_peer(*args: str, timeout: float = 120.0) -> dict:
-    """Run tests/gst_peer.py under the system Python; its one JSON report."""
-    proc = await asyncio.create_subprocess_exec(
-        SYSTEM_PYTHON,
-        str(GST_PEER),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    assert proc.returncode == 0, err.decode()[-2000:]
-    report = json.loads(out.decode().strip().splitlines()[-1])
-    print(json.dumps(report), file=sys.stderr)  # the measured numbers, with -s
-    return report
-
 
 # ---- the DTLS handshake with an RSA certificate, in memory ---------------------------
 
