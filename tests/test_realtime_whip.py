@@ -26,6 +26,7 @@ from realtime_helpers import make_speech_wav, running_server, wait_until
 
 from realtime.ice_servers import link_header, parse_ice_server
 from realtime.server import SERVICE
+from realtime.whip import WHIP_SESSIONS
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -178,7 +179,7 @@ async def test_whip_advertises_the_configured_ice_servers_in_link_headers():
         parse_ice_server("stun:stun.example.net:3478"),
         parse_ice_server("turn:alice:pa55@turn.example.net:3478?transport=udp"),
     ]
-    async with running_server(ice_servers=servers) as (url, _), aiohttp.ClientSession() as http:
+    async with running_server(ice_servers=servers) as (url, app), aiohttp.ClientSession() as http:
         pub = await whip_publish(http, f"{url}/whip", AudioStreamTrack(), SDP)
         try:
             assert pub.status == 201, pub.body
@@ -187,8 +188,13 @@ async def test_whip_advertises_the_configured_ice_servers_in_link_headers():
                 '<turn:turn.example.net:3478?transport=udp>; rel="ice-server"; '
                 'username="alice"; credential="pa55"; credential-type="password"',
             ]
-            async with http.delete(pub.location) as r:
+            # a WHIP session is also a session: the API may end it, and then it is gone
+            sid = pub.location.rsplit("/", 1)[1]
+            async with http.delete(f"{url}/sessions/{sid}") as r:
                 assert r.status == 200
+            assert app[WHIP_SESSIONS] == {}
+            async with http.delete(pub.location) as r:
+                assert r.status == 404
         finally:
             await pub.pc.close()
 
