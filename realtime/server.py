@@ -272,6 +272,11 @@ async def _negotiate(service: Service, request: OfferRequest, require_video: boo
         for track in (session.audio, session.video):
             if track.kind in offered:  # an answer cannot add a media section
                 pc.addTrack(track)
+        for transceiver in pc.getTransceivers():
+            if transceiver.kind == "video":
+                # Video only goes out. A peer's camera (OBS over WHIP sends one) would be
+                # decoded into aiortc's unbounded queue that nothing reads.
+                transceiver.direction = "sendonly"
         answer = await pc.createAnswer()
         await pc.setLocalDescription(answer)
         _check_answer(pc.localDescription.sdp)

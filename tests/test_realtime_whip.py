@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.contrib.media import MediaPlayer
-from aiortc.mediastreams import AudioStreamTrack
+from aiortc.mediastreams import AudioStreamTrack, VideoStreamTrack
 from gstreamer_helpers import needs_gstreamer, run_gst_peer
 from realtime_helpers import make_speech_wav, running_server, wait_until
 
@@ -122,6 +122,29 @@ async def test_whip_client_streams_a_wav_and_delete_frees_the_slot(tmp_path):
         finally:
             await again.pc.close()
         await wait_until(lambda: not service.sessions, 10)
+
+
+@pytest.mark.timeout(120)
+async def test_whip_client_that_also_sends_a_camera_is_answered_inactive_for_video():
+    """OBS publishes its camera with the microphone: the avatar takes only the audio."""
+    async with running_server() as (url, app), aiohttp.ClientSession() as http:
+        pc = RTCPeerConnection()
+        pc.addTransceiver(AudioStreamTrack(), direction="sendonly")
+        pc.addTransceiver(VideoStreamTrack(), direction="sendonly")
+        await pc.setLocalDescription(await pc.createOffer())
+        async with http.post(f"{url}/whip", data=pc.localDescription.sdp, headers=SDP) as r:
+            status, answer, location = r.status, await r.text(), r.headers.get("Location")
+        try:
+            assert status == 201, answer
+            audio, video = answer.split("m=audio", 1)[1].split("m=video", 1)
+            assert "a=recvonly" in audio and "a=inactive" in video
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+            [session] = app[SERVICE].sessions.values()
+            await wait_until(lambda: session.video.sent - session.video.repeated >= 25, 30)
+            async with http.delete(urljoin(url, location)) as r:
+                assert r.status == 200
+        finally:
+            await pc.close()
 
 
 def sdp_without_usable_audio_codec(sdp: str) -> str:
