@@ -196,6 +196,27 @@ async def test_whip_refuses_bad_requests_with_a_reason_and_keeps_running():
             await pub.pc.close()
 
 
+async def test_whip_waits_for_the_engine_with_503():
+    """While the engine starts (serve listens at once), a publisher is told to retry."""
+    from aiohttp import web
+
+    from realtime.server import ServerConfig, build_app
+
+    runner = web.AppRunner(build_app(ServerConfig(port=0), engine=None), handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        async with aiohttp.ClientSession() as http:
+            status, reply = await json_status(
+                http, "POST", f"http://127.0.0.1:{port}/whip", data=await offer_sdp(), headers=SDP
+            )
+        assert status == 503 and "starting" in reply["error"]
+    finally:
+        await runner.cleanup()
+
+
 @pytest.mark.timeout(120)
 async def test_whip_advertises_the_configured_ice_servers_in_link_headers():
     servers = [
