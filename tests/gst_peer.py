@@ -45,11 +45,11 @@ DECODE = {
     "VP8": "rtpvp8depay ! vp8dec",
     "H264": "rtph264depay ! h264parse ! avdec_h264",
 }
+AUDIO_CAPS = "application/x-rtp,media=audio,encoding-name=OPUS,payload=111,clock-rate=48000"
 # A live 440 Hz tone, Opus-encoded: a microphone that never stops.
 AUDIO_SEND = (
     "audiotestsrc is-live=true wave=sine freq=440 volume=0.3 ! audioconvert ! audioresample"
-    " ! audio/x-raw,rate=48000,channels=1 ! opusenc ! rtpopuspay pt=111"
-    " ! application/x-rtp,media=audio,encoding-name=OPUS,payload=111,clock-rate=48000"
+    f" ! audio/x-raw,rate=48000,channels=1 ! opusenc ! rtpopuspay pt=111 ! {AUDIO_CAPS}"
     " ! webrtc."
 )
 SETTLE_S = 1.0  # fps is measured after the first second of video (jitter buffer fill)
@@ -67,9 +67,12 @@ class Peer:
         self.start = time.monotonic()
         self.pipe = Gst.parse_launch(f"webrtcbin name=webrtc bundle-policy=max-bundle {AUDIO_SEND}")
         self.webrtc = self.pipe.get_by_name("webrtc")
+        audio = self.webrtc.emit("get-transceiver", 0)  # made by linking AUDIO_SEND
+        # With its codec set up front, the offer does not depend on the first buffer's caps
+        # (webrtcbin 1.22 can otherwise answer create-offer with no offer).
+        audio.set_property("codec-preferences", Gst.Caps.from_string(AUDIO_CAPS))
         if args.mode == "whip" and not args.receive:
             # RFC 9725 ingest: the microphone only, sendonly.
-            audio = self.webrtc.emit("get-transceiver", 0)  # made by linking AUDIO_SEND
             audio.set_property("direction", GstWebRTC.WebRTCRTPTransceiverDirection.SENDONLY)
         if args.mode == "offer" or args.receive:
             direction = GstWebRTC.WebRTCRTPTransceiverDirection.RECVONLY
@@ -99,8 +102,10 @@ class Peer:
 
     def _on_offer(self, promise: Gst.Promise, _data: object) -> None:
         reply = promise.get_reply()
-        offer = reply.get_value("offer")
-        if offer is None:  # webrtcbin 1.22 may signal twice; the early offer comes back empty
+        offer = reply.get_value("offer") if reply is not None else None
+        if offer is None:
+            self.report["errors"].append(f"create-offer failed: {reply and reply.to_string()}")
+            self.loop.quit()
             return
         self.webrtc.emit("set-local-description", offer, Gst.Promise.new())
 
