@@ -54,3 +54,10 @@ class UnsupportedMediaType(RealtimeError):
     `application/sdp` (HTTP 415)."""
 
     status = 415
+
+
+class Unprocessable(RealtimeError):
+    """A well-formed request the server does not act on, e.g. a WHIP ICE restart
+    (HTTP 422)."""
+
+    status = 422

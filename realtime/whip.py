@@ -5,8 +5,8 @@
                           `Location: /whip/{session_id}`, one `Link: <…>; rel="ice-server"`
                           per configured ICE server (none when none is configured)
     DELETE /whip/{id}   ends the session and frees its slot → 200
-    PATCH  /whip/{id}   → 405: no trickle ICE or ICE restart; the answer already carries
-                          every server candidate
+    PATCH  /whip/{id}   trickle ICE: the client's later candidates, as an RFC 8840
+                        `application/trickle-ice-sdpfrag` → 204; an ICE restart → 422
 
 The offer's audio is the avatar's microphone, exactly like the browser's track on
 `POST /offer`. Where the offer also receives (audio `sendrecv`, a video section), the
@@ -14,6 +14,9 @@ answer sends the avatar's video and audio back. A WHIP client that only sends (t
 case: OBS, GStreamer's whip-client) gets nothing back, and the session still runs: the
 avatar tracks nobody sends are pulled here at their pace, so frames are generated and
 counted, playback events fire and mirrors (KVS) see the stream as with any other peer.
+
+The answer always carries every server candidate (aiortc gathers before answering), so a
+client may send its offer before gathering and trickle its own candidates with PATCH.
 
 Auth is the server's `Authorization: Bearer` middleware; errors are JSON 4xx with a reason
 (415 wrong content type, 400 unusable offer, 401 token, 404 unknown session, 503 full or
@@ -24,18 +27,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 
 from aiohttp import web
-from aiortc import RTCSessionDescription
+from aiortc import RTCIceCandidate, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from aiortc.sdp import SessionDescription
+from aiortc.sdp import SessionDescription, candidate_from_sdp
 
-from realtime.errors import BadRequest, SessionNotFound, UnsupportedMediaType
+from realtime.errors import BadRequest, SessionNotFound, Unprocessable, UnsupportedMediaType
 from realtime.ice_servers import link_header
 from realtime.server import SERVICE, OfferRequest, open_session, require_engine
 from realtime.session import Session
 
 SDP_TYPE = "application/sdp"
+TRICKLE_TYPE = "application/trickle-ice-sdpfrag"
 SENDING = ("sendrecv", "sendonly")
 log = logging.getLogger(__name__)
 
@@ -80,24 +85,71 @@ async def _post(request: web.Request) -> web.Response:
 
 
 async def _delete(request: web.Request) -> web.Response:
-    sid = request.match_info["id"]
-    if sid not in request.app[WHIP_SESSIONS]:
-        raise SessionNotFound(f"no live WHIP session {sid!r}")
-    session = request.app[SERVICE].sessions.get(sid)
-    if session is not None:
-        await session.close("ended by the WHIP client")
-    return web.json_response({"closed": sid})
+    session = _whip_session(request)
+    await session.close("ended by the WHIP client")
+    return web.json_response({"closed": session.id})
 
 
 async def _patch(request: web.Request) -> web.Response:
-    return web.json_response(
-        {
-            "error": "this WHIP server takes no trickle ICE or ICE restart: the answer "
-            "carries all its candidates; put yours in the offer (gather first)"
-        },
-        status=405,
-        headers={"Allow": "DELETE"},
-    )
+    """Trickle ICE (RFC 9725 §4.3.1): add the fragment's candidates → 204 No Content."""
+    session = _whip_session(request)
+    if request.headers.get("If-Match") == "*":  # how RFC 9725 marks an ICE restart
+        raise Unprocessable("ICE restart is not supported: DELETE the session, POST a new offer")
+    if request.content_type != TRICKLE_TYPE:
+        raise UnsupportedMediaType(
+            f"trickle candidates are sent as 'Content-Type: {TRICKLE_TYPE}' "
+            f"(got {request.content_type or 'none'!r})"
+        )
+    remote = SessionDescription.parse(session.pc.remoteDescription.sdp).media[0]
+    fragment = parse_sdpfrag((await request.read()).decode("utf-8", "replace"), remote.rtp.muxId)
+    offered_ufrag = remote.ice.usernameFragment if remote.ice else None
+    if fragment.ufrag is not None and fragment.ufrag != offered_ufrag:
+        raise Unprocessable(
+            f"ice-ufrag {fragment.ufrag!r} is not the offer's: an ICE restart, which is not "
+            "supported (DELETE the session, POST a new offer)"
+        )
+    for candidate in fragment.candidates:
+        await session.pc.addIceCandidate(candidate)
+    if fragment.end:
+        await session.pc.addIceCandidate(None)
+    return web.Response(status=204)
+
+
+def _whip_session(request: web.Request) -> Session:
+    sid = request.match_info["id"]
+    session = request.app[SERVICE].sessions.get(sid)
+    if sid not in request.app[WHIP_SESSIONS] or session is None:
+        raise SessionNotFound(f"no live WHIP session {sid!r}")
+    return session
+
+
+@dataclass
+class IceFragment:
+    ufrag: str | None
+    candidates: list[RTCIceCandidate]
+    end: bool  # a=end-of-candidates: the client has sent them all
+
+
+def parse_sdpfrag(text: str, default_mid: str | None) -> IceFragment:
+    """An RFC 8840 SDP fragment: its ice-ufrag, candidates (with their m-section's mid)."""
+    fragment = IceFragment(None, [], False)
+    mid = default_mid
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(":")
+        if key == "a=ice-ufrag":
+            fragment.ufrag = value
+        elif key == "a=mid":
+            mid = value
+        elif key == "a=end-of-candidates":
+            fragment.end = True
+        elif key == "a=candidate":
+            try:
+                candidate = candidate_from_sdp(value)
+            except Exception as exc:  # aiortc asserts on a short line, int() on bad fields
+                raise BadRequest(f"bad candidate line {line.strip()!r}: {exc!r}") from exc
+            candidate.sdpMid = mid
+            fragment.candidates.append(candidate)
+    return fragment
 
 
 def _check_offer(body: bytes) -> str:

@@ -147,6 +147,59 @@ async def test_whip_client_that_also_sends_a_camera_is_answered_inactive_for_vid
             await pc.close()
 
 
+@pytest.mark.timeout(120)
+async def test_whip_client_may_trickle_its_candidates_with_patch():
+    """RFC 9725 §4.3.1: the offer goes out before gathering, candidates follow by PATCH."""
+    trickle = {"Content-Type": "application/trickle-ice-sdpfrag"}
+    async with running_server() as (url, app), aiohttp.ClientSession() as http:
+        pc = RTCPeerConnection()
+        pc.addTransceiver(AudioStreamTrack(), direction="sendonly")
+        await pc.setLocalDescription(await pc.createOffer())
+        full = pc.localDescription.sdp
+        candidates = re.findall(r"a=candidate:[^\r\n]+", full)
+        early = re.sub(r"a=(candidate:[^\r\n]+|end-of-candidates)\r\n", "", full)
+        async with http.post(f"{url}/whip", data=early, headers=SDP) as r:
+            assert r.status == 201, await r.text()
+            answer, location = await r.text(), urljoin(url, r.headers["Location"])
+        try:
+            ufrag = re.search(r"a=ice-ufrag:(\S+)", full)[1]
+            mid = re.search(r"a=mid:(\S+)", full)[1]
+            host = candidates[0]
+            frag = f"a=ice-ufrag:{ufrag}\r\nm=audio 9 UDP/TLS/RTP/SAVPF 0\r\na=mid:{mid}\r\n"
+            async with http.patch(location, data=frag + host + "\r\n", headers=trickle) as r:
+                assert r.status == 204, await r.text()
+            rest = "".join(c + "\r\n" for c in candidates[1:]) + "a=end-of-candidates\r\n"
+            async with http.patch(location, data=frag + rest, headers=trickle) as r:
+                assert r.status == 204, await r.text()
+            [session] = app[SERVICE].sessions.values()
+            ice = session.pc.getTransceivers()[0].receiver.transport.transport
+            port = host.split()[5]
+            assert any(c.type == "host" and str(c.port) == port for c in ice.getRemoteCandidates())
+
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+            await wait_until(lambda: session.video.sent - session.video.repeated >= 25, 30)
+
+            # what the server does not do, it says so
+            for headers, body, expected in [
+                ({**trickle, "If-Match": "*"}, frag, 422),  # an ICE restart
+                (trickle, frag.replace(ufrag, "other"), 422),
+                (SDP, frag, 415),
+                (trickle, frag + "a=candidate:1 1 udp\r\n", 400),
+            ]:
+                status, reply = await json_status(
+                    http, "PATCH", location, data=body, headers=headers
+                )
+                assert status == expected and reply["error"], (headers, body, status, reply)
+            status, reply = await json_status(
+                http, "PATCH", f"{url}/whip/nope", data=frag, headers=trickle
+            )
+            assert status == 404
+            async with http.delete(location) as r:
+                assert r.status == 200
+        finally:
+            await pc.close()
+
+
 def sdp_without_usable_audio_codec(sdp: str) -> str:
     """The same offer, its audio section renamed to a codec nobody supports."""
     return re.sub(r"a=rtpmap:(\d+) (opus|PCMU|PCMA|G722)/", r"a=rtpmap:\1 nonsense/", sdp)
@@ -183,7 +236,7 @@ async def test_whip_refuses_bad_requests_with_a_reason_and_keeps_running():
         status, reply = await json_status(http, "DELETE", f"{whip}/nope")
         assert status == 401
         status, reply = await json_status(http, "PATCH", f"{whip}/nope", headers=AUTH)
-        assert status == 405 and "trickle" in reply["error"]
+        assert status == 404 and "nope" in reply["error"]
         assert not app[SERVICE].sessions and app[SERVICE].reserved == 0
 
         # the server still takes a good offer
