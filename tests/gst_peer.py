@@ -11,7 +11,9 @@ the project's venv.
 `offer` signals through Facecast's JSON `POST /offer`: it sends an Opus tone and receives
 the avatar's video (decoded with vp8dec or avdec_h264) and audio (opusdec). `whip` speaks
 RFC 9725: `POST` application/sdp, then `DELETE` the returned Location at the end; with
-`--receive` its offer also asks for the avatar's video and audio. Either way one JSON
+`--receive` its offer also asks for the avatar's video and audio; with `--trickle` the offer
+goes out before ICE gathering and the candidates follow as PATCHes (RFC 8840 fragments),
+as webrtcbin produces them. Either way one JSON
 report goes to stdout: frames decoded, their fps (by arrival time, after a settling
 second), frame size, whether frames show a picture, audio received, the DTLS/ICE states.
 """
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import queue
+import re
 import sys
 import threading
 import time
@@ -64,6 +68,7 @@ class Peer:
         self.video_flat = 0  # decoded frames with no picture (all one value)
         self.audio_samples = 0
         self.location: str | None = None
+        self.trickle: queue.Queue[str | None] = queue.Queue()  # candidate lines; None: done
         self.start = time.monotonic()
         self.pipe = Gst.parse_launch(f"webrtcbin name=webrtc bundle-policy=max-bundle {AUDIO_SEND}")
         self.webrtc = self.pipe.get_by_name("webrtc")
@@ -80,6 +85,7 @@ class Peer:
             self.webrtc.emit("add-transceiver", direction, caps)
         self.webrtc.connect("on-negotiation-needed", self._on_negotiation_needed)
         self.webrtc.connect("notify::ice-gathering-state", self._on_gathering)
+        self.webrtc.connect("on-ice-candidate", self._on_candidate)
         self.webrtc.connect("pad-added", self._on_pad)
         bus = self.pipe.get_bus()
         bus.add_signal_watch()
@@ -108,15 +114,26 @@ class Peer:
             self.loop.quit()
             return
         self.webrtc.emit("set-local-description", offer, Gst.Promise.new())
+        if self.args.trickle:  # the offer goes now; candidates follow by PATCH
+            self._send_offer(offer.sdp.as_text())
 
     def _on_gathering(self, webrtc: Gst.Element, _pspec: object) -> None:
-        # No trickle ICE on either API: the offer goes out once every candidate is in it.
         if webrtc.get_property("ice-gathering-state") != GstWebRTC.WebRTCICEGatheringState.COMPLETE:
             return
+        if self.args.trickle:
+            self.trickle.put(None)  # a=end-of-candidates
+        else:  # the offer goes out once every candidate is in it
+            self._send_offer(webrtc.get_property("local-description").sdp.as_text())
+
+    def _on_candidate(self, _webrtc: Gst.Element, _mline: int, candidate: str) -> None:
+        if self.args.trickle and candidate:
+            self.trickle.put(candidate)
+
+    def _send_offer(self, sdp: str) -> None:
         if "offer_sent" in self.report:
             return
         self.report["offer_sent"] = round(time.monotonic() - self.start, 3)
-        sdp = webrtc.get_property("local-description").sdp.as_text()
+        self.report["offer_candidates"] = sdp.count("a=candidate:")
         threading.Thread(target=self._signal, args=(sdp,), daemon=True).start()
 
     def _signal(self, sdp: str) -> None:
@@ -127,6 +144,30 @@ class Peer:
             GLib.idle_add(self.loop.quit)
             return
         GLib.idle_add(self._set_answer, answer)
+        if self.args.trickle:
+            self._patch_candidates(sdp)
+
+    def _patch_candidates(self, offer: str) -> None:
+        """RFC 9725 §4.3.1: one PATCH per candidate, then one with end-of-candidates."""
+        ice = "".join(
+            re.search(rf"^a={key}:.*$", offer, re.M)[0] + "\r\n" for key in ("ice-ufrag", "ice-pwd")
+        )
+        media = re.search(r"^m=audio .*$", offer, re.M)[0] + "\r\n"
+        mid = re.search(r"^a=mid:.*$", offer, re.M)[0] + "\r\n"
+        statuses = self.report.setdefault("patch_statuses", [])
+        while True:
+            candidate = self.trickle.get()
+            line = "a=end-of-candidates" if candidate is None else f"a={candidate}"
+            body = (ice + media + mid + line + "\r\n").encode()
+            headers = self._headers("application/trickle-ice-sdpfrag")
+            req = urllib.request.Request(self.location, body, headers, method="PATCH")
+            try:
+                with urllib.request.urlopen(req, timeout=30) as resp:
+                    statuses.append(resp.status)
+            except urllib.error.HTTPError as exc:
+                statuses.append(exc.code)
+            if candidate is None:
+                return
 
     def _headers(self, content_type: str) -> dict:
         headers = {"Content-Type": content_type}
@@ -255,6 +296,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=90.0)
     parser.add_argument("--token", default=None)
     parser.add_argument("--receive", action="store_true", help="whip: also receive the avatar")
+    parser.add_argument("--trickle", action="store_true", help="whip: trickle ICE by PATCH")
     args = parser.parse_args()
     Gst.init(None)
     print(json.dumps(Peer(args).run()))

@@ -315,23 +315,40 @@ def test_ice_server_uris_parse_with_credentials_and_escaping():
 
 @needs_gstreamer
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("receive", [False, True], ids=["sendonly", "sendrecv"])
-async def test_webrtcbin_publishes_over_whip(receive):
+@pytest.mark.parametrize(
+    "flags",
+    [[], ["--receive"], ["--trickle"]],
+    ids=["sendonly", "sendrecv", "trickle"],
+)
+async def test_webrtcbin_publishes_over_whip(flags):
     async with running_server(token=TOKEN, max_sessions=1) as (url, app):
-        args = ["whip", f"{url}/whip", "--token", TOKEN, "--seconds", "8"]
-        peer = asyncio.ensure_future(run_gst_peer(*args, *(["--receive"] if receive else [])))
+        args = ["whip", f"{url}/whip", "--token", TOKEN, "--seconds", "8", *flags]
+        peer = asyncio.ensure_future(run_gst_peer(*args))
         service = app[SERVICE]
+
+        def generated() -> int:  # frames the engine made and the session sent (or pulled)
+            return max(
+                (s.video.sent - s.video.repeated for s in service.sessions.values()), default=0
+            )
+
         # while it publishes: the avatar is generated whether or not the client receives it
-        await wait_until(
-            lambda: peer.done() or any(s.video.sent > 50 for s in service.sessions.values()), 60
-        )
-        fresh = [s.video.sent - s.video.repeated for s in service.sessions.values()]
+        await wait_until(lambda: peer.done() or generated() >= 50, 60)
+        fresh = generated()
+        remote = [
+            c.type
+            for s in service.sessions.values()
+            for c in s.pc.getTransceivers()[0].receiver.transport.transport.getRemoteCandidates()
+        ]
         report = await peer
         await wait_until(lambda: not service.sessions, 10)  # its DELETE ended the session
     assert report["errors"] == [] and report["post_status"] == 201, report
     assert report["content_type"] == "application/sdp" and report["delete_status"] == 200, report
-    assert report["connection_state"] == "connected" and fresh and fresh[0] > 40, (report, fresh)
-    if receive:  # the answer is sendrecv: the avatar's video and audio come back
+    assert report["connection_state"] == "connected" and fresh >= 50, (report, fresh)
+    assert "host" in remote, remote  # webrtcbin's candidates, from the offer or by PATCH
+    if "--trickle" in flags:  # none in the offer: each came by PATCH, then end-of-candidates
+        assert report["offer_candidates"] == 0, report
+        assert len(report["patch_statuses"]) >= 2 and set(report["patch_statuses"]) == {204}
+    if "--receive" in flags:  # the answer is sendrecv: the avatar's video and audio come back
         assert report["video_fps"] >= 24.0 and report["video_flat_frames"] == 0, report
         assert report["audio_seconds"] >= 4.0, report
     else:
