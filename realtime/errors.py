@@ -47,3 +47,17 @@ class SessionClosed(RealtimeError):
     """An operation was attempted on a session that has already closed."""
 
     status = 409
+
+
+class UnsupportedMediaType(RealtimeError):
+    """The request body has the wrong Content-Type, e.g. a WHIP offer not sent as
+    `application/sdp` (HTTP 415)."""
+
+    status = 415
+
+
+class Unprocessable(RealtimeError):
+    """A well-formed request the server does not act on, e.g. a WHIP ICE restart
+    (HTTP 422)."""
+
+    status = 422

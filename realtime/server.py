@@ -6,6 +6,7 @@ Routes (all but the page need `Authorization: Bearer TOKEN` when a token is set)
     GET  /sessions                  live sessions
     DELETE /sessions/{id}           close one
     POST /sessions/{id}/interrupt   flush queued speech → {played_ms}
+    POST /whip, DELETE /whip/{id}   WHIP ingest, RFC 9725 (realtime/whip.py)
     GET  /healthz                   {status: starting|ok|failed, sessions, max_sessions,
                                      startup_seconds}; 503 until the engine is warm
     GET  /metrics                   Prometheus text format
@@ -37,11 +38,12 @@ import av
 import numpy as np
 import torch
 from aiohttp import web
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from aiortc.codecs import CODECS
 from aiortc.sdp import SessionDescription
 
 from pipeline.startup import EngineOptions, start_engine
+from realtime.dtls import allow_rsa_peers
 from realtime.engine_process import EngineProcess
 from realtime.errors import (
     BadRequest,
@@ -51,6 +53,7 @@ from realtime.errors import (
     SessionNotFound,
     Unauthorized,
 )
+from realtime.ice_servers import add_ice_arguments, ice_servers_from_args
 from realtime.kvs import (
     KvsConfigError,
     KvsMirror,
@@ -85,6 +88,7 @@ class ServerConfig:
     max_body_bytes: int = 64 * 1024  # an SDP offer is a few KiB
     session: SessionConfig = field(default_factory=SessionConfig)
     kvs: KvsOptions | None = None  # mirror every session to Kinesis Video Streams
+    ice_servers: list[RTCIceServer] = field(default_factory=list)  # advertised to WHIP clients
 
 
 # Called for each new session; returns a started sink (or None) that receives the output
@@ -168,6 +172,7 @@ def build_app(
     config: ServerConfig, engine: Any, sink_factories: Sequence[SinkFactory] = ()
 ) -> web.Application:
     """The app around a loaded engine; `sink_factories` attach mirrors to each session."""
+    allow_rsa_peers()  # GStreamer's webrtcbin has an RSA certificate (realtime/dtls.py)
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[_errors, _auth])
     factories = list(sink_factories)
     if config.kvs is not None:
@@ -179,6 +184,9 @@ def build_app(
     app.router.add_get("/sessions", _list_sessions)
     app.router.add_delete("/sessions/{id}", _delete_session)
     app.router.add_post("/sessions/{id}/interrupt", _interrupt)
+    from realtime.whip import add_whip_routes  # whip.py builds on open_session below
+
+    add_whip_routes(app)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/metrics", _metrics)
     app.on_shutdown.append(_close_all)
@@ -220,6 +228,16 @@ async def _page(request: web.Request) -> web.FileResponse:
 
 async def _offer(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
+    require_engine(service)
+    body = await _json_body(request)
+    offer = _parse_offer(body, kvs=service.config.kvs is not None)
+    session = await open_session(service, offer)
+    answer = session.pc.localDescription
+    return web.json_response({"sdp": answer.sdp, "type": answer.type, "session_id": session.id})
+
+
+def require_engine(service: Service) -> None:
+    """Offers wait for a warm engine: 503 while it starts (POST /offer and POST /whip)."""
     if service.engine is None:
         if service.startup_error:
             raise EngineStarting(f"the engine failed to start: {service.startup_error}")
@@ -227,8 +245,15 @@ async def _offer(request: web.Request) -> web.Response:
         raise EngineStarting(
             f"the engine is still starting ({waited:.0f} s so far); retry when /healthz is ok"
         )
-    body = await _json_body(request)
-    offer = _parse_offer(body, kvs=service.config.kvs is not None)
+
+
+async def open_session(
+    service: Service, request: OfferRequest, require_video: bool = True
+) -> Session:
+    """A new live session for `request`, if a slot is free (POST /offer and POST /whip).
+
+    `require_video=False` accepts an offer with no video section (a WHIP client that only
+    sends its microphone): the avatar is generated all the same, just not sent to it."""
     if len(service.sessions) + service.reserved >= service.config.max_sessions:
         service.metrics.sessions_rejected.inc()
         raise ServerFull(
@@ -236,14 +261,12 @@ async def _offer(request: web.Request) -> web.Response:
         )
     service.reserved += 1
     try:
-        session = await _negotiate(service, offer)
+        return await _negotiate(service, request, require_video)
     finally:
         service.reserved -= 1
-    answer = session.pc.localDescription
-    return web.json_response({"sdp": answer.sdp, "type": answer.type, "session_id": session.id})
 
 
-async def _negotiate(service: Service, request: OfferRequest) -> Session:
+async def _negotiate(service: Service, request: OfferRequest, require_video: bool) -> Session:
     offer = request.description
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # loopback/LAN: no STUN
     session_config = SessionConfig(**{**service.config.session.__dict__, "seed": request.seed})
@@ -263,9 +286,16 @@ async def _negotiate(service: Service, request: OfferRequest) -> Session:
     try:
         _check_codecs(offer.sdp)
         await pc.setRemoteDescription(offer)
-        _check_transceivers(pc)
-        pc.addTrack(session.audio)
-        pc.addTrack(session.video)
+        _check_transceivers(pc, require_video)
+        offered = {t.kind for t in pc.getTransceivers()}
+        for track in (session.audio, session.video):
+            if track.kind in offered:  # an answer cannot add a media section
+                pc.addTrack(track)
+        for transceiver in pc.getTransceivers():
+            if transceiver.kind == "video":
+                # Video only goes out. A peer's camera (OBS over WHIP sends one) would be
+                # decoded into aiortc's unbounded queue that nothing reads.
+                transceiver.direction = "sendonly"
         answer = await pc.createAnswer()
         await pc.setLocalDescription(answer)
         _check_answer(pc.localDescription.sdp)
@@ -291,14 +321,14 @@ async def _negotiate(service: Service, request: OfferRequest) -> Session:
     return session
 
 
-def _check_transceivers(pc: RTCPeerConnection) -> None:
+def _check_transceivers(pc: RTCPeerConnection, require_video: bool = True) -> None:
     kinds = {t.kind for t in pc.getTransceivers()}
     if "audio" not in kinds:
         raise BadRequest(
             "the offer has no audio track: add the microphone (or an audio "
             "transceiver) before creating the offer"
         )
-    if "video" not in kinds:
+    if require_video and "video" not in kinds:
         raise BadRequest(
             "the offer has no video transceiver: add one (recvonly) to receive the avatar"
         )
@@ -528,6 +558,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: on a CPU, not on a GPU; see bench/RESULTS.md)",
     )
     add_kvs_arguments(parser)
+    add_ice_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -558,6 +589,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             playout_delay_s=delay,
         ),
     )
+    config.ice_servers = ice_servers_from_args(args)
     kvs = options_from_args(args)
     if kvs.enabled:
         try:
