@@ -74,6 +74,8 @@ async def test_browser_autostart_plays_the_avatar_at_25_fps(tmp_path):
     assert window_s >= 9.0 and fps >= 24.0, (before, stats)
     assert stats["state"] == "connected" and stats["ttffMs"] > 0
     assert {"ttffMs", "framesDecoded", "fps", "freezeCount", "state"} <= set(stats)
+    # the page shows the server's own counters: every frame it sent was fresh
+    assert stats["freshShare"] is not None and float(stats["freshShare"].split()[0]) >= 98.0
     import av  # decode the PNG screenshot with PyAV: the video must show a picture
 
     with av.open(io.BytesIO(shot), format="png_pipe") as box:

@@ -7,6 +7,8 @@ const params = new URLSearchParams(location.search);
 const stats = (window.facecastStats = {
   state: "idle", ttffMs: null, framesDecoded: 0, fps: 0, freezeCount: 0,
   rttMs: null, kbps: null, speaking: false, error: null, sessionId: null, statsAtMs: null,
+  // the server's own counters, from its `stats` events (once a second)
+  freshShare: null, speechToLipsMs: null, playoutDelayMs: null,
 });
 
 let pc = null, channel = null, micStream = null, sessionId = null;
@@ -156,6 +158,13 @@ async function pollStats() {
 }
 
 function onEvent(msg) {
+  if (msg.type === "stats") {  // once a second: shown, not logged
+    stats.freshShare = msg.fresh_share === null ? null : (100 * msg.fresh_share).toFixed(1) + " %";
+    stats.speechToLipsMs = msg.speech_to_lips_p50_ms;
+    stats.playoutDelayMs = msg.playout_delay_now_ms;
+    render();
+    return;
+  }
   logEvent(msg);
   if (msg.type === "speech_started") stats.speaking = true;
   if (msg.type === "speech_stopped") stats.speaking = false;
