@@ -25,12 +25,12 @@ test: setup sysdeps
 	$(PY) -m pytest -q $(ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check pipeline realtime tests bench
-	$(VENV)/bin/ruff format --check pipeline realtime tests bench
+	$(VENV)/bin/ruff check facecast pipeline realtime tests bench
+	$(VENV)/bin/ruff format --check facecast pipeline realtime tests bench
 
 format: setup
-	$(VENV)/bin/ruff format pipeline realtime tests bench
-	$(VENV)/bin/ruff check --fix pipeline realtime tests bench
+	$(VENV)/bin/ruff format facecast pipeline realtime tests bench
+	$(VENV)/bin/ruff check --fix facecast pipeline realtime tests bench
 
 serve: setup
 	$(VENV)/bin/facecast serve $(ARGS)
