@@ -50,6 +50,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser, default_config: str) -
     parser.add_argument(
         "--threads", type=_positive_int, help="CPU threads for the engine (default: torch's)"
     )
+    parser.add_argument(
+        "--precision",
+        choices=["default", "fp8"],
+        default="default",
+        help="fp8: the DiTs' linear layers in float8 e4m3 (FP8 GPUs; see bench/RESULTS.md)",
+    )
 
 
 def engine_options(args: argparse.Namespace, warmup: bool = True, **extra):
@@ -65,6 +71,7 @@ def engine_options(args: argparse.Namespace, warmup: bool = True, **extra):
         memory_cap_gb=args.memory_cap_gb,
         offload_budget_gb=args.offload_budget_gb,
         threads=args.threads,
+        precision=args.precision,
         warmup=warmup,
         **extra,
     )
@@ -151,6 +158,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         offload_budget_gb=args.offload_budget_gb,
         warmup=not args.no_warmup,
         isolated_reps=args.isolated_reps,
+        precision=args.precision,
         overrides=parse_overrides(args.set),
     )
     res = run_bench(opts)
@@ -166,6 +174,8 @@ def bench_command(args: argparse.Namespace) -> str:
     for name in ("attention", "memory_cap_gb", "offload_budget_gb", "json"):
         if getattr(args, name) is not None:
             parts.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
+    if args.precision != "default":
+        parts.append(f"--precision {args.precision}")
     for name in ("compile", "offload", "no_warmup"):
         if getattr(args, name):
             parts.append(f"--{name.replace('_', '-')}")
@@ -185,7 +195,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     # The baseline is the plain eager engine: started without compile or kernel picks;
     # the change under test is applied on top of it below.
     opts = engine_options(args, warmup=False, sdpa_pick=False)
-    opts.compile = False
+    opts.compile, opts.precision = False, "default"
     engine, _ = start_engine(opts)
     if args.record or not gate.has_baseline(args.baseline):
         meta = gate.record_baseline(engine, args.baseline, args.seconds, args.seed)
@@ -195,11 +205,17 @@ def cmd_gate(args: argparse.Namespace) -> int:
         )
         if args.record:
             return 0
+    if args.precision == "fp8":
+        from pipeline.precision import apply_fp8
+
+        apply_fp8(engine)
     if args.sdpa_pick:
         pick_sdpa_backends(engine)
     if args.compile:
         compile_engine(engine)
     report = gate.check(engine, args.baseline, args.tolerance_db)
+    if args.precision == "fp8":
+        report = gate.precision_tier(report, args.fp8_floor_db)
     if args.json:
         Path(args.json).write_text(report.to_json())
     print(("PASS " if report.passed else "FAIL ") + report.message)
@@ -275,6 +291,9 @@ def build_parser(with_serve_options: bool = True) -> argparse.ArgumentParser:
     gate.add_argument("--seed", type=int, default=0)
     gate.add_argument("--sdpa-pick", action="store_true", help="pin the fastest SDPA backends")
     gate.add_argument("--tolerance-db", type=float, default=0.5)
+    gate.add_argument(
+        "--fp8-floor-db", type=float, default=30.0, help="--precision fp8: lowest PSNR allowed"
+    )
     gate.add_argument("--json", help="write the report here")
     gate.set_defaults(func=cmd_gate)
 

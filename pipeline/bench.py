@@ -64,6 +64,7 @@ class BenchOptions:
     offload_budget_gb: float | None = None
     warmup: bool = True
     isolated_reps: int = 3
+    precision: str = "default"
     count_flops: bool = True
     seed: int = 0
     overrides: dict = field(default_factory=dict)
@@ -247,6 +248,7 @@ def engine_options(opts: BenchOptions):
         offload_budget_gb=opts.offload_budget_gb,
         warmup=opts.warmup,
         record_stalls=True,
+        precision=opts.precision,
         overrides=dict(opts.overrides),
     )
 
@@ -486,6 +488,7 @@ def _meta(opts: BenchOptions, engine, device: torch.device) -> dict:
         "dtype": engine.cfg.runtime.dtype,
         "options": asdict(opts),
         "offload": engine.offloader is not None,
+        "precision": opts.precision,
     }
 
 

@@ -202,3 +202,23 @@ def check(engine, directory: str | Path, tolerance_db: float = DEFAULT_TOLERANCE
         )
     frames = render_fixed(engine, meta["seconds"], meta["seed"])
     return compare(meta, np.load(d / "frames.npy"), frames, tolerance_db)
+
+
+def precision_tier(report: GateReport, floor_db: float) -> GateReport:
+    """The tier of a lower precision (FP8): it cannot meet the bf16 reassociation band, so
+    it passes on its own floor, and the report says how far below the band it sits."""
+    passed = report.psnr_min >= floor_db
+    verdict = "precision tier: pass" if passed else "precision tier: rejected"
+    return GateReport(
+        passed,
+        3 if passed else None,
+        report.frames,
+        report.identical_frames,
+        report.psnr_min,
+        report.psnr_mean,
+        report.band_psnr_min,
+        floor_db,
+        message=f"{verdict}: lowest PSNR {report.psnr_min:.2f} dB, mean {report.psnr_mean:.2f} "
+        f"dB against the bf16 baseline (floor {floor_db:.1f} dB; the bf16 reassociation band "
+        f"is {report.band_psnr_min:.2f} dB)",
+    )

@@ -17,6 +17,8 @@ from pipeline.config import ATTENTION_BACKENDS, DEFAULT_CONFIG, load_config
 from pipeline.errors import ConfigError
 from pipeline.module import resolve_device
 
+PRECISIONS = ("default", "fp8")
+
 
 @dataclass
 class EngineOptions:
@@ -36,6 +38,7 @@ class EngineOptions:
     warmup: bool = True  # run every chunk shape once before the engine takes work
     record_stalls: bool = False  # offload: keep per-block copy stalls (benchmarks)
     threads: int | None = None  # torch's CPU threads for the engine (None: torch's default)
+    precision: str = "default"  # "default": the config's dtype; "fp8": FP8 DiT linears
     overrides: dict = field(default_factory=dict)  # dotted config keys → values
 
     def validate(self) -> None:
@@ -51,6 +54,8 @@ class EngineOptions:
             raise ConfigError(f"memory cap must be > 0 GB (got {self.memory_cap_gb:g})")
         if self.offload_budget_gb is not None and self.offload_budget_gb < 0:
             raise ConfigError(f"offload budget must be >= 0 GB (got {self.offload_budget_gb:g})")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision {self.precision!r} is not one of {', '.join(PRECISIONS)}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be >= 1 (got {self.threads})")
         if self.offload_budget_gb is not None and self.offload is not True:
@@ -100,10 +105,14 @@ def start_engine(opts: EngineOptions):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     report = StartupReport(load_seconds=time.perf_counter() - t)
+    if opts.precision == "fp8":  # before compile: the graphs are traced with FP8 in them
+        from pipeline.precision import apply_fp8
+
+        report.prepare["fp8_linears"] = apply_fp8(engine)
     if opts.warmup:
-        report.prepare = prepare(engine, compile_blocks=opts.compile, sdpa_pick=opts.sdpa_pick)
+        report.prepare |= prepare(engine, compile_blocks=opts.compile, sdpa_pick=opts.sdpa_pick)
     elif opts.compile:
-        report.prepare = {"compiled_blocks": compile_engine(engine)}
+        report.prepare["compiled_blocks"] = compile_engine(engine)
     report.seconds = time.perf_counter() - t
     engine.startup = report
     return engine, report

@@ -55,6 +55,10 @@ from realtime.worker import SAMPLES_PER_FRAME_16K, ChunkStats, GenerationWorker
 
 log = logging.getLogger(__name__)
 PROBE_S = 0.1  # the first audio is held this long to tell a microphone from a push
+# Inserted silence comes in 160 ms steps: whole video frames (40 ms) and whole VAD windows
+# (32 ms), so neither the frames' audio nor the VAD's window phase shifts (silero's speech
+# edges move by up to 0.1 s with the phase).
+INSERT_STEP = 160 * RATE_IN // 1000
 
 
 @dataclass
@@ -375,7 +379,7 @@ class Session:
             budget = PlayoutBudget(fixed, fixed, 0.0, budget.keeps_up)
         self._planned_delay = budget.first_frame
         if budget.preroll:
-            samples = round(budget.preroll * RATE_IN) // SAMPLES_PER_FRAME * SAMPLES_PER_FRAME
+            samples = round(budget.preroll * RATE_IN) // INSERT_STEP * INSERT_STEP
             if samples:
                 self._preroll_s = samples / RATE_IN
                 self._inserted_s += self._preroll_s
@@ -419,7 +423,7 @@ class Session:
         current = t0 + self.timeline.head / RATE_IN - last_rx
         missing = target - current
         if missing > 0.02:
-            samples = int(missing * RATE_IN) // SAMPLES_PER_FRAME * SAMPLES_PER_FRAME
+            samples = math.ceil(missing * RATE_IN / INSERT_STEP) * INSERT_STEP
             at = self.timeline.head
             self._inserted_s += samples / RATE_IN
             self._grown_s += samples / RATE_IN

@@ -1,0 +1,37 @@
+"""FP8 linear layers: the same function as the bf16 layer they replace, within e4m3's
+rounding, and a clear refusal where there are no FP8 tensor cores."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.errors import ConfigError
+from pipeline.gate import GateReport, precision_tier
+from pipeline.precision import Fp8Linear, apply_fp8
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fp8_linear_matches_the_layer_it_replaces(bias):
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(128, 192, bias=bias).to(torch.bfloat16)
+    fp8 = Fp8Linear(layer)
+    for scale in (1e-3, 1.0, 300.0):  # per-token scales: any activation range works
+        x = scale * torch.randn(3, 64, 128, dtype=torch.bfloat16)
+        want, got = layer(x).float(), fp8(x).float()
+        assert got.shape == want.shape and got.dtype == torch.float32
+        assert torch.isfinite(got).all()
+        # e4m3 keeps 3 mantissa bits: ~2-4% relative error on a product, not more
+        assert (got - want).norm() / want.norm() < 0.06
+    assert fp8.weight.dtype == torch.float8_e4m3fn
+
+
+def test_fp8_needs_an_fp8_gpu(tiny_engine):
+    with pytest.raises(ConfigError, match="FP8 GPU"):
+        apply_fp8(tiny_engine)
+
+
+def test_precision_tier_passes_on_its_own_floor():
+    report = GateReport(False, None, 10, 0, 34.0, 38.0, 48.5, 48.0, "rejected")
+    assert precision_tier(report, 30.0).passed and precision_tier(report, 30.0).tier == 3
+    assert not precision_tier(report, 35.0).passed
