@@ -47,3 +47,27 @@ class SessionClosed(RealtimeError):
     """An operation was attempted on a session that has already closed."""
 
     status = 409
+
+
+class Forbidden(RealtimeError):
+    """A cross-site request to a server without a token (HTTP 403)."""
+
+    status = 403
+
+
+class RequestTimeout(RealtimeError):
+    """The request body did not arrive in time (HTTP 408)."""
+
+    status = 408
+
+
+class UnsupportedMediaType(RealtimeError):
+    """A JSON endpoint was sent something that is not `application/json` (HTTP 415)."""
+
+    status = 415
+
+
+class MisdirectedRequest(RealtimeError):
+    """The `Host` header names a server this one is not (HTTP 421): DNS rebinding."""
+
+    status = 421

@@ -107,12 +107,13 @@ async def running_server(
     """Start the real aiohttp app on a loopback port; yields (base_url, app)."""
     from aiohttp import web
 
+    from realtime.edge import FacecastRunner
     from realtime.server import ServerConfig, build_app
 
     config = ServerConfig(port=0, **overrides)
     engine = engine or await asyncio.to_thread(load_test_engine)
     app = build_app(config, engine=engine, sink_factories=sink_factories)
-    runner = web.AppRunner(app, handle_signals=False)
+    runner = FacecastRunner(app, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from realtime.kvs.errors import KvsConfigError
 
 ENDPOINT_ENV = "FACECAST_KVS_ENDPOINT_URL"
-STREAM_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,256}$")
+STREAM_NAME = re.compile(r"[a-zA-Z0-9_.-]{1,256}")  # fullmatch: "$" would allow a final "\n"
 MAX_FRAGMENTS_PER_S = 5.0  # a PutMedia limit per stream
 
 
@@ -77,7 +77,7 @@ class KvsOptions:
 
 
 def check_stream_name(name: str) -> str:
-    if not STREAM_NAME.match(name):
+    if not STREAM_NAME.fullmatch(name):
         raise KvsConfigError(
             f"invalid KVS stream name {name!r}: use 1-256 letters, digits, '_', '.' or '-'"
         )
