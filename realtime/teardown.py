@@ -6,8 +6,8 @@ oldest generation is collected rarely (its threshold grows with the long-lived h
 torch and the engine keep). A closed call kept in a cycle holds everything reachable from
 it: its frames, engine state, VAD model, and PyAV codec contexts with their FFmpeg
 threads. Measured by tests/test_realtime_churn.py with the collector off: 30 calls took
-the process from 4 to 124 threads and 516 to 835 MB; with the cycles broken, 4 to 4 and
-511 to 534 MB.
+the process from 3 to 123 threads and 523 to 827 MB; with the cycles broken, 3 to 3
+threads and 569 to 548 MB.
 
 aiortc's own graph is cyclic while a peer connection lives: the connection subscribes
 bound methods of itself to its ICE gatherer, ICE transports and DTLS transports
