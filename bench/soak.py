@@ -6,9 +6,10 @@
 It starts `facecast serve` (the default config unless --config) on the CPU on a free
 loopback port, connects one aiortc client that speaks espeak-ng utterances with pauses
 in a loop, in real time like a microphone, and interrupts over the data channel every
-minute. Every interval it samples the server process (RSS, threads, open fds, from
-/proc), the server's frame counters (fresh, repeated, dropped, skipped: /metrics and
-/sessions) and generation's real-time factor, and the client's video arrivals: a gap
+minute. Every interval it samples the server's processes (the server and its engine
+process: RSS, threads, open fds, from /proc), the server's frame counters (fresh,
+repeated, dropped, skipped: /metrics), generation's real-time factor, the session's
+speech-to-lips latency (/sessions), and the client's video arrivals: a gap
 over 200 ms between two received frames is a stall. At the end it writes JSON and the
 soak section of bench/RESULTS.md, judged against issue 18's targets: RSS growth <= 5%
 from minute 5 to the end, threads and fds flat, no stall over 200 ms while generation
@@ -205,6 +206,7 @@ class SoakClient:
 
 COUNTERS = {
     "sent": "facecast_video_frames_sent_total",
+    "fresh": "facecast_video_frames_fresh_total",
     "repeated": "facecast_video_frames_repeated_total",
     "dropped": "facecast_video_frames_dropped_total",
     "skipped": "facecast_generation_skipped_frames_total",
@@ -213,14 +215,40 @@ COUNTERS = {
 }
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (the server spawns its engine as a child process)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    return tree
+
+
 def proc_stats(pid: int) -> dict:
-    status = Path(f"/proc/{pid}/status").read_text().splitlines()
-    fields = dict(line.split(":", 1) for line in status if ":" in line)
-    return {
-        "rss_mb": round(int(fields["VmRSS"].split()[0]) / 1024, 1),
-        "threads": int(fields["Threads"]),
-        "fds": len(os.listdir(f"/proc/{pid}/fd")),
-    }
+    """RSS, threads and fds of the server's processes, summed (shared pages count twice)."""
+    total = {"rss_mb": 0.0, "threads": 0, "fds": 0, "processes": 0}
+    for proc in process_tree(pid):
+        try:
+            status = Path(f"/proc/{proc}/status").read_text().splitlines()
+            fds = len(os.listdir(f"/proc/{proc}/fd"))
+        except OSError:  # it exited meanwhile
+            continue
+        fields = dict(line.split(":", 1) for line in status if ":" in line)
+        total["rss_mb"] += int(fields["VmRSS"].split()[0]) / 1024
+        total["threads"] += int(fields["Threads"])
+        total["fds"] += fds
+        total["processes"] += 1
+    total["rss_mb"] = round(total["rss_mb"], 1)
+    return total
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -268,7 +296,7 @@ async def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300.0)
 async def soak(args: argparse.Namespace, log_path: Path) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "pipeline.cli", "--log-level", "warning", "serve"]
+    command = [sys.executable, "-m", "facecast", "--log-level", "warning", "serve"]
     command += ["--device", "cpu", "--port", str(port)] + (
         ["--config", args.config] if args.config else []
     )
@@ -316,17 +344,18 @@ def sample(
     t: float, pid: int, before: dict, after: dict, session: dict | None, client: SoakClient
 ) -> dict:
     delta = {key: after[key] - before[key] for key in COUNTERS}
-    sent, repeated = delta["sent"], delta["repeated"]
     rtf = delta["rtf_sum"] / delta["rtf_count"] if delta["rtf_count"] else None
+    lips = None if session is None else session.get("speech_to_lips_p50_ms")
     return {
         "t_s": round(t),
         **proc_stats(pid),
-        "fresh": int(sent - repeated),
-        "repeated": int(repeated),
+        "fresh": int(delta["fresh"]),
+        "repeated": int(delta["repeated"]),
         "dropped": int(delta["dropped"]),
         "skipped": int(delta["skipped"]),
         "rtf": None if rtf is None else round(rtf, 3),
         "queue_depth": None if session is None else session["queue_depth"],
+        "speech_to_lips_p50_ms": lips,
         "client": client.video.take(),
     }
 
