@@ -9,8 +9,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
-from realtime_helpers import running_server
-from test_realtime_security import raw_request, status_and_json
+from realtime_helpers import raw_request, running_server, status_and_json
 
 from realtime.security import SecurityConfig
 

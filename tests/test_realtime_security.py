@@ -4,7 +4,6 @@ gets a 4xx with a reason."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
@@ -12,31 +11,13 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
-from realtime_helpers import running_server
+from realtime_helpers import raw_request, running_server, status_and_json
 from test_realtime_api import make_offer, post
 
 from realtime.security import SameOriginPolicy, SecurityConfig, redact
 from realtime.server import SERVICE
 
 JSON = {"Content-Type": "application/json"}
-
-
-async def raw_request(url: str, data: bytes, read_timeout: float = 10.0) -> bytes:
-    """Send `data` as-is on a new connection; return everything the server answers."""
-    parts = urlsplit(url)
-    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
-    try:
-        writer.write(data)
-        await writer.drain()
-        return await asyncio.wait_for(reader.read(), read_timeout)
-    finally:
-        writer.close()
-
-
-def status_and_json(raw: bytes) -> tuple[int, dict]:
-    head, _, body = raw.partition(b"\r\n\r\n")
-    assert b"application/json" in head.lower(), head
-    return int(head.split()[1]), json.loads(body)
 
 
 async def test_cross_site_posts_and_rebinding_pages_are_refused():
