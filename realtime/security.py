@@ -52,9 +52,12 @@ class SecurityConfig:
     body_timeout_s: float = 10.0  # a request body (the largest is a few KiB of SDP)
 
     def __post_init__(self) -> None:
-        for name in ("header_timeout_s", "body_timeout_s"):
+        for name, flag in (
+            ("header_timeout_s", "--header-timeout"),
+            ("body_timeout_s", "--body-timeout"),
+        ):
             if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+                raise ValueError(f"{flag} {getattr(self, name)}: must be > 0 seconds")
         for origin in self.allow_origins:
             if origin != "*" and parse_origin(origin) is None:
                 raise ValueError(

@@ -186,3 +186,20 @@ async def test_unknown_routes_and_methods_answer_json():
             assert "POST" in (await r.json())["error"]
         async with http.get(f"{url}/static/missing.js") as r:
             assert r.status == 404 and r.content_type == "application/json"
+
+
+def test_serve_flags_set_the_allow_lists_and_timeouts():
+    import argparse
+
+    from realtime.server import add_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    flags = ["--allow-origin", "https://a.example", "--allow-origin", "https://b.example:8443"]
+    flags += ["--allow-host", "avatar.example", "--header-timeout", "5", "--body-timeout", "3"]
+    security = config_from_args(parser.parse_args(flags)).security
+    assert security.allow_origins == ("https://a.example", "https://b.example:8443")
+    assert security.allow_hosts == ("avatar.example",)
+    assert (security.header_timeout_s, security.body_timeout_s) == (5.0, 3.0)
+    with pytest.raises(ValueError, match="--body-timeout 0.0: must be > 0"):
+        config_from_args(parser.parse_args(["--body-timeout", "0"]))
