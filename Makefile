@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.facecast-installed
 ARGS ?=
 
-.PHONY: setup sysdeps test lint format serve render bench clean
+.PHONY: setup sysdeps test lint format serve render bench soak clean
 
 setup: $(STAMP)
 
@@ -40,6 +40,10 @@ render: setup
 
 bench: setup
 	$(VENV)/bin/facecast bench --config rt720 --seconds 20 --json bench/results/rt720.json --markdown bench/RESULTS.md $(ARGS)
+
+# One hour-long call on the CPU, measured every 30 s (bench/soak.py; ARGS="--minutes 2").
+soak: setup sysdeps
+	$(PY) bench/soak.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

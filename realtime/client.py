@@ -37,6 +37,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from realtime.audio_in import float_to_s16
+from realtime.teardown import release_peer_connection
 
 RATE = 48_000
 FRAME = 960  # 20 ms
@@ -302,6 +303,10 @@ class FacecastClient:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        # Free the call without waiting for the garbage collector (realtime.teardown).
+        self._channel.remove_all_listeners()
+        release_peer_connection(self.pc)
         if self._writer:
             await asyncio.to_thread(self._writer.close)
 

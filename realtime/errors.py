@@ -49,9 +49,21 @@ class SessionClosed(RealtimeError):
     status = 409
 
 
+class Forbidden(RealtimeError):
+    """A cross-site request to a server without a token (HTTP 403)."""
+
+    status = 403
+
+
+class RequestTimeout(RealtimeError):
+    """The request body did not arrive in time (HTTP 408)."""
+
+    status = 408
+
+
 class UnsupportedMediaType(RealtimeError):
-    """The request body has the wrong Content-Type, e.g. a WHIP offer not sent as
-    `application/sdp` (HTTP 415)."""
+    """The body has the wrong Content-Type: a JSON endpoint sent something that is not
+    `application/json`, a WHIP offer not sent as `application/sdp` (HTTP 415)."""
 
     status = 415
 
@@ -61,3 +73,9 @@ class Unprocessable(RealtimeError):
     (HTTP 422)."""
 
     status = 422
+
+
+class MisdirectedRequest(RealtimeError):
+    """The `Host` header names a server this one is not (HTTP 421): DNS rebinding."""
+
+    status = 421

@@ -92,3 +92,11 @@ class PlaybackTracker:
             self._emit(message("playback_finished", position_ms=played, interrupted=True))
         self._segments.clear()
         return played
+
+    def detach(self) -> None:
+        """The session closed: emit nothing more (and hold no reference back to it)."""
+        self._emit = _ignore
+
+
+def _ignore(text: str) -> None:
+    pass

@@ -23,7 +23,9 @@ import asyncio
 import dataclasses
 import json
 import logging
+import mimetypes
 import os
+import re
 import secrets
 import signal
 import sys
@@ -44,6 +46,7 @@ from aiortc.sdp import SessionDescription
 
 from pipeline.startup import EngineOptions, start_engine
 from realtime.dtls import allow_rsa_peers
+from realtime.edge import run_app
 from realtime.engine_process import EngineProcess
 from realtime.errors import (
     BadRequest,
@@ -65,6 +68,14 @@ from realtime.kvs import (
 from realtime.kvs.options import check_stream_name
 from realtime.metrics import CONTENT_TYPE_LATEST, RealtimeMetrics
 from realtime.playout import EngineTiming
+from realtime.security import (
+    SecurityConfig,
+    add_security_arguments,
+    read_body,
+    redact_access_log,
+    same_origin_guard,
+    security_from_args,
+)
 from realtime.session import Session, SessionConfig
 from realtime.tracks import FPS, MediaSink
 from realtime.vad import VoiceActivityDetector
@@ -89,6 +100,7 @@ class ServerConfig:
     session: SessionConfig = field(default_factory=SessionConfig)
     kvs: KvsOptions | None = None  # mirror every session to Kinesis Video Streams
     ice_servers: list[RTCIceServer] = field(default_factory=list)  # advertised to WHIP clients
+    security: SecurityConfig = field(default_factory=SecurityConfig)  # same-origin, timeouts
 
 
 # Called for each new session; returns a started sink (or None) that receives the output
@@ -173,13 +185,19 @@ def build_app(
 ) -> web.Application:
     """The app around a loaded engine; `sink_factories` attach mirrors to each session."""
     allow_rsa_peers()  # GStreamer's webrtcbin has an RSA certificate (realtime/dtls.py)
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[_errors, _auth])
+    guard = same_origin_guard(config.token, config.host, config.security)
+    app = web.Application(
+        client_max_size=config.max_body_bytes,
+        middlewares=[_errors, guard, _auth],
+        handler_args=config.security.handler_args(),
+    )
+    redact_access_log()
     factories = list(sink_factories)
     if config.kvs is not None:
         factories.append(kvs_sink_factory(config.kvs))
     app[SERVICE] = Service(config, engine, factories)
     app.router.add_get("/", _page)
-    app.router.add_static("/static/", WEBCLIENT, show_index=False)
+    app.router.add_get("/static/{name}", _static)
     app.router.add_post("/offer", _offer)
     app.router.add_get("/sessions", _list_sessions)
     app.router.add_delete("/sessions/{id}", _delete_session)
@@ -198,13 +216,40 @@ def build_app(
 
 @web.middleware
 async def _errors(request: web.Request, handler):
+    """Every error answers JSON with a reason; an unexpected exception is a logged 500."""
     try:
         return await handler(request)
     except RealtimeError as exc:
-        return web.json_response({"error": str(exc)}, status=exc.status)
+        response = web.json_response({"error": str(exc)}, status=exc.status)
+        if exc.status == 408:  # the rest of the body may never come: do not wait for it
+            response.force_close()
+        return response
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[SERVICE].config.max_body_bytes
         return web.json_response({"error": f"body larger than {limit} bytes"}, status=413)
+    except web.HTTPException as exc:  # the router's 404 and 405, static files' 403/404
+        if exc.status < 400:
+            raise
+        return web.json_response(
+            {"error": _http_reason(request, exc)}, status=exc.status, headers=_allow(exc)
+        )
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return web.json_response({"error": "internal server error"}, status=500)
+
+
+def _http_reason(request: web.Request, exc: web.HTTPException) -> str:
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        return f"method {request.method} is not allowed on {request.path}; use {allowed}"
+    if isinstance(exc, web.HTTPNotFound):
+        return f"no such resource: {request.path}"
+    return exc.reason
+
+
+def _allow(exc: web.HTTPException) -> dict[str, str]:
+    allow = exc.headers.get("Allow")
+    return {"Allow": allow} if allow else {}
 
 
 @web.middleware
@@ -214,7 +259,8 @@ async def _auth(request: web.Request, handler):
     if token and not public:
         header = request.headers.get("Authorization", "")
         given = header[7:] if header.startswith("Bearer ") else ""
-        if not secrets.compare_digest(given.encode(), token.encode()):
+        # Header bytes that are not UTF-8 arrive as surrogate escapes: compare them as bytes.
+        if not secrets.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode()):
             raise Unauthorized("missing or wrong token: send 'Authorization: Bearer <token>'")
     return await handler(request)
 
@@ -222,8 +268,24 @@ async def _auth(request: web.Request, handler):
 # ---- handlers ------------------------------------------------------------------------
 
 
-async def _page(request: web.Request) -> web.FileResponse:
-    return web.FileResponse(WEBCLIENT / "index.html")
+async def _page(request: web.Request) -> web.Response:
+    return _webclient_file("index.html")
+
+
+async def _static(request: web.Request) -> web.Response:
+    return _webclient_file(request.match_info["name"])
+
+
+def _webclient_file(name: str) -> web.Response:
+    """One file of the page, whole (a few KiB: no ranges or conditional requests, so no
+    answer of aiohttp's file sender can bypass the JSON errors); nothing outside it."""
+    files = {p.name: p for p in WEBCLIENT.iterdir() if p.is_file() and p.name[0] != "."}
+    path = files.get(name)  # the name never reaches the file system
+    if path is None:
+        raise web.HTTPNotFound()
+    kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
+    charset = "utf-8" if kind.startswith("text/") else None
+    return web.Response(body=path.read_bytes(), content_type=kind, charset=charset)
 
 
 async def _offer(request: web.Request) -> web.Response:
@@ -304,7 +366,7 @@ async def _negotiate(service: Service, request: OfferRequest, require_video: boo
         raise
     except Exception as exc:  # aiortc raises ValueError and friends on unusable offers
         await session.close("offer refused")
-        raise BadRequest(f"cannot negotiate the offer: {exc}") from exc
+        raise BadRequest(f"cannot negotiate the offer: {_reason(exc)}") from exc
     session.offer_options = {"kvs_stream": request.kvs_stream}
     service.sessions[session.id] = session
     service.metrics.sessions_total.inc()
@@ -339,7 +401,7 @@ def _check_codecs(sdp: str) -> None:
     try:
         desc = SessionDescription.parse(sdp)
     except Exception as exc:
-        raise BadRequest(f"the offer's SDP does not parse: {exc}") from exc
+        raise BadRequest(f"the offer's SDP does not parse: {_reason(exc)}") from exc
     for media in desc.media:
         if media.kind not in ("audio", "video"):
             continue
@@ -352,6 +414,45 @@ def _check_codecs(sdp: str) -> None:
             )
 
 
+ICE_CHARS = re.compile(r"[A-Za-z0-9+/]+")  # RFC 8839 ice-char
+FINGERPRINT = re.compile(r"([0-9A-Fa-f]{2}:)*[0-9A-Fa-f]{2}")
+HASHES = {"sha-1", "sha-224", "sha-256", "sha-384", "sha-512"}
+
+
+def _check_offer_transport(sdp: str) -> None:
+    """Refuse, before a slot is taken, an offer that could never connect: every media
+    section needs ICE credentials (RFC 8839: ufrag of 4+, pwd of 22+ ice-chars) and a DTLS
+    certificate fingerprint (RFC 8122), at session or media level."""
+    try:
+        desc = SessionDescription.parse(sdp)
+    except Exception as exc:
+        raise BadRequest(f"the offer's SDP does not parse: {_reason(exc)}") from exc
+    for media in desc.media:
+        where = f"the offer's {media.kind} section"
+        ice = media.ice
+        ufrag, pwd = (ice.usernameFragment, ice.password) if ice else (None, None)
+        if not ufrag or not pwd:
+            raise BadRequest(f"{where} has no ICE credentials (a=ice-ufrag and a=ice-pwd)")
+        if not (4 <= len(ufrag) <= 256 and 22 <= len(pwd) <= 256):
+            raise BadRequest(f"{where}: ice-ufrag needs 4-256 and ice-pwd 22-256 characters")
+        if not (ICE_CHARS.fullmatch(ufrag) and ICE_CHARS.fullmatch(pwd)):
+            raise BadRequest(f"{where}: ice-ufrag and ice-pwd may use only A-Z a-z 0-9 + /")
+        prints = media.dtls.fingerprints if media.dtls else []
+        if not prints:
+            raise BadRequest(f"{where} has no DTLS fingerprint (a=fingerprint:sha-256 ...)")
+        for fp in prints:
+            if fp.algorithm.lower() not in HASHES or not FINGERPRINT.fullmatch(fp.value):
+                raise BadRequest(
+                    f"{where} has an unusable fingerprint {fp.algorithm} {fp.value[:100]!r}"
+                )
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception's message, or its type when it has none (aiortc's SDP parser raises
+    bare AssertionErrors on malformed lines)."""
+    return str(exc) or f"{type(exc).__name__} on a malformed line"
+
+
 def _check_answer(sdp: str) -> None:
     """aiortc rejects a media section it shares no codec with by giving it port 0."""
     for line in sdp.splitlines():
@@ -361,11 +462,13 @@ def _check_answer(sdp: str) -> None:
 
 
 async def _json_body(request: web.Request) -> dict:
-    raw = await request.read()
+    raw = await read_body(request, request.app[SERVICE].config.security.body_timeout_s)
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"body is not JSON: {exc}") from exc
+    except RecursionError:
+        raise BadRequest("body is not usable JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequest("body must be a JSON object")
     return body
@@ -394,6 +497,7 @@ def _parse_offer(body: dict, kvs: bool) -> OfferRequest:
             "the offer has no audio track: add the microphone (or an audio "
             "transceiver) before creating the offer"
         )
+    _check_offer_transport(sdp)
     stream = body.get("kvs_stream")
     if stream is not None:
         if not kvs:
@@ -532,7 +636,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--token",
         default=os.environ.get("FACECAST_TOKEN"),
-        help="require 'Authorization: Bearer TOKEN' (env FACECAST_TOKEN)",
+        help="require 'Authorization: Bearer TOKEN'; prefer the env FACECAST_TOKEN, since a "
+        "command line is visible to every local user (ps)",
     )
     parser.add_argument("--reference", default=None, help="identity image (PNG/JPEG)")
     parser.add_argument(
@@ -559,6 +664,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_kvs_arguments(parser)
     add_ice_arguments(parser)
+    add_security_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -588,6 +694,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             playout_margin_s=args.playout_margin_ms / 1000,
             playout_delay_s=delay,
         ),
+        security=security_from_args(args),
     )
     config.ice_servers = ice_servers_from_args(args)
     kvs = options_from_args(args)
@@ -628,5 +735,5 @@ def serve(config: ServerConfig, engine_options: EngineOptions) -> int:
 
     app.on_startup.append(start)
     # run_app turns SIGINT/SIGTERM into a graceful exit: on_shutdown closes every peer.
-    web.run_app(app, host=config.host, port=config.port, print=None)
+    run_app(app, host=config.host, port=config.port, print=None)
     return 0 if service.startup_error is None else 2

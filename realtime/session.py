@@ -41,6 +41,7 @@ from realtime.errors import RealtimeError, SessionClosed
 from realtime.events import PlaybackTracker, message, parse_client_message
 from realtime.metrics import RealtimeMetrics
 from realtime.playout import EngineTiming, PlayoutBudget, plan_playout
+from realtime.teardown import release_peer_connection
 from realtime.tracks import (
     FPS,
     SAMPLES_PER_FRAME,
@@ -218,6 +219,18 @@ class Session:
             )
             await self._close_sinks()
             await self._on_closed(self)
+            self._release()
+
+    def _release(self) -> None:
+        """Break the cycles through this closed session (peer and channel listeners, track,
+        worker and playback callbacks), so dropping it frees the call at once instead of at
+        the next full garbage collection (see `realtime.teardown`)."""
+        if self.pc.connectionState == "closed":
+            release_peer_connection(self.pc)
+        if self._channel is not None:
+            self._channel.remove_all_listeners()
+        self.worker.release()
+        self.playback.detach()
 
     async def _close_sinks(self) -> None:
         """Sinks with a `close()` (sync or async, e.g. a KVS mirror flushing) are closed."""

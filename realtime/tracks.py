@@ -182,6 +182,10 @@ class AvatarVideoTrack(_PacedTrack):
         self.repeated = 0
         self.dropped = 0
 
+    def stop(self) -> None:
+        super().stop()
+        self._on_sent = None  # a stopped track holds no reference to its session
+
     async def recv(self) -> av.VideoFrame:
         t0 = await self._clock.wait_started()
         # A sender that fell behind (stalled encoder, busy loop) sends a short backlog at
@@ -241,6 +245,10 @@ class AvatarAudioTrack(_PacedTrack):
         self._on_played = on_played
         self.position = 0  # timeline samples sent so far
 
+    def stop(self) -> None:
+        super().stop()
+        self._on_played = _ignore  # a stopped track holds no reference to its session
+
     async def recv(self) -> av.AudioFrame:
         # Audio never skips: the Opus encoder stamps RTP by sample count, so a skipped
         # frame would shift all later audio against the video.
@@ -261,6 +269,10 @@ class AvatarAudioTrack(_PacedTrack):
             _safe(self._sid, sink.put_audio, pcm, start)
         _safe(self._sid, self._on_played, self.position)
         return frame
+
+
+def _ignore(*args: object) -> None:
+    pass
 
 
 def _valid(rgb: np.ndarray, size: tuple[int, int]) -> bool:

@@ -153,6 +153,9 @@ class VadThread:
         return stop
 
     def close(self) -> None:
+        """Stop after the queued audio; no event reaches the owner any more (this also
+        breaks the owner -> thread -> callback -> owner reference cycle)."""
+        self._on_event = _ignore
         self._queue.put(None)
 
     def _run(self) -> None:
@@ -174,3 +177,7 @@ class VadThread:
                     self._loop.call_soon_threadsafe(self._on_event, event)
                 except RuntimeError:  # the loop closed
                     return
+
+
+def _ignore(event: VadEvent) -> None:
+    pass

@@ -35,6 +35,10 @@ SAMPLES_PER_FRAME_16K = 640  # video frame n ↔ 16 kHz samples [n·640, (n+1)·
 log = logging.getLogger(__name__)
 
 
+def _ignore(*args: object) -> None:
+    pass
+
+
 @dataclass
 class ChunkStats:
     frames: int
@@ -120,6 +124,13 @@ class GenerationWorker:
     def stop(self) -> None:
         self._stop.set()
         self._frames.wake()
+
+    def release(self) -> None:
+        """After the thread exited (or never started): drop the callbacks into the owner,
+        so the owner and this worker do not keep each other alive in a reference cycle."""
+        if self._thread.ident is not None and not self.exited.is_set():
+            return  # still inside generate_ready(): it may report when it ends
+        self._on_chunk = self._on_error = _ignore
 
     async def wait_exited(self, timeout: float) -> bool:
         """Wait (on the loop, holding no pool thread) until the thread has finished."""

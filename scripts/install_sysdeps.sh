@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test suite needs (chromium for the browser test,
-# espeak-ng for offline speech, ffmpeg's libs come with PyAV's wheel, and GStreamer's
-# WebRTC stack with the system Python's gi bindings for the interop tests, whose
-# webrtcbin peer tests/gst_peer.py runs under /usr/bin/python3). Idempotent.
+# espeak-ng for offline speech; mkvtoolnix's mkvinfo and ffmpeg's ffprobe check the KVS
+# mirror's bytes independently, as AWS's producer CI does; GStreamer's WebRTC stack with the
+# system Python's gi bindings for the interop tests, whose webrtcbin peer tests/gst_peer.py
+# runs under /usr/bin/python3; the FFmpeg libraries the code itself uses come with PyAV's
+# wheel). Idempotent.
 set -euo pipefail
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
@@ -17,6 +19,8 @@ gstreamer=(
 for pkg in "${gstreamer[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need+=("$pkg")
 done
+command -v mkvinfo >/dev/null 2>&1 || need+=(mkvtoolnix)
+command -v ffprobe >/dev/null 2>&1 || need+=(ffmpeg)
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "facecast: missing Debian packages: ${need[*]}; run: sudo apt-get install -y ${need[*]}" >&2

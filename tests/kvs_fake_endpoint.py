@@ -73,6 +73,8 @@ class _Faults:
     http_errors: list[tuple[int, str]] = field(default_factory=list)
     errors_at: dict[int, int] = field(default_factory=dict)  # timecode -> ErrorId
     disconnect_at: set[int] = field(default_factory=set)  # timecodes
+    acks_first: set[int] = field(default_factory=set)  # of disconnect_at: acks go out first
+    lose_persisted_ack_at: set[int] = field(default_factory=set)  # timecodes
 
 
 class FakeKvsEndpoint:
@@ -128,9 +130,18 @@ class FakeKvsEndpoint:
         """Once: answer the fragment at `timecode` with ERROR `error_id` and end the response."""
         self._faults.errors_at[timecode] = error_id
 
-    def disconnect_at(self, timecode: int) -> None:
-        """Once: drop the connection while the fragment at `timecode` is arriving."""
+    def disconnect_at(self, timecode: int, acks_first: bool = False) -> None:
+        """Once: drop the connection while the fragment at `timecode` is arriving. With
+        `acks_first`, every earlier fragment is persisted and acknowledged first (a drop
+        after their acks); else those still persisting are cut off too."""
         self._faults.disconnect_at.add(timecode)
+        if acks_first:
+            self._faults.acks_first.add(timecode)
+
+    def lose_persisted_ack_at(self, timecode: int) -> None:
+        """Once: persist the fragment at `timecode`, then drop the connection before its
+        PERSISTED ack is written (the ack lost in the network)."""
+        self._faults.lose_persisted_ack_at.add(timecode)
 
     # --- results -----------------------------------------------------------------------
     def fragments(self, stream: str) -> list[Fragment]:
@@ -304,6 +315,9 @@ class _Session:
         faults = self._kvs._faults
         if info.timecode in faults.disconnect_at:
             faults.disconnect_at.discard(info.timecode)
+            if info.timecode in faults.acks_first:
+                faults.acks_first.discard(info.timecode)
+                await self._settle_acks()
             return "dropped"  # as if the socket died with this cluster half sent
         fragment = Fragment(
             timecode=info.timecode,
@@ -347,8 +361,22 @@ class _Session:
         timeline = self._kvs.timeline.setdefault(self._stream, {})
         if fragment.producer_ms in timeline:
             self._kvs.duplicates.append(fragment)
-        timeline[fragment.producer_ms] = fragment
+        else:  # the timeline keeps the first copy: what a consumer dropping duplicates sees
+            timeline[fragment.producer_ms] = fragment
+        lost = self._kvs._faults.lose_persisted_ack_at
+        if fragment.timecode in lost:
+            lost.discard(fragment.timecode)
+            await self._settle_acks()
+            self._request.transport.close()  # type: ignore[union-attr]
+            return
         await self._ack("PERSISTED", fragment.timecode)
+
+    async def _settle_acks(self) -> None:
+        """Before a fault: let the other fragments persist and their acks reach the client
+        (an aborted response can lose lines the client had not read yet)."""
+        current = asyncio.current_task()
+        await asyncio.gather(*(t for t in self._persists if t is not current))
+        await asyncio.sleep(0.2)
 
     async def _idle_acks(self) -> None:
         while True:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shutil
 import subprocess
 import wave
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import av
 import numpy as np
@@ -107,12 +109,13 @@ async def running_server(
     """Start the real aiohttp app on a loopback port; yields (base_url, app)."""
     from aiohttp import web
 
+    from realtime.edge import FacecastRunner
     from realtime.server import ServerConfig, build_app
 
     config = ServerConfig(port=0, **overrides)
     engine = engine or await asyncio.to_thread(load_test_engine)
     app = build_app(config, engine=engine, sink_factories=sink_factories)
-    runner = web.AppRunner(app, handle_signals=False)
+    runner = FacecastRunner(app, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -222,3 +225,21 @@ class ScriptedStream:
 
     def close(self) -> None:
         self.closed = True
+
+
+async def raw_request(url: str, data: bytes, read_timeout: float = 10.0) -> bytes:
+    """Send `data` as-is on a new connection; return everything the server answers."""
+    parts = urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), read_timeout)
+    finally:
+        writer.close()
+
+
+def status_and_json(raw: bytes) -> tuple[int, dict]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert b"application/json" in head.lower(), head
+    return int(head.split()[1]), json.loads(body)

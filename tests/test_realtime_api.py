@@ -36,8 +36,10 @@ def without_audio_codecs(sdp: str) -> str:
 
 
 async def post(http, url, body, headers=None):
+    """POST as the page does: a JSON body, labelled as JSON."""
     data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    async with http.post(url, data=data, headers=headers or {}) as r:
+    headers = {"Content-Type": "application/json", **(headers or {})}
+    async with http.post(url, data=data, headers=headers) as r:
         return r.status, await r.json(content_type=None)
 
 

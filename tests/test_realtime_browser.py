@@ -110,6 +110,8 @@ async def test_browser_explains_refused_token_full_server_ended_call_and_denied_
             good = await browser.new_page()
             await good.goto(f"{url}/?autostart=1&token=right")
             await good.wait_for_function("window.facecastStats.state === 'connected'")
+            # The token left the address bar at once; it travels in a header only.
+            assert await good.evaluate("location.search") == "?autostart=1"
             extra = await browser.new_page()
             await extra.goto(f"{url}/?autostart=1&token=right")
             assert "server is full" in await message_of(extra)

@@ -45,8 +45,18 @@ function logEvent(msg) {
   while ($("events").children.length > 50) $("events").lastChild.remove();
 }
 
+// The token travels in the Authorization header only. A link may carry ?token= for
+// convenience: it moves into the field and out of the address bar at once, so it is not
+// kept in history, bookmarks or Referer headers (the server redacts it from its log).
+if (params.has("token")) {
+  $("token").value = params.get("token");
+  params.delete("token");
+  const query = params.toString();
+  history.replaceState(null, "", location.pathname + (query ? "?" + query : "") + location.hash);
+}
+
 function token() {
-  return $("token").value || params.get("token") || "";
+  return $("token").value;
 }
 
 function headers() {

@@ -3,8 +3,20 @@
 Lives on the event loop. The encoder thread adds fragments (through
 `loop.call_soon_threadsafe`), the uplink sends them and reports acks. A fragment leaves
 the ledger only when it is final (PERSISTED, or RECEIVED for a stream that keeps no
-data), failed, or pushed out because the buffer holds more than its bound of media; so
-after a reconnect "resend what is still in the ledger" resends exactly what KVS lacks.
+data), failed, or pushed out because the buffer holds more than its bound of media; after
+a reconnect everything still in the ledger is resent.
+
+Lost acks: at least once, duplicates marked by their timestamp. When a connection drops,
+a fragment whose PERSISTED ack never arrived may or may not be stored: KVS may have
+persisted it and the ack died with the socket. Such a fragment is resent, because AWS
+tells producers to keep a fragment until PERSISTED, and a gap in a broadcast cannot be
+repaired while a duplicate can be dropped. A resent fragment carries the same bytes, the
+same cluster timecode and, since the producer start timestamp is fixed for the mirror's
+whole life, the same producer timestamp as the first copy: a consumer keeps the first
+fragment of each producer timestamp. Fragments with no ack, or only BUFFERING, cannot be
+stored (KVS had not received them whole), so resending them never duplicates; those that
+were RECEIVED may be, and each such resend is counted (`possible_duplicates`,
+`facecast_kvs_fragments_possible_duplicates_total`) and logged.
 """
 
 from __future__ import annotations
@@ -97,7 +109,14 @@ class FragmentLedger:
         while self.header is None or (not self._records and not self.input_finished):
             await self._wait_change()
 
+    def received_unpersisted(self) -> int:
+        """Fragments KVS acknowledged as RECEIVED but not (yet) as PERSISTED."""
+        return sum(1 for r in self._records.values() if r.state == "received")
+
     def mark_sent(self, record: FragmentRecord) -> None:
+        if record.state == "received":  # its PERSISTED ack was lost: KVS may store it twice
+            self._stats.possible_duplicates += 1
+            self._metrics.possible_duplicates.inc()
         record.sends += 1
         record.state = "sent"
         record.sent_at = time.monotonic()

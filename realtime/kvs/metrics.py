@@ -21,6 +21,11 @@ class KvsMetrics:
         self.fragments_sent = counter("fragments_sent_total", "Fragment sends, resends included")
         self.fragments_persisted = counter("fragments_persisted_total", "Fragments KVS persisted")
         self.fragments_retried = counter("fragments_retried_total", "Fragments sent again")
+        self.possible_duplicates = counter(
+            "fragments_possible_duplicates_total",
+            "Fragments resent after KVS had RECEIVED them (their PERSISTED ack was lost): "
+            "the stream may hold them twice, with the same producer timestamp",
+        )
         self.fragments_failed = counter(
             "fragments_failed_total", "Fragments given up on", ("reason",)
         )
@@ -62,6 +67,7 @@ class KvsStats:
     fragments_sent: int = 0
     fragments_persisted: int = 0
     fragments_retried: int = 0
+    possible_duplicates: int = 0  # resent after a RECEIVED ack (see FragmentLedger)
     fragments_failed: int = 0
     fragments_overflowed: int = 0
     connections: int = 0

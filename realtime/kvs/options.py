@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from realtime.kvs.errors import KvsConfigError
 
 ENDPOINT_ENV = "FACECAST_KVS_ENDPOINT_URL"
-STREAM_NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,256}$")
+STREAM_NAME = re.compile(r"[a-zA-Z0-9_.-]{1,256}")  # fullmatch: "$" would allow a final "\n"
 MAX_FRAGMENTS_PER_S = 5.0  # a PutMedia limit per stream
 
 
@@ -39,6 +39,7 @@ class KvsOptions:
     ack_timeout_s: float = 20.0  # no ack at all for this long while fragments wait: reconnect
     max_attempts: int = 5  # sends of one fragment before it counts as failed
     close_timeout_s: float = 10.0  # below the session's 15 s limit for closing sinks
+    dump_dir: str | None = None  # write the bytes of each PutMedia connection here
 
     @property
     def enabled(self) -> bool:
@@ -77,7 +78,7 @@ class KvsOptions:
 
 
 def check_stream_name(name: str) -> str:
-    if not STREAM_NAME.match(name):
+    if not STREAM_NAME.fullmatch(name):
         raise KvsConfigError(
             f"invalid KVS stream name {name!r}: use 1-256 letters, digits, '_', '.' or '-'"
         )
@@ -126,6 +127,12 @@ def add_kvs_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="media kept for resending until KVS persists it",
     )
+    group.add_argument(
+        "--kvs-dump-dir",
+        metavar="DIR",
+        help="write exactly the bytes each PutMedia connection sends to DIR/STREAM-N.mkv, "
+        "to check them with mkvinfo or ffprobe",
+    )
 
 
 def options_from_args(args: argparse.Namespace) -> KvsOptions:
@@ -137,6 +144,7 @@ def options_from_args(args: argparse.Namespace) -> KvsOptions:
         retention_hours=args.kvs_retention_hours,
         fragment_s=args.kvs_fragment_seconds,
         retry_buffer_s=args.kvs_retry_buffer_seconds,
+        dump_dir=args.kvs_dump_dir,
     )
     if options.stream is not None:
         check_stream_name(options.stream)

@@ -13,6 +13,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import BinaryIO
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -121,10 +122,21 @@ def signed_headers(
 
 
 class PutMediaConnection:
-    """One PutMedia request: `send` body bytes, iterate `acks()`, then `close`."""
+    """One PutMedia request: `send` body bytes, iterate `acks()`, then `close`.
 
-    def __init__(self, http: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> None:
+    With `dump`, every body chunk is also written there as it goes to the socket: the file
+    holds exactly what this connection sent (the MKV header, then its clusters).
+    """
+
+    def __init__(
+        self,
+        http: aiohttp.ClientSession,
+        url: str,
+        headers: dict[str, str],
+        dump: BinaryIO | None = None,
+    ) -> None:
         self._http = http
+        self._dump = dump
         self._url = url
         self._headers = headers
         # Two chunks of look-ahead: `send` waits when the socket does, so a stalled
@@ -175,6 +187,8 @@ class PutMediaConnection:
             chunk = await self._chunks.get()
             if chunk is None:
                 return
+            if self._dump is not None:  # a debugging aid: a small blocking write is fine
+                self._dump.write(chunk)
             yield chunk
 
 

@@ -18,6 +18,8 @@ import logging
 import random
 import time
 from collections import deque
+from pathlib import Path
+from typing import BinaryIO
 
 import aiohttp
 
@@ -152,9 +154,10 @@ class KvsUplink:
         headers = signed_headers(
             url, self._stream, self._ledger.producer_start_s, credentials, self._control.region
         )
-        connection = PutMediaConnection(http, url, headers)
         self._stats.connections += 1
         self._metrics.connections.inc()
+        dump = self._open_dump()
+        connection = PutMediaConnection(http, url, headers, dump)
         opened_at = time.monotonic()
         sender: asyncio.Task[None] | None = None
         try:
@@ -167,6 +170,16 @@ class KvsUplink:
                 sender.cancel()
                 await asyncio.gather(sender, return_exceptions=True)
             connection.close()
+            if dump is not None:
+                dump.close()
+
+    def _open_dump(self) -> BinaryIO | None:
+        """`--kvs-dump-dir`: this connection's bytes go to DIR/STREAM-N.mkv as well."""
+        if self._options.dump_dir is None:
+            return None
+        folder = Path(self._options.dump_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        return open(folder / f"{self._stream}-{self._stats.connections}.mkv", "wb")
 
     async def _pump_acks(self, connection: PutMediaConnection, sender: asyncio.Task) -> None:
         """Apply acks until the connection is over: return when all is sent and settled,
@@ -286,6 +299,15 @@ class KvsUplink:
                 self._backoff,
                 len(self._ledger),
             )
+            received = self._ledger.received_unpersisted()
+            if received:  # the lost-ack policy of realtime.kvs.ledger
+                log.warning(
+                    "KVS stream %s: %d of them KVS had RECEIVED and may have persisted (the "
+                    "ack was lost): the stream may hold them twice, with the same producer "
+                    "timestamp",
+                    self._stream,
+                    received,
+                )
         else:
             log.error(
                 "KVS stream %s: %s; mirroring stopped (the session goes on)", self._stream, exc
