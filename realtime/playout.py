@@ -76,6 +76,7 @@ def plan_playout(
     rate: float = 1.0,
     margin_s: float = 0.1,
     start_s: float = 0.0,
+    preroll_step_s: float = 1 / FPS,
 ) -> PlayoutBudget:
     """The budget for a schedule (`step(k)`, e.g. `Engine.stream_step`), measured step times
     and an input at `rate` (1: a microphone) whose first audio is held until `start_s`.
@@ -103,7 +104,8 @@ def plan_playout(
         carry = (step(1).audio_frames - step(1).end_frame) / FPS
         live = max(live, 2 * steady_seconds + carry + margin_s)
     soonest = bound(live)  # the first frame when the engine works through pre-roll only
-    preroll = math.floor(max(0.0, live - soonest) * FPS) / FPS  # whole frames
+    # in whole steps of what the session can insert (frames, VAD windows)
+    preroll = math.floor(max(0.0, live - soonest) / preroll_step_s + 1e-9) * preroll_step_s
     first = bound(preroll)
     return PlayoutBudget(max(live, first + preroll), first, preroll, keeps_up)
 

@@ -371,7 +371,15 @@ class Session:
         steady = max(self.timing.steady_seconds, self.worker.step_seconds)
         first = self.timing.first_seconds
         margin = self.config.playout_margin_s + self.timing.spread * steady
-        return plan_playout(self.timing.step, first, steady, rate, margin, start_s=PROBE_S)
+        return plan_playout(
+            self.timing.step,
+            first,
+            steady,
+            rate,
+            margin,
+            start_s=PROBE_S,
+            preroll_step_s=INSERT_STEP / RATE_IN,
+        )
 
     def _probe(self, pcm48: np.ndarray, arrived: float) -> None:
         self._held.append((pcm48, arrived))
@@ -392,7 +400,7 @@ class Session:
             budget = PlayoutBudget(fixed, fixed, 0.0, budget.keeps_up)
         self._planned_delay = budget.first_frame
         if budget.preroll:
-            samples = round(budget.preroll * RATE_IN) // INSERT_STEP * INSERT_STEP
+            samples = round(budget.preroll * RATE_IN / INSERT_STEP) * INSERT_STEP
             if samples:
                 self._preroll_s = samples / RATE_IN
                 self._inserted_s += self._preroll_s
