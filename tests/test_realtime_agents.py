@@ -40,6 +40,9 @@ async def test_interrupt_flushes_queued_speech_within_one_chunk(tmp_path):
         client = FacecastClient(url, PcmSource.from_wav(speech.path, speed=3.0), keep_frames=True)
         await client.connect()
         started = await client.wait_event("playback_started", timeout=30)
+        # all of it sent (and so queued on the server) before the interrupt: a pushed call
+        # starts playing within a step now, while the agent may still be sending
+        await wait_until(lambda: client.source.ended_at is not None, timeout=10)
         session = app[SERVICE].sessions[client.session_id]
         depths = []
         for _ in range(10):  # audio is queued far ahead; generation still stays within lead
