@@ -24,12 +24,11 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
 
-from realtime.client import FacecastClient, PcmSource, read_audio
+from realtime.client import FacecastClient, PcmSource, read_audio, wait_until_ready
 
 SECTION = "## Live serving (`bench/serve_bench.py`)"
 
@@ -38,23 +37,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-async def wait_ready(url: str, server: subprocess.Popen, timeout: float) -> dict:
-    start = time.monotonic()
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() - start < timeout:
-            if server.poll() is not None:
-                raise RuntimeError(f"facecast serve exited with {server.returncode}")
-            try:
-                async with http.get(f"{url}/healthz") as r:
-                    body = await r.json()
-                    if r.status == 200:
-                        return body
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.5)
-    raise TimeoutError(f"facecast serve was not ready within {timeout:.0f} s")
 
 
 def metric_values(text: str) -> dict[str, float]:
@@ -104,7 +86,7 @@ async def run(args: argparse.Namespace) -> dict:
     log = open(args.server_log, "w") if args.server_log else subprocess.DEVNULL
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
-        health = await wait_ready(url, server, args.startup_timeout)
+        health = await wait_until_ready(url, args.startup_timeout, server)
         pcm = read_audio(args.wav)
         calls = []
         for mode in args.mode:

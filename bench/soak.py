@@ -43,6 +43,8 @@ import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from realtime.client import wait_until_ready
+
 ROOT = Path(__file__).resolve().parent.parent
 RATE, FRAME = 48_000, 960  # 20 ms of 48 kHz audio per frame, as a microphone sends
 STALL_S = 0.2
@@ -277,22 +279,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"facecast serve exited with {proc.returncode}")
-            try:
-                async with http.get(f"{url}/healthz") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.5)
-    raise RuntimeError("facecast serve did not become healthy")
-
-
 async def soak(args: argparse.Namespace, log_path: Path) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -303,7 +289,7 @@ async def soak(args: argparse.Namespace, log_path: Path) -> dict:
     with open(log_path, "wb") as server_log:
         proc = subprocess.Popen(command, cwd=ROOT, stdout=server_log, stderr=subprocess.STDOUT)
     try:
-        await wait_healthy(url, proc)
+        await wait_until_ready(url, process=proc)
         return await measure(args, url, proc)
     finally:
         if proc.poll() is None:

@@ -366,6 +366,24 @@ class FacecastClient:
         }
 
 
+async def wait_until_ready(url: str, timeout: float = 300.0, process=None) -> dict:
+    """Poll `GET /healthz` until the server's engine is warm (200); returns its body. With a
+    `process` (a `subprocess.Popen` of `facecast serve`), fail at once if it exits."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            if process is not None and process.poll() is not None:
+                raise RuntimeError(f"facecast serve exited with {process.returncode}")
+            try:
+                async with http.get(f"{url.rstrip('/')}/healthz") as r:
+                    if r.status == 200:
+                        return await r.json()
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.2)
+    raise TimeoutError(f"{url} was not ready within {timeout:.0f} s")
+
+
 def as_timeline(sent: np.ndarray, events: list[dict]) -> np.ndarray:
     """The sent audio as the server's session timeline holds it: with the silence the
     server inserted (`delay_grown {at_ms, added_ms}`, timeline positions) to grow its

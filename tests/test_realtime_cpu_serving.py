@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 from realtime_helpers import make_speech_wav
 
-from realtime.client import FacecastClient, PcmSource
+from realtime.client import FacecastClient, PcmSource, wait_until_ready
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAN = [0.5, "Hello, I am the avatar, and I say what you say.", 1.2,
@@ -53,9 +53,7 @@ def server():
 
 
 async def call(url: str, wav, seconds: float) -> tuple[dict, dict]:
-    async with aiohttp.ClientSession() as http:
-        while (await http.get(f"{url}/healthz")).status != 200:
-            await asyncio.sleep(0.2)
+    await wait_until_ready(url, timeout=120)
     client = FacecastClient(url, PcmSource.from_wav(wav, loop=True))
     await client.connect()
     await asyncio.sleep(seconds)

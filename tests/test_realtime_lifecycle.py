@@ -8,11 +8,10 @@ import socket
 import sys
 from pathlib import Path
 
-import aiohttp
 import pytest
 from realtime_helpers import make_speech_wav
 
-from realtime.client import FacecastClient, PcmSource
+from realtime.client import FacecastClient, PcmSource, wait_until_ready
 
 FACECAST = Path(sys.executable).with_name("facecast")
 
@@ -21,21 +20,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-async def wait_healthy(url: str, timeout: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    async with aiohttp.ClientSession() as http:
-        while loop.time() < deadline:
-            try:
-                async with http.get(f"{url}/healthz") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-    raise AssertionError("server did not come up")
 
 
 @pytest.mark.timeout(120)
@@ -57,7 +41,7 @@ async def test_signal_closes_all_peers_cleanly(tmp_path, sig):
         stderr=asyncio.subprocess.STDOUT,
     )
     try:
-        await wait_healthy(url)
+        await wait_until_ready(url, timeout=60)
         client = FacecastClient(url, PcmSource.from_wav(speech.path))
         await client.connect()
         await client.wait_frames(10, timeout=40)
