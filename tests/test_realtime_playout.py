@@ -88,7 +88,7 @@ def sync_lag(sink: Sink) -> int:
 
 def test_budget_is_the_schedules_bound():
     engine = ScriptedEngine(rtf=0.8)
-    first, chunk, la = engine.first, engine.chunk, engine.lookahead
+    chunk, la = engine.chunk, engine.lookahead
     g = engine.step_seconds["steady"]
     budget = plan_playout(engine.stream_step, *engine.step_seconds.values(), margin_s=0.1)
     # A live input: step 1 waits for its audio (first + chunk + lookahead frames), takes a
@@ -100,7 +100,6 @@ def test_budget_is_the_schedules_bound():
     soonest = required_delay(steps, *engine.step_seconds.values(), 1.0, 0.1, 10.0)
     assert budget.first_frame == pytest.approx(soonest, abs=0.04)
     assert budget.first_frame + budget.preroll == pytest.approx(budget.delay, abs=0.04)
-    del first
     # Pushed five times faster, no pre-roll: the engine's own speed bounds the delay.
     pushed = plan_playout(engine.stream_step, *engine.step_seconds.values(), rate=5.0)
     assert pushed.preroll == 0 and pushed.delay < budget.delay
