@@ -28,6 +28,7 @@ from pathlib import Path
 
 import aiohttp
 
+from pipeline.clock import OUTPUT_RATE
 from realtime.client import FacecastClient, PcmSource, read_audio, wait_until_ready
 
 SECTION = "## Live serving (`bench/serve_bench.py`)"
@@ -50,7 +51,7 @@ def metric_values(text: str) -> dict[str, float]:
 
 async def one_call(url: str, pcm, mode: str, seconds: float, speed: float) -> dict:
     source = PcmSource(pcm, speed=speed if mode == "push" else 1.0, loop=mode == "live")
-    length = seconds if mode == "live" else pcm.size / 48_000 / speed + 3.0
+    length = seconds if mode == "live" else pcm.size / OUTPUT_RATE / speed + 3.0
     async with aiohttp.ClientSession() as http:
         before = metric_values(await (await http.get(f"{url}/metrics")).text())
         client = FacecastClient(url, source)

@@ -17,10 +17,8 @@ from pathlib import Path
 import av
 import numpy as np
 
+from pipeline.clock import FPS, MODEL_RATE, OUTPUT_RATE
 from pipeline.errors import MediaError
-
-MODEL_RATE = 16_000
-OUTPUT_RATE = 48_000
 
 
 def load_image(path: str | Path) -> np.ndarray:
@@ -91,7 +89,7 @@ def _block(model_parts: list[np.ndarray], output_parts: list[np.ndarray]) -> Aud
 class Mp4Writer:
     """H.264 + AAC MP4 at 25 fps, written to `<out>.partial` and renamed on `close()`."""
 
-    def __init__(self, path: str | Path, width: int, height: int, fps: int = 25) -> None:
+    def __init__(self, path: str | Path, width: int, height: int, fps: int = FPS) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = self.path.with_name(f".{self.path.name}.partial")

@@ -260,26 +260,7 @@ class OffloadManager:
         return sum(b.nbytes for s in self.stacks.values() for b in s)
 
 
-def offload_engine(engine, cfg: OffloadConfig | None = None) -> OffloadManager:
-    """Offload the two DiTs' block stacks of an engine (the bulk of its weights)."""
-    manager = OffloadManager(engine.device, cfg)
-    for name in ("a2v", "sr"):
-        manager.attach(name, engine.modules[name].model.transformer.blocks)
-    if manager.is_cuda:
-        torch.cuda.empty_cache()  # the blocks' former GPU copies
-    engine.offloader = manager
-    return manager
-
-
 # -- building models that do not fit ----------------------------------------------------------
-def dit_weight_bytes(cfg, bytes_per_param: int = 2) -> int:
-    """Parameter bytes of the two DiTs of a config, counted on the meta device (no memory)."""
-    from pipeline.engine import build_models
-
-    models = build_models(cfg, "meta", only=("a2v", "sr"))
-    return bytes_per_param * sum(p.numel() for m in models.values() for p in m.parameters())
-
-
 def materialize_blockwise(
     model: nn.Module,
     device: torch.device,

@@ -77,6 +77,7 @@ def start_engine(opts: EngineOptions):
     from pipeline.compile import compile_engine, prepare
     from pipeline.engine import Engine
     from pipeline.offload import OffloadConfig
+    from pipeline.placement import plan_placement
 
     opts.validate()
     if opts.threads is not None:
@@ -99,9 +100,10 @@ def start_engine(opts: EngineOptions):
             record_stalls=opts.record_stalls,
         )
         if opts.offload
-        else opts.offload  # False: resident; None: the engine decides
+        else opts.offload  # False: resident; None: the plan decides
     )
-    engine = Engine.load(cfg, str(device), offload=offload, memory_cap_bytes=cap)
+    placement = plan_placement(cfg, device, offload, memory_cap_bytes=cap)
+    engine = Engine.load(cfg, str(device), placement)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     report = StartupReport(load_seconds=time.perf_counter() - t)

@@ -36,12 +36,11 @@ import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from pipeline.clock import FPS, MODEL_RATE, OUTPUT_RATE, VIDEO_CLOCK
 from realtime.audio_in import float_to_s16
 from realtime.teardown import release_peer_connection
 
-RATE = 48_000
 FRAME = 960  # 20 ms
-FPS = 25
 log = logging.getLogger(__name__)
 
 
@@ -78,12 +77,12 @@ class PcmSource(MediaStreamTrack):
     def from_wav(cls, path: str | Path, speed: float = 1.0, loop: bool = False) -> PcmSource:
         return cls(read_audio(path), speed, loop)
 
-    def push(self, pcm: np.ndarray, rate: int = RATE) -> None:
+    def push(self, pcm: np.ndarray, rate: int = OUTPUT_RATE) -> None:
         """Queue mono PCM (int16, or float in [-1, 1]; NaN/clipping tolerated)."""
         pcm = np.asarray(pcm).reshape(-1)
         if pcm.dtype != np.int16:
             pcm = float_to_s16(pcm)
-        if rate != RATE:
+        if rate != OUTPUT_RATE:
             pcm = resample_s16(pcm, rate)
         self._buf = np.concatenate([self._buf, pcm])
         self.ended_at = None
@@ -103,7 +102,7 @@ class PcmSource(MediaStreamTrack):
         if self._loop is not None and self._buf.size < FRAME:  # the clip again, seamlessly
             self._buf = np.concatenate([self._buf, self._loop])
         # queued audio goes at `speed`; the silence after it at real time, like a mic
-        self._deadline += FRAME / RATE / (self.speed if self._buf.size else 1.0)
+        self._deadline += FRAME / OUTPUT_RATE / (self.speed if self._buf.size else 1.0)
         self.sent_at.append(time.monotonic())
         chunk, self._buf = self._buf[:FRAME], self._buf[FRAME:]
         if chunk.size < FRAME:
@@ -112,9 +111,9 @@ class PcmSource(MediaStreamTrack):
             chunk = np.concatenate([chunk, np.zeros(FRAME - chunk.size, np.int16)])
         self.sent = np.concatenate([self.sent, chunk])
         frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = RATE
+        frame.sample_rate = OUTPUT_RATE
         frame.pts = self._index * FRAME
-        frame.time_base = fractions.Fraction(1, RATE)
+        frame.time_base = fractions.Fraction(1, OUTPUT_RATE)
         self._index += 1
         return frame
 
@@ -226,7 +225,7 @@ class FacecastClient:
             pass
 
     async def _consume_audio(self, track: MediaStreamTrack) -> None:
-        resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE)
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=OUTPUT_RATE)
         try:
             while True:
                 frame = await track.recv()
@@ -318,7 +317,7 @@ class FacecastClient:
         if len(rec.video_arrival) > 1:
             span = rec.video_arrival[-1] - rec.video_arrival[0]
             out["fps"] = round((len(rec.video_arrival) - 1) / span, 2)
-            pts_span = (rec.video_pts[-1] - rec.video_pts[0]) / 90_000
+            pts_span = (rec.video_pts[-1] - rec.video_pts[0]) / VIDEO_CLOCK
             out["fps_pts"] = round((len(rec.video_pts) - 1) / pts_span, 2) if pts_span else None
         timeline = as_timeline(self.source.sent, self.events)
         offset = av_offset_ms(rec, timeline)
@@ -342,7 +341,7 @@ class FacecastClient:
         if not rec.audio_pts or src.started_at is None:
             return {}
         inserted = [
-            (int(e["at_ms"] * RATE // 1000), int(e["added_ms"] * RATE // 1000))
+            (int(e["at_ms"] * OUTPUT_RATE // 1000), int(e["added_ms"] * OUTPUT_RATE // 1000))
             for e in self.events
             if e.get("type") == "delay_grown"
         ]
@@ -392,9 +391,9 @@ def as_timeline(sent: np.ndarray, events: list[dict]) -> np.ndarray:
     for event in events:
         if event.get("type") != "delay_grown":
             continue
-        at = int(event["at_ms"] * RATE // 1000) - shift  # in sent-audio samples
-        parts += [sent[done:at], np.zeros(int(event["added_ms"] * RATE // 1000), sent.dtype)]
-        done, shift = max(done, at), shift + int(event["added_ms"] * RATE // 1000)
+        at = int(event["at_ms"] * OUTPUT_RATE // 1000) - shift  # in sent-audio samples
+        parts += [sent[done:at], np.zeros(int(event["added_ms"] * OUTPUT_RATE // 1000), sent.dtype)]
+        done, shift = max(done, at), shift + int(event["added_ms"] * OUTPUT_RATE // 1000)
     return np.concatenate([*parts, sent[done:]])
 
 
@@ -408,12 +407,12 @@ def av_offset_ms(rec: Received, timeline: np.ndarray, max_lag_s: float = 1.0) ->
     got = rec.audio_timeline().astype(np.float32)
     ref = timeline.astype(np.float32)
     n = min(got.size, ref.size)
-    if n < RATE or not rec.video_pts or np.abs(ref[:n]).max() == 0 or np.abs(got).max() == 0:
+    if n < OUTPUT_RATE or not rec.video_pts or np.abs(ref[:n]).max() == 0 or np.abs(got).max() == 0:
         return None
     # Both timelines start at their stream's first packet; video pts 0 is frame 0.
-    lag = _best_lag(got[:n], ref[:n], int(max_lag_s * RATE))
-    video_origin = rec.video_pts[0] / 90_000  # nonzero only if frame 0 was lost
-    return lag / RATE * 1000 - video_origin * 1000
+    lag = _best_lag(got[:n], ref[:n], int(max_lag_s * OUTPUT_RATE))
+    video_origin = rec.video_pts[0] / VIDEO_CLOCK  # nonzero only if frame 0 was lost
+    return lag / OUTPUT_RATE * 1000 - video_origin * 1000
 
 
 def _best_lag(got: np.ndarray, ref: np.ndarray, max_lag: int) -> int:
@@ -428,9 +427,9 @@ def arrival_skew_ms(rec: Received) -> float | None:
     """Median (arrival − pts time) of video minus that of audio: how far apart they arrive."""
     if not rec.video_pts or not rec.audio_pts:
         return None
-    v = np.median(np.array(rec.video_arrival) - np.array(rec.video_pts) / 90_000)
+    v = np.median(np.array(rec.video_arrival) - np.array(rec.video_pts) / VIDEO_CLOCK)
     a0 = rec.audio_pts[0]
-    a = np.median(np.array(rec.audio_arrival) - (np.array(rec.audio_pts) - a0) / RATE)
+    a = np.median(np.array(rec.audio_arrival) - (np.array(rec.audio_pts) - a0) / OUTPUT_RATE)
     return round(float(v - a) * 1000, 1)
 
 
@@ -444,8 +443,8 @@ class Mp4Writer:
         self._last_pts = -1
         self._box = av.open(str(path), "w")
         self._v: av.VideoStream | None = None
-        self._a = self._box.add_stream("aac", rate=RATE, layout="mono")
-        self._a_resampler = av.AudioResampler(format="fltp", layout="mono", rate=RATE)
+        self._a = self._box.add_stream("aac", rate=OUTPUT_RATE, layout="mono")
+        self._a_resampler = av.AudioResampler(format="fltp", layout="mono", rate=OUTPUT_RATE)
         self._v0: int | None = None
 
     def video(self, rgb: np.ndarray, pts: int) -> None:
@@ -459,11 +458,11 @@ class Mp4Writer:
             self._v = self._box.add_stream("libx264", rate=FPS)
             self._v.width, self._v.height = rgb.shape[1], rgb.shape[0]
             self._v.pix_fmt = "yuv420p"
-            self._v.time_base = fractions.Fraction(1, 90_000)
+            self._v.time_base = fractions.Fraction(1, VIDEO_CLOCK)
         self._v0 = pts if self._v0 is None else self._v0
         frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
         frame.pts = pts - self._v0
-        frame.time_base = fractions.Fraction(1, 90_000)
+        frame.time_base = fractions.Fraction(1, VIDEO_CLOCK)
         self._box.mux(self._v.encode(frame))
 
     def audio(self, pcm: np.ndarray, pts: int) -> None:
@@ -474,7 +473,7 @@ class Mp4Writer:
         if self._v is None:  # the MP4 header needs the video stream first
             return
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = RATE
+        frame.sample_rate = OUTPUT_RATE
         frame.pts = None
         for f in self._a_resampler.resample(frame):
             self._box.mux(self._a.encode(f))
@@ -493,7 +492,7 @@ class Mp4Writer:
 def read_audio(path: str | Path) -> np.ndarray:
     """Any audio file → mono int16 at 48 kHz (PyAV)."""
     with av.open(str(path)) as box:
-        resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE)
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=OUTPUT_RATE)
         out = [
             f.to_ndarray().reshape(-1) for fr in box.decode(audio=0) for f in resampler.resample(fr)
         ]
@@ -504,7 +503,7 @@ def read_audio(path: str | Path) -> np.ndarray:
 def resample_s16(pcm: np.ndarray, rate: int) -> np.ndarray:
     frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
     frame.sample_rate = rate
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE)
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=OUTPUT_RATE)
     out = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
     out += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
     return np.concatenate(out).astype(np.int16) if out else np.zeros(0, np.int16)
@@ -520,7 +519,7 @@ async def run(args: argparse.Namespace) -> dict:
         raw = np.frombuffer(Path(args.pcm).read_bytes(), np.int16)
         pcm = resample_s16(raw, args.pcm_rate)
     source = PcmSource(pcm, speed=args.speed, loop=args.loop)
-    seconds = args.seconds or (pcm.size / RATE + 3.0)
+    seconds = args.seconds or (pcm.size / OUTPUT_RATE + 3.0)
     client = FacecastClient(args.url, source, token=args.token, record_to=args.out)
     await client.connect()
     try:
@@ -545,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--wav", help="audio file to send (any format PyAV reads)")
     src.add_argument("--pcm", help="raw s16le mono PCM file to send")
-    parser.add_argument("--pcm-rate", type=int, default=16_000)
+    parser.add_argument("--pcm-rate", type=int, default=MODEL_RATE)
     parser.add_argument("--speed", type=float, default=1.0, help=">1 sends faster than real time")
     parser.add_argument(
         "--seconds", type=float, default=0, help="call length (default: audio + 3 s)"

@@ -25,9 +25,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipeline.clock import FPS
 from pipeline.schedule import StreamStep
 
-FPS = 25
 # Step time in serve over step time at warm-up, by (device, engine in its own process),
 # and the spread of step times (a fraction of a step, added to the margin), all measured
 # (bench/RESULTS.md). The demo on 2 cores, in the server's process: 0.33-0.38 s a step

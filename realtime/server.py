@@ -44,6 +44,7 @@ from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSession
 from aiortc.codecs import CODECS
 from aiortc.sdp import SessionDescription
 
+from pipeline.clock import FPS
 from pipeline.startup import EngineOptions, start_engine
 from realtime.dtls import allow_rsa_peers
 from realtime.edge import run_app
@@ -77,7 +78,7 @@ from realtime.security import (
     security_from_args,
 )
 from realtime.session import Session, SessionConfig
-from realtime.tracks import FPS, MediaSink
+from realtime.tracks import MediaSink
 from realtime.vad import VoiceActivityDetector
 
 WEBCLIENT = Path(__file__).resolve().parent.parent / "webclient"

@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME
 from pipeline.schedule import StreamStep
-from realtime.tracks import FPS, FrameQueue, PlayoutClock
+from realtime.tracks import FrameQueue, PlayoutClock
 
-SAMPLES_PER_FRAME_16K = 640  # video frame n ↔ 16 kHz samples [n·640, (n+1)·640)
 log = logging.getLogger(__name__)
 
 
@@ -111,7 +111,7 @@ class GenerationWorker:
         shown from `cut_frame` on. The audio it already holds (flushed speech) still becomes
         frames, shown muted; returns the timeline frame where new audio starts, right after
         them, so new speech and its frames stay in sync."""
-        spf = SAMPLES_PER_FRAME_16K
+        spf = MODEL_SAMPLES_PER_FRAME
         with self._pending_lock:
             self._pending.clear()
             first_new = -(-self.pushed // spf)  # engine frame that new audio starts
@@ -213,9 +213,9 @@ class GenerationWorker:
         the next step's first ones, which exist one step later still; so the first new frame
         must be due `margin + max(G, 2G - (E - carry))` from now (G: step time, E: frames per
         step). A worker that keeps up has no backlog and never skips."""
-        if self._clock.t0 is None or surplus < SAMPLES_PER_FRAME_16K:
+        if self._clock.t0 is None or surplus < MODEL_SAMPLES_PER_FRAME:
             return
-        spf = SAMPLES_PER_FRAME_16K
+        spf = MODEL_SAMPLES_PER_FRAME
         g = self._gen_seconds * FPS  # in frame times
         ahead = self._margin_s * FPS + max(g, 2 * g - (self._step_frames - self._carry_frames))
         due_now = (time.monotonic() - self._clock.t0) * FPS
@@ -232,7 +232,7 @@ class GenerationWorker:
 
     def _timeline_index(self, engine_frame: int) -> int:
         """Engine frame → timeline frame (they differ by the frames skipped before it)."""
-        centre = engine_frame * SAMPLES_PER_FRAME_16K + SAMPLES_PER_FRAME_16K // 2
+        centre = engine_frame * MODEL_SAMPLES_PER_FRAME + MODEL_SAMPLES_PER_FRAME // 2
         offset = 0
         for pos, frames in self._breaks:
             if pos <= centre:
@@ -258,7 +258,7 @@ class GenerationWorker:
             count += len(frames)
         # Breaks before the last generated frame are folded into one.
         while (
-            len(self._breaks) > 1 and self._breaks[1][0] <= self.generated * SAMPLES_PER_FRAME_16K
+            len(self._breaks) > 1 and self._breaks[1][0] <= self.generated * MODEL_SAMPLES_PER_FRAME
         ):
             self._breaks.pop(0)
         if count and self.generated > count:  # not the short first step

@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 
 from pipeline.config import load_config
-from pipeline.engine import Engine, build_models
+from pipeline.engine import Engine
+from pipeline.models.build import build_models
 from pipeline.parallel.launch import ParallelOptions, launch, parallelize_engine
 from pipeline.parallel.ulysses import SequenceParallelStack, UlyssesAttention
 

@@ -12,7 +12,7 @@ import yaml
 
 from facecast.cli import main
 from pipeline.config import load_config
-from pipeline.engine import build_models
+from pipeline.models.build import build_models
 from pipeline.module import save_checkpoint
 from tests.conftest import write_wav
 

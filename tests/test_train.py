@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from pipeline.config import load_config
-from pipeline.engine import Engine, build_models
+from pipeline.engine import Engine
+from pipeline.models.build import build_models
 from pipeline.train import a2v as a2v_train
 from pipeline.train import sr as sr_train
 from pipeline.train import vae as vae_train

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.clock import MODEL_RATE
 from pipeline.eval.evaluate import run_eval
 from pipeline.synth.image import read_image
 from pipeline.synth.motion import mouth_track_from_audio, silence_segments
-from pipeline.synth.speech import SAMPLE_RATE, read_wav, resample
+from pipeline.synth.speech import read_wav, resample
 
 
 def _seams(args: argparse.Namespace, n_frames: int) -> list[int]:
@@ -45,7 +46,7 @@ def eval_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     samples, rate = read_wav(args.audio)
-    samples = resample(samples, rate, SAMPLE_RATE)
+    samples = resample(samples, rate, MODEL_RATE)
     gt = mouth_track_from_audio(samples)
     reference = read_image(args.reference) if args.reference else None
     scores = run_eval(

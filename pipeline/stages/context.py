@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig, latent_grid
-from pipeline.models.audio_encoder import SAMPLES_PER_FRAME
 from pipeline.module import Module
 from pipeline.sampler import chunk_generator
 from pipeline.schedule import Chunk
@@ -47,8 +47,8 @@ class ContextStage:
         r, a = self.cfg.vae.temporal_ratio, self.cfg.audio
         first, last = chunk.start * r, chunk.end * r
         return (
-            (first - a.context_frames) * SAMPLES_PER_FRAME,
-            (last + a.lookahead_frames) * SAMPLES_PER_FRAME,
+            (first - a.context_frames) * MODEL_SAMPLES_PER_FRAME,
+            (last + a.lookahead_frames) * MODEL_SAMPLES_PER_FRAME,
         )
 
     @torch.inference_mode()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-SAMPLE_RATE = 16_000
+from pipeline.clock import MODEL_RATE
 
 # Sentences written for this project, several per language, with commas and full
 # stops so the synthetic speaker pauses inside utterances too.
@@ -111,7 +111,7 @@ def read_wav(path: str | Path) -> tuple[np.ndarray, int]:
     return data, rate
 
 
-def write_wav(path: str | Path, samples: np.ndarray, rate: int = SAMPLE_RATE) -> None:
+def write_wav(path: str | Path, samples: np.ndarray, rate: int = MODEL_RATE) -> None:
     """Write mono float32 samples as 16-bit PCM."""
     pcm = np.clip(np.round(np.asarray(samples) * 32767.0), -32768, 32767).astype("<i2")
     with wave.open(str(path), "wb") as w:
@@ -136,7 +136,7 @@ def _polyphase_filter(up: int, down: int, half_taps: int) -> np.ndarray:
     return h.astype(np.float64)
 
 
-def resample(x: np.ndarray, rate_in: int, rate_out: int = SAMPLE_RATE) -> np.ndarray:
+def resample(x: np.ndarray, rate_in: int, rate_out: int = MODEL_RATE) -> np.ndarray:
     """Rational-ratio polyphase resampling, zero-delay (output 0 aligns with input 0)."""
     x = np.asarray(x, np.float64).reshape(-1)
     if rate_in == rate_out:
@@ -176,7 +176,7 @@ def synthesize(
                 f"espeak-ng failed for voice {voice!r}: {proc.stderr.decode()[-300:]}"
             )
         data, rate = read_wav(wav)
-    return resample(data, rate, SAMPLE_RATE)
+    return resample(data, rate, MODEL_RATE)
 
 
 def random_speech(
@@ -193,16 +193,16 @@ def random_speech(
     pitch = int(rng.integers(25, 75))
     gain = rng.uniform(0.5, 1.0)
     target = rng.uniform(min_s, max_s)
-    parts = [np.zeros(int(rng.uniform(0.2, 1.0) * SAMPLE_RATE), np.float32)]
+    parts = [np.zeros(int(rng.uniform(0.2, 1.0) * MODEL_RATE), np.float32)]
     utterances: list[Utterance] = []
     total = len(parts[0])
     sentences = CORPUS[lang]
-    while total < target * SAMPLE_RATE or not utterances:
+    while total < target * MODEL_RATE or not utterances:
         text = sentences[int(rng.integers(len(sentences)))]
         audio = synthesize(text, lang, variant, speed, pitch)
         audio = audio / (np.max(np.abs(audio)) + 1e-6) * 0.8 * gain
         utterances.append(Utterance(text, lang, variant, speed, pitch, audio))
-        pause = np.zeros(int(rng.uniform(0.3, 1.5) * SAMPLE_RATE), np.float32)
+        pause = np.zeros(int(rng.uniform(0.3, 1.5) * MODEL_RATE), np.float32)
         parts += [audio, pause]
         total += len(audio) + len(pause)
     return np.concatenate(parts).astype(np.float32), utterances

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline.clock import FPS, model_samples
 from pipeline.config import load_config, parse_overrides
 from pipeline.engine import Engine
 from pipeline.eval import metrics as M
@@ -34,7 +35,7 @@ EVAL_SEED = 90_001  # far from the training seeds (0 and small integers)
 
 def held_out_speech(seconds: float, seed: int = EVAL_SEED) -> np.ndarray:
     audio, _ = random_speech(np.random.default_rng(seed), seconds, seconds + 0.5)
-    return audio[: int(seconds * 16_000)]
+    return audio[: model_samples(seconds)]
 
 
 def generate(engine: Engine, reference: np.ndarray, audio: np.ndarray, block_s: float = 1.0):
@@ -43,7 +44,7 @@ def generate(engine: Engine, reference: np.ndarray, audio: np.ndarray, block_s: 
     session = engine.new_session(reference, seed=0)
     batches = []
     cpu, wall = time.process_time(), time.perf_counter()
-    step = int(block_s * 16_000)
+    step = model_samples(block_s)
     for i in range(0, len(audio), step):
         session.push_audio(audio[i : i + step])
         batches += session.generate_ready()
@@ -146,7 +147,7 @@ def recon_scores(
 
 
 def frame_strip(
-    reference: np.ndarray, frames: np.ndarray, n: int = 8, start: int = 25
+    reference: np.ndarray, frames: np.ndarray, n: int = 8, start: int = FPS
 ) -> np.ndarray:
     """The reference, then `n` frames evenly spread from `start`, side by side."""
     idx = np.linspace(min(start, len(frames) - 1), len(frames) - 1, n).astype(int)
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.recon:
         recon = reconstruct(engine, truth)
         result.update(recon_scores(recon, reference, audio, seams, cfg.vae.temporal_ratio))
-    video_s = len(frames) / 25
+    video_s = len(frames) / FPS
     result.update(
         frames=len(frames),
         fps_wall=round(len(frames) / wall, 2),

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from pipeline.config import FacecastConfig, latent_grid
-from pipeline.engine import build_models
+from pipeline.models.build import build_models
 from pipeline.module import load_checkpoint, save_checkpoint
 from pipeline.train import a2v as a2v_train
 from pipeline.train import sr as sr_train

@@ -19,8 +19,9 @@ import logging
 
 import numpy as np
 
+from pipeline.clock import OUTPUT_RATE
 from realtime.kvs.metrics import KvsStats
-from realtime.kvs.mkv import AUDIO_RATE, MkvFragment, MkvFragmentWriter
+from realtime.kvs.mkv import MkvFragment, MkvFragmentWriter
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class MirrorTimeline:
         self._stream = stream
         self._fps = settings.fps
         self._channels = settings.audio_channels
-        self._spf = AUDIO_RATE // settings.fps  # audio samples per video frame
+        self._spf = OUTPUT_RATE // settings.fps  # audio samples per video frame
         self._fill_after_s = fill_after_s
         self._reanchor_frames = settings.fragment_frames + round(fill_after_s * settings.fps)
         self._offset: int | None = None  # mirror frame = session frame + offset
