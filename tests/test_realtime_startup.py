@@ -129,21 +129,3 @@ async def test_healthz_ready_only_after_warmup_and_first_call_pays_nothing_extra
         out, _ = server.communicate(timeout=30)
     # serve says where it listens, and when it is ready, at the default log level
     assert f"facecast serve: {url}/" in out and "ready in" in out, out
-
-
-def test_the_engine_package_never_imports_the_server():
-    import ast
-    from pathlib import Path
-
-    offenders = []
-    for path in Path(ROOT, "pipeline").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            offenders += [
-                f"{path}: {n}" for n in names if n.split(".")[0] in ("realtime", "facecast")
-            ]
-    assert not offenders, offenders
