@@ -149,7 +149,7 @@ def run_session(engine: Engine, seconds: float) -> dict:
     audio = speechy_audio(seconds)
     ref = np.full((720, 1280, 3), 128, np.uint8)
     # warm-up session (kernels, allocator), then the timed one
-    warm = engine.new_session(ref, seed=1)
+    warm = engine.new_stream(ref, seed=1)
     warm.push_audio(audio[: model_samples(2.0)])
     warm.finish()
     warm.close()
@@ -157,7 +157,7 @@ def run_session(engine: Engine, seconds: float) -> dict:
         torch.cuda.synchronize(engine.device)
     if dist.is_initialized():
         dist.barrier()
-    session = engine.new_session(ref, seed=0)
+    session = engine.new_stream(ref, seed=0)
     t0 = time.perf_counter()
     first = None
     frames = 0

@@ -84,8 +84,8 @@ async def run(args: argparse.Namespace) -> dict:
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "facecast", "serve", "--config", args.config, "--port", str(port)]
     cmd += ["--device", args.device] + (["--compile"] if args.compile else []) + args.serve_arg
-    log = open(args.server_log, "w") if args.server_log else subprocess.DEVNULL
-    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    log = open(args.server_log, "w") if args.server_log else subprocess.DEVNULL  # noqa: ASYNC230 - once, before the run
+    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)  # noqa: ASYNC220 - Popen returns at once; the child runs beside the loop
     try:
         health = await wait_until_ready(url, args.startup_timeout, server)
         pcm = read_audio(args.wav)

@@ -35,7 +35,7 @@ def main() -> None:
     audio = speech_like_audio(engine.stream_step(args.steps).audio_frames / FPS + 1)
     ref = test_card(cfg.video.height, cfg.video.width)
     for s in range(args.sessions):
-        session = engine.new_session(ref, seed=s)
+        session = engine.new_stream(ref, seed=s)
         times = []
         for k in range(args.steps):
             end = engine.stream_step(k).audio_frames * MODEL_SAMPLES_PER_FRAME

@@ -287,8 +287,8 @@ async def soak(args: argparse.Namespace, log_path: Path) -> dict:
     command += ["--device", "cpu", "--port", str(port)] + (
         ["--config", args.config] if args.config else []
     )
-    with open(log_path, "wb") as server_log:
-        proc = subprocess.Popen(command, cwd=ROOT, stdout=server_log, stderr=subprocess.STDOUT)
+    with open(log_path, "wb") as server_log:  # noqa: ASYNC230 - once, before the call
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=server_log, stderr=subprocess.STDOUT)  # noqa: ASYNC220 - Popen returns at once; the child runs beside the loop
     try:
         await wait_until_ready(url, process=proc)
         return await measure(args, url, proc)

@@ -275,7 +275,7 @@ def run_bench(opts: BenchOptions) -> dict:
     audio = speech_like_audio(steps * chunk_seconds + 2.0, opts.seed)
 
     t = time.perf_counter()
-    session = engine.new_session(test_card(cfg.video.height, cfg.video.width), seed=opts.seed)
+    session = engine.new_stream(test_card(cfg.video.height, cfg.video.width), seed=opts.seed)
     clock.sync()
     init_s = time.perf_counter() - t
     recorder.install(session)

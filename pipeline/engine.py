@@ -17,6 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -36,6 +37,9 @@ from pipeline.stages.decode import DecodeStage
 from pipeline.stages.init import InitStage, ReferenceCond
 from pipeline.stages.sr import SRStage
 from pipeline.timeline import AudioTimeline
+
+if TYPE_CHECKING:
+    from pipeline.startup import StartupReport
 
 log = logging.getLogger("facecast.engine")
 
@@ -70,7 +74,7 @@ class Engine:
         # Wall seconds of one warm `generate_ready()` step, measured by `warmup()`:
         # {"first": step 0, "steady": the slowest later step}. Serving plans playout on it.
         self.step_seconds: dict[str, float] | None = None
-        self.startup = None  # pipeline.startup.StartupReport, once started that way
+        self.startup: StartupReport | None = None  # once started by `start_engine`
 
     @classmethod
     def load(
@@ -116,7 +120,7 @@ class Engine:
         frames = self.stream_step(steps - 1).audio_frames
         audio = (0.1 * np.sin(np.arange(frames * spf) * 0.07)).astype(np.float32)
         h, w = self.cfg.video.height, self.cfg.video.width
-        session = self.new_session(np.full((h, w, 3), 127, np.uint8), seed=seed)
+        session = self.new_stream(np.full((h, w, 3), 127, np.uint8), seed=seed)
         seconds = []
         for k in range(steps if timed else 1):
             end = len(audio) if not timed else self.stream_step(k).audio_frames * spf
@@ -133,16 +137,16 @@ class Engine:
         later = sorted(seconds[1:]) or seconds
         return {"first": seconds[0], "steady": later[len(later) // 2]}
 
-    def new_session(
+    def new_stream(
         self,
         reference_rgb: np.ndarray,
         seed: int = 0,
         sinks: list[Callable[[FrameBatch], None]] | None = None,
-    ) -> Session:
-        return Session(self, reference_rgb, seed, sinks or [])
+    ) -> Stream:
+        return Stream(self, reference_rgb, seed, sinks or [])
 
 
-class Session:
+class Stream:
     """One open-ended stream: push audio, collect frames in order, each exactly once."""
 
     def __init__(
@@ -255,9 +259,14 @@ class Session:
         ctx = self.context.run(self.timeline, chunk, self.latents)
         self.times.add("context", time.perf_counter() - t)
         t = time.perf_counter()
-        lat = self.a2v.run(ctx, self.ref)
+        lat = self.a2v.run(ctx, self._reference())
         self.times.add("a2v", time.perf_counter() - t)
         return lat
+
+    def _reference(self) -> ReferenceCond:
+        if self.ref is None:
+            raise RuntimeError("the session is closed")
+        return self.ref
 
     def _emit(self, begin: int, end: int, next_model: str | None = None) -> list[FrameBatch]:
         if end <= begin:
@@ -282,7 +291,7 @@ class Session:
         t = time.perf_counter()
         ctx_n = 0 if self.sr_context is None else self.sr_context.shape[2]
         seq = low if self.sr_context is None else torch.cat([self.sr_context, low], dim=2)
-        full = self.sr.run(seq, ctx_n, self.ref, self.segments)
+        full = self.sr.run(seq, ctx_n, self._reference(), self.segments)
         w = self.cfg.sr.window
         self.sr_context = seq[:, :, seq.shape[2] - min(w, seq.shape[2]) :] if w else None
         self.times.add("sr", time.perf_counter() - t)

@@ -145,7 +145,7 @@ class OffloadManager:
                     self._issue_copy(b)
                 self._bind(b)
                 b.device_buf = None  # the parameters now own the memory
-        if self.is_cuda:
+        if self.copy_stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.copy_stream)
         self.stacks.clear()
         self.resident.clear()
@@ -201,12 +201,14 @@ class OffloadManager:
             if self.cfg.record_stalls:
                 after.record(compute)
                 self.stats.stalls.append(StallRecord(block.stack, block.index, before, after))
+            assert block.device_buf is not None, "a copy was issued for this block"
             block.device_buf.record_stream(compute)
             block.ready = None
         self._bind(block)
 
     def _bind(self, block: _Block) -> None:
         buf = block.device_buf
+        assert buf is not None, "a block is bound only once its copy is issued"
         for p, offset, n in block.params:
             p.data = buf[offset : offset + n].view_as(p)
 
@@ -276,8 +278,10 @@ def materialize_blockwise(
     next one is made. For speed benchmarks of configs too large to build whole; the values
     differ from `build_models`' CPU-seeded init (same distributions).
     """
-    blocks = model.transformer.blocks
-    model.transformer.blocks = nn.ModuleList()
+    transformer = model.get_submodule("transformer")
+    blocks = transformer.get_submodule("blocks")
+    assert isinstance(blocks, nn.ModuleList)
+    transformer.blocks = nn.ModuleList()
     model.to_empty(device=device)
     _init_random(model, seed)
     model.to(dtype)
@@ -287,7 +291,7 @@ def materialize_blockwise(
         block.to(dtype)
         if manager is not None:
             manager.add_block(stack, i, block)
-    model.transformer.blocks = blocks
+    transformer.blocks = blocks
     if manager is not None:
         manager.hook_stack(stack, blocks)
     return model
@@ -298,8 +302,9 @@ def _init_random(module: nn.Module, seed: int) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for m in module.modules():
-            if hasattr(m, "reset_parameters"):
-                m.reset_parameters()
+            reset = getattr(m, "reset_parameters", None)
+            if callable(reset):
+                reset()
                 continue
             for name, p in m.named_parameters(recurse=False):
                 if "modulation" in name:

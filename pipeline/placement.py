@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from pipeline.config import FacecastConfig
 from pipeline.models.build import SEED_OFFSETS, build_models, module_dtype
@@ -51,12 +52,12 @@ def plan_placement(
     bits = torch.finfo(DTYPES[cfg.runtime.dtype]).bits
     dit_bytes = dit_weight_bytes(cfg, bits // 8) if room else 0
     if offload is None:
-        offload = bool(room) and dit_bytes > OFFLOAD_ABOVE_SHARE * room
+        offload = bool(room) and dit_bytes > OFFLOAD_ABOVE_SHARE * (room or 0)
     offload_cfg = OffloadConfig() if offload is True else (offload or None)
     if offload_cfg and offload_cfg.budget_gb is None and room and memory_cap_bytes:
         offload_cfg.budget_gb = RESIDENT_SHARE_UNDER_CAP * room / 1e9
-    blockwise = room is not None and not cfg.runtime.weights
-    blockwise = blockwise and 2 * dit_bytes > BLOCKWISE_ABOVE_SHARE * room
+    blockwise = bool(room) and not cfg.runtime.weights
+    blockwise = blockwise and 2 * dit_bytes > BLOCKWISE_ABOVE_SHARE * (room or 0)
     return Placement(offload=offload_cfg, blockwise=blockwise)
 
 
@@ -90,7 +91,9 @@ def apply_placement(
     if manager is None and placement.offload:
         manager = OffloadManager(engine.device, placement.offload)
         for name in ("a2v", "sr"):
-            manager.attach(name, engine.modules[name].model.transformer.blocks)
+            blocks = engine.modules[name].model.get_submodule("transformer.blocks")
+            assert isinstance(blocks, nn.ModuleList)
+            manager.attach(name, blocks)
         if manager.is_cuda:
             torch.cuda.empty_cache()  # the blocks' former GPU copies
     if manager is not None:

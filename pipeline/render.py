@@ -45,7 +45,7 @@ def render_file(
 ) -> RenderResult:
     image = load_image(reference)
     v = engine.cfg.video
-    session = engine.new_session(image, seed=seed)
+    session = engine.new_stream(image, seed=seed)
     writer = Mp4Writer(out, v.width, v.height, v.fps)
     bar = tqdm(
         total=estimate_frames(audio), unit="frame", disable=not progress, desc="render", leave=False

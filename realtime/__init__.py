@@ -1,7 +1,7 @@
 """Facecast live: the avatar as a WebRTC service.
 
 `facecast serve` (see `realtime.server`) answers WebRTC offers; each peer gets a
-`realtime.session.Session`:
+`realtime.session.PeerSession`:
 
     mic audio (Opus) → InputResampler (PyAV: 48 kHz stereo → mono → 16 kHz)
         → AudioTimeline (48 kHz, for playback)  → AvatarAudioTrack ─┐ one PlayoutClock:

@@ -61,7 +61,8 @@ class PcmSource(MediaStreamTrack):
         if speed <= 0:
             raise ValueError("speed must be > 0")
         self.speed = speed
-        self._loop = np.asarray(pcm, np.int16).reshape(-1) if loop and pcm is not None else None
+        # (not `_loop`: aiortc's tracks keep their event loop under that name)
+        self._clip = np.asarray(pcm, np.int16).reshape(-1) if loop and pcm is not None else None
         self._buf = np.zeros(0, np.int16)
         self.sent = np.zeros(0, np.int16)  # everything sent, for alignment
         self.sent_at: list[float] = []  # when each 20 ms frame of it was sent
@@ -99,8 +100,8 @@ class PcmSource(MediaStreamTrack):
             self._t0 = self.started_at = self._deadline = now
         if self._deadline > now:
             await asyncio.sleep(self._deadline - now)
-        if self._loop is not None and self._buf.size < FRAME:  # the clip again, seamlessly
-            self._buf = np.concatenate([self._buf, self._loop])
+        if self._clip is not None and self._buf.size < FRAME:  # the clip again, seamlessly
+            self._buf = np.concatenate([self._buf, self._clip])
         # queued audio goes at `speed`; the silence after it at real time, like a mic
         self._deadline += FRAME / OUTPUT_RATE / (self.speed if self._buf.size else 1.0)
         self.sent_at.append(time.monotonic())
@@ -169,6 +170,7 @@ class FacecastClient:
         self._writer = Mp4Writer(record_to) if record_to else None
         self._new_frame = asyncio.Condition()
         self._new_event = asyncio.Condition()
+        self._notifiers: set[asyncio.Task] = set()  # held until done (the loop keeps weak refs)
         self._interrupts: asyncio.Queue[int] = asyncio.Queue(maxsize=16)
 
     async def __aenter__(self) -> FacecastClient:
@@ -210,6 +212,7 @@ class FacecastClient:
         try:
             while True:
                 frame = await track.recv()
+                assert isinstance(frame, av.VideoFrame) and frame.pts is not None
                 now = time.monotonic()
                 rec = self.received
                 rec.video_pts.append(int(frame.pts))
@@ -229,6 +232,7 @@ class FacecastClient:
         try:
             while True:
                 frame = await track.recv()
+                assert isinstance(frame, av.AudioFrame) and frame.pts is not None
                 pts = int(frame.pts)
                 frame.pts = None
                 pcm = np.concatenate(
@@ -253,7 +257,9 @@ class FacecastClient:
         self.events.append(msg)
         if msg.get("type") == "interrupted" and not self._interrupts.full():
             self._interrupts.put_nowait(int(msg["played_ms"]))
-        asyncio.ensure_future(self._notify_event())
+        task = asyncio.ensure_future(self._notify_event())
+        self._notifiers.add(task)
+        task.add_done_callback(self._notifiers.discard)
 
     async def _notify_event(self) -> None:
         async with self._new_event:
@@ -514,9 +520,9 @@ def resample_s16(pcm: np.ndarray, rate: int) -> np.ndarray:
 
 async def run(args: argparse.Namespace) -> dict:
     if args.wav:
-        pcm = read_audio(args.wav)
+        pcm = await asyncio.to_thread(read_audio, args.wav)
     else:
-        raw = np.frombuffer(Path(args.pcm).read_bytes(), np.int16)
+        raw = np.frombuffer(await asyncio.to_thread(Path(args.pcm).read_bytes), np.int16)
         pcm = resample_s16(raw, args.pcm_rate)
     source = PcmSource(pcm, speed=args.speed, loop=args.loop)
     seconds = args.seconds or (pcm.size / OUTPUT_RATE + 3.0)

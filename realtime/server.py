@@ -46,6 +46,7 @@ from aiortc.sdp import SessionDescription
 
 from pipeline.clock import FPS
 from pipeline.startup import EngineOptions, start_engine
+from pipeline.stream import AvatarStream, StreamingEngine
 from realtime.dtls import allow_rsa_peers
 from realtime.edge import run_app
 from realtime.engine_process import EngineProcess
@@ -77,7 +78,7 @@ from realtime.security import (
     same_origin_guard,
     security_from_args,
 )
-from realtime.session import Session, SessionConfig
+from realtime.session import PeerSession, SessionConfig
 from realtime.tracks import MediaSink
 from realtime.vad import VoiceActivityDetector
 
@@ -106,14 +107,17 @@ class ServerConfig:
 
 # Called for each new session; returns a started sink (or None) that receives the output
 # frames and audio, e.g. `realtime.kvs.KvsMirror`. The session closes it when it ends.
-SinkFactory = Callable[[Session], Awaitable[MediaSink | None]]
+SinkFactory = Callable[[PeerSession], Awaitable[MediaSink | None]]
 
 
 class Service:
     """Everything one app instance owns: engine, sessions, metrics. Stored on the app."""
 
     def __init__(
-        self, config: ServerConfig, engine: Any, sink_factories: Sequence[SinkFactory] = ()
+        self,
+        config: ServerConfig,
+        engine: StreamingEngine | None,
+        sink_factories: Sequence[SinkFactory] = (),
     ) -> None:
         self.config = config
         self.engine = engine  # None until `start_engine` has it warm
@@ -123,7 +127,7 @@ class Service:
         self.metrics = RealtimeMetrics()
         if engine is not None:
             self._mark_ready(engine)
-        self.sessions: dict[str, Session] = {}
+        self.sessions: dict[str, PeerSession] = {}
         self.reserved = 0  # offers being negotiated count against capacity
         self.engine_lock = threading.Lock()  # one generate_ready() at a time per engine
         self.reference: np.ndarray | None = None
@@ -156,7 +160,7 @@ class Service:
             return
         self._mark_ready(engine)
 
-    def _mark_ready(self, engine: Any) -> None:
+    def _mark_ready(self, engine: StreamingEngine) -> None:
         report = getattr(engine, "startup", None)
         seconds = report.seconds if report is not None else 0.0
         self.startup_seconds = seconds
@@ -164,16 +168,21 @@ class Service:
         self.metrics.ready.set(1)
         self.engine = engine
 
+    def warm_engine(self) -> StreamingEngine:
+        if self.engine is None:
+            raise EngineStarting("the engine is starting; try again shortly")
+        return self.engine
+
     def video_size(self) -> tuple[int, int]:
-        video = self.engine.cfg.video
+        video = self.warm_engine().cfg.video
         return int(video.width), int(video.height)
 
-    def open_engine_session(self, seed: int) -> Any:
+    def open_engine_stream(self, seed: int) -> AvatarStream:
         if self.reference is None:
             self.reference = load_reference(self.config.reference, *self.video_size())
-        return self.engine.new_session(self.reference, seed=seed)
+        return self.warm_engine().new_stream(self.reference, seed=seed)
 
-    async def on_session_closed(self, session: Session) -> None:
+    async def on_session_closed(self, session: PeerSession) -> None:
         if self.sessions.pop(session.id, None) is not None:
             self.metrics.active_sessions.set(len(self.sessions))
 
@@ -182,7 +191,9 @@ SERVICE = web.AppKey("facecast", Service)
 
 
 def build_app(
-    config: ServerConfig, engine: Any, sink_factories: Sequence[SinkFactory] = ()
+    config: ServerConfig,
+    engine: StreamingEngine | None,
+    sink_factories: Sequence[SinkFactory] = (),
 ) -> web.Application:
     """The app around a loaded engine; `sink_factories` attach mirrors to each session."""
     allow_rsa_peers()  # GStreamer's webrtcbin has an RSA certificate (realtime/dtls.py)
@@ -312,7 +323,7 @@ def require_engine(service: Service) -> None:
 
 async def open_session(
     service: Service, request: OfferRequest, require_video: bool = True
-) -> Session:
+) -> PeerSession:
     """A new live session for `request`, if a slot is free (POST /offer and POST /whip).
 
     `require_video=False` accepts an offer with no video section (a WHIP client that only
@@ -329,15 +340,15 @@ async def open_session(
         service.reserved -= 1
 
 
-async def _negotiate(service: Service, request: OfferRequest, require_video: bool) -> Session:
+async def _negotiate(service: Service, request: OfferRequest, require_video: bool) -> PeerSession:
     offer = request.description
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # loopback/LAN: no STUN
     session_config = SessionConfig(**{**service.config.session.__dict__, "seed": request.seed})
     vad = await asyncio.to_thread(VoiceActivityDetector)  # loads its model: off the loop
-    session = Session(
+    session = PeerSession(
         secrets.token_urlsafe(18),
         pc,
-        service.open_engine_session,
+        service.open_engine_stream,
         service.video_size(),
         session_config,
         service.metrics,
@@ -513,7 +524,7 @@ def _parse_offer(body: dict, kvs: bool) -> OfferRequest:
     return OfferRequest(RTCSessionDescription(sdp=sdp, type="offer"), seed, stream)
 
 
-def _session(request: web.Request) -> Session:
+def _session(request: web.Request) -> PeerSession:
     sid = request.match_info["id"]
     session = request.app[SERVICE].sessions.get(sid)
     if session is None:
@@ -585,7 +596,7 @@ def kvs_sink_factory(options: KvsOptions) -> SinkFactory:
     options.validate(FPS)  # fail at start-up, not at the first call
     namer = StreamNamer(options.stream)
 
-    async def attach(session: Session) -> MediaSink:
+    async def attach(session: PeerSession) -> MediaSink:
         name = namer.next_name(session.offer_options.get("kvs_stream"))
         width, height = session.video_size
         mirror = KvsMirror(options, name, width, height, fps=FPS, registry=session.metrics.registry)

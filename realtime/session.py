@@ -28,15 +28,17 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+import av
 import numpy as np
 from aiortc import RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME, OUTPUT_RATE, OUTPUT_SAMPLES_PER_FRAME
+from pipeline.stream import AvatarStream
 from realtime.audio_in import AudioTimeline, InputResampler
 from realtime.errors import RealtimeError, SessionClosed
 from realtime.events import PlaybackTracker, message, parse_client_message
@@ -83,18 +85,18 @@ class SessionConfig:
     seed: int = 0
 
 
-class Session:
+class PeerSession:
     """A live peer. Create, `attach` to the negotiated peer connection, then `close`."""
 
     def __init__(
         self,
         session_id: str,
         pc: RTCPeerConnection,
-        open_engine_session: Callable[[int], Any],
+        open_engine_stream: Callable[[int], AvatarStream],
         video_size: tuple[int, int],
         config: SessionConfig,
         metrics: RealtimeMetrics,
-        on_closed: Callable[[Session], Awaitable[None]],
+        on_closed: Callable[[PeerSession], Awaitable[None]],
         vad: VoiceActivityDetector,
         timing: EngineTiming,
         engine_lock: threading.Lock | None = None,
@@ -148,7 +150,7 @@ class Session:
         lead = max(1, int(config.lead_s * FPS))
         self.frames = FrameQueue(lead, capacity=lead + 10 * FPS)
         self.worker = GenerationWorker(
-            lambda: open_engine_session(config.seed),
+            lambda: open_engine_stream(config.seed),
             self.frames,
             self.clock,
             self._loop,
@@ -248,7 +250,7 @@ class Session:
     def tasks(self) -> set[asyncio.Task]:
         return set(self._tasks)
 
-    def _spawn(self, coro: Awaitable, name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
         task = self._loop.create_task(coro, name=f"{name}-{self.id[:8]}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -267,6 +269,7 @@ class Session:
         try:
             while True:
                 frame = await track.recv()
+                assert isinstance(frame, av.AudioFrame), "an audio track yields audio frames"
                 self._last_rx = time.monotonic()
                 if self._first_audio is None:
                     self._first_audio = self._last_rx

@@ -215,7 +215,7 @@ class AvatarVideoTrack(_PacedTrack):
             self.dropped += dropped
             self._metrics.frames_dropped.inc(dropped)
         fresh = rgb is not None and _valid(rgb, self._size)
-        if not fresh:
+        if rgb is None or not fresh:
             if rgb is not None:
                 log.warning("session %s: frame %d has bad shape/dtype", self._sid, index)
             self.repeated += 1

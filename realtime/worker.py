@@ -24,12 +24,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME
 from pipeline.schedule import StreamStep
+from pipeline.stream import AvatarStream
 from realtime.tracks import FrameQueue, PlayoutClock
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class ChunkStats:
 class GenerationWorker:
     def __init__(
         self,
-        open_engine_session: Callable[[], Any],
+        open_engine_stream: Callable[[], AvatarStream],
         frames: FrameQueue,
         clock: PlayoutClock,
         loop: asyncio.AbstractEventLoop,
@@ -61,8 +61,8 @@ class GenerationWorker:
         margin_s: float = 0.1,
         engine_lock: threading.Lock | None = None,
     ) -> None:
-        self._open = open_engine_session
-        self._engine: Any = None
+        self._open = open_engine_stream
+        self._engine: AvatarStream | None = None
         self._frames = frames
         self._clock = clock
         self._loop = loop
@@ -144,12 +144,12 @@ class GenerationWorker:
 
     def _run(self) -> None:
         try:
-            self._engine = self._open()  # the init stage (reference encoding) is heavy too
+            stream = self._engine = self._open()  # the init stage (reference encoding) is heavy too
             while self._frames.wait_room(self._clock.frame_now, self._stop):
-                if not self._feed():
+                if not self._feed(stream):
                     self._frames.wait_idle(self._stop, 0.05)  # woken by push()
                     continue
-                self._generate()
+                self._generate(stream)
         except Exception as exc:  # the session ends with an error event, never the server
             log.exception("session %s: generation failed", self._sid)
             self._call_soon(self._on_error, exc)
@@ -177,11 +177,11 @@ class GenerationWorker:
         """16 kHz timeline position of the next sample to give the engine."""
         return self.pushed + self.skipped
 
-    def _feed(self) -> bool:
+    def _feed(self, stream: AvatarStream) -> bool:
         """Hand the engine exactly the audio its next step still needs, once it is all here
         (skipping backlog first if generation is late); False while it is not."""
         with self._pending_lock:
-            need = max(0, self._engine.samples_needed() - self._pad)
+            need = max(0, stream.samples_needed() - self._pad)
             pending = sum(p.size for p in self._pending)
             if pending < need:
                 return False
@@ -192,7 +192,7 @@ class GenerationWorker:
                 parts.insert(0, np.zeros(self._pad, np.float32))
                 self._pad = 0
         if parts:
-            self._engine.push_audio(np.concatenate(parts))
+            stream.push_audio(np.concatenate(parts))
         return True
 
     def _take(self, room: int) -> list[np.ndarray]:
@@ -239,10 +239,10 @@ class GenerationWorker:
                 offset = frames
         return engine_frame + offset
 
-    def _generate(self) -> None:
+    def _generate(self, stream: AvatarStream) -> None:
         t = time.perf_counter()
         with self._engine_lock:
-            batches = self._engine.generate_ready()
+            batches = stream.generate_ready()
         seconds = time.perf_counter() - t
         count = 0
         for batch in batches:

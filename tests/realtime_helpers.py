@@ -178,7 +178,7 @@ class ScriptedEngine:
         begin = 0 if k == 0 else end - self.chunk
         return StreamStep(k, end + self.lookahead, begin, end)
 
-    def new_session(self, reference_rgb, seed: int = 0):
+    def new_stream(self, reference_rgb, seed: int = 0):
         stream = ScriptedStream(self)
         self.sessions.append(stream)
         return stream

@@ -27,7 +27,7 @@ def test_round_trip_gives_identical_outputs(tmp_path):
     ref = np.full((64, 64, 3), 90, np.uint8)
 
     def frames(engine):
-        s = engine.new_session(ref)
+        s = engine.new_stream(ref)
         s.push_audio(np.zeros(8000, np.float32))
         return np.concatenate([b.frames for b in s.finish()])
 

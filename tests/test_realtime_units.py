@@ -239,7 +239,7 @@ async def test_worker_rebase_retimes_frames_after_an_interrupt():
         worker.push(np.zeros(40 * 640 + 100, np.float32))  # 40 frames and a bit
         await asyncio.sleep(0.3)
         assert worker.generated == 36 and worker.next_index() == 36
-        frames.truncate(10)  # what Session.interrupt does: keep 0..9
+        frames.truncate(10)  # what PeerSession.interrupt does: keep 0..9
         new_audio = worker.rebase(10)
         # The engine was given exactly what its steps needed, audio up to frame 40 (the
         # partial frame still waited in the worker and is flushed): its frames 36..39 are

@@ -206,7 +206,7 @@ def test_cli_trains_every_stage_resumes_and_the_engine_loads_it(speech_path, tmp
 
     cfg = load_config("tiny", {"runtime.weights": str(out / "weights")})
     engine = Engine.load(cfg)
-    session = engine.new_session(np.full((128, 128, 3), 120, np.uint8))
+    session = engine.new_stream(np.full((128, 128, 3), 120, np.uint8))
     session.push_audio(np.zeros(16_000, np.float32))
     frames = np.concatenate([b.frames for b in session.generate_ready() + session.finish()])
     assert frames.shape == (25, 128, 128, 3)

@@ -127,7 +127,7 @@ def render_worker(
     parallelize_engine(engine, opts)
     box = [load_image(reference) if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
-    session = engine.new_session(box[0], seed=seed)
+    session = engine.new_stream(box[0], seed=seed)
     writer = Mp4Writer(out, cfg.video.width, cfg.video.height) if rank == 0 else None
     blocks = iter_audio(audio) if rank == 0 else None
     try:

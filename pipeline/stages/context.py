@@ -15,6 +15,7 @@ from torch import Tensor
 
 from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig, latent_grid
+from pipeline.models.audio_encoder import AudioEncoder
 from pipeline.module import Module
 from pipeline.sampler import chunk_generator
 from pipeline.schedule import Chunk
@@ -33,7 +34,11 @@ class ChunkContext:
 
 class ContextStage:
     def __init__(
-        self, audio: Module, cfg: FacecastConfig, seed: int, dtype: torch.dtype | None = None
+        self,
+        audio: Module[AudioEncoder],
+        cfg: FacecastConfig,
+        seed: int,
+        dtype: torch.dtype | None = None,
     ) -> None:
         self.audio = audio
         self.cfg = cfg

@@ -41,7 +41,7 @@ def held_out_speech(seconds: float, seed: int = EVAL_SEED) -> np.ndarray:
 def generate(engine: Engine, reference: np.ndarray, audio: np.ndarray, block_s: float = 1.0):
     """Stream `audio` through a session in blocks; frames, the first frame of every
     separately generated piece (the seams), CPU seconds and wall seconds."""
-    session = engine.new_session(reference, seed=0)
+    session = engine.new_stream(reference, seed=0)
     batches = []
     cpu, wall = time.process_time(), time.perf_counter()
     step = model_samples(block_s)

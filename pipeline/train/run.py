@@ -69,7 +69,7 @@ def _done(state_dir: Path, stage: str, settings: StageSettings) -> bool:
     return st["step"] >= settings.steps or st["seconds"] >= settings.seconds
 
 
-def train_all(
+def train_all(  # noqa: C901 - the four stages in order, each skipped on resume; one recipe to read
     cfg: FacecastConfig,
     tc: TrainConfig,
     speech_path: Path,

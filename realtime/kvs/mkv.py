@@ -183,6 +183,7 @@ class MkvFragmentWriter:
             self._take_audio(packet)
 
     def _take_video(self, packet: av.Packet) -> None:
+        assert packet.pts is not None, "the encoder stamps every video packet"
         ms = self._frame_ms(int(packet.pts))
         self._video_blocks.append((ms, bool(packet.is_keyframe), annexb_to_avcc(bytes(packet))))
 
@@ -197,7 +198,7 @@ class MkvFragmentWriter:
         return frame_index * 1000 // self.settings.fps
 
     def _emit_ready(self) -> list[MkvFragment]:
-        fragments = []
+        fragments: list[MkvFragment] = []
         while True:
             end_ms = (self._fragment + 1) * self.settings.fragment_ms
             audio_past_end = any(ms >= end_ms for ms, _ in self._audio_blocks)

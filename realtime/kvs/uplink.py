@@ -181,7 +181,9 @@ class KvsUplink:
         folder.mkdir(parents=True, exist_ok=True)
         return open(folder / f"{self._stream}-{self._stats.connections}.mkv", "wb")
 
-    async def _pump_acks(self, connection: PutMediaConnection, sender: asyncio.Task) -> None:
+    async def _pump_acks(  # noqa: C901 - one wait loop over acks, silence and the sender; the cases are the protocol's
+        self, connection: PutMediaConnection, sender: asyncio.Task
+    ) -> None:
         """Apply acks until the connection is over: return when all is sent and settled,
         else raise why it ended.
 
