@@ -29,7 +29,7 @@ from pathlib import Path
 import aiohttp
 
 from pipeline.clock import OUTPUT_RATE
-from realtime.client import FacecastClient, PcmSource, read_audio, wait_until_ready
+from realtime.client import FacecastClient, PcmSource, read_pcm, wait_until_ready
 
 SECTION = "## Live serving (`bench/serve_bench.py`)"
 
@@ -88,7 +88,7 @@ async def run(args: argparse.Namespace) -> dict:
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)  # noqa: ASYNC220 - Popen returns at once; the child runs beside the loop
     try:
         health = await wait_until_ready(url, args.startup_timeout, server)
-        pcm = read_audio(args.wav)
+        pcm = read_pcm(args.wav)
         calls = []
         for mode in args.mode:
             calls.append(await one_call(url, pcm, mode, args.seconds, args.push_speed))

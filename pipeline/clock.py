@@ -16,18 +16,5 @@ OUTPUT_SAMPLES_PER_FRAME = OUTPUT_RATE // FPS  # 1920
 VIDEO_TICKS_PER_FRAME = VIDEO_CLOCK // FPS  # 3600
 
 
-def frames_to_seconds(frames: float) -> float:
-    return frames / FPS
-
-
-def seconds_to_frames(seconds: float) -> int:
-    """Whole frames that fit in `seconds` (rounded down)."""
-    return int(seconds * FPS)
-
-
 def model_samples(seconds: float) -> int:
     return int(seconds * MODEL_RATE)
-
-
-def output_samples(seconds: float) -> int:
-    return int(seconds * OUTPUT_RATE)

@@ -52,13 +52,7 @@ def _concat_s16(frames: list[av.AudioFrame]) -> np.ndarray:
     return np.concatenate([f.to_ndarray().reshape(-1) for f in frames]).astype(np.int16)
 
 
-def float_to_s16(samples: np.ndarray) -> np.ndarray:
-    """float PCM (NaN, inf and clipping tolerated) → int16."""
-    x = np.nan_to_num(np.asarray(samples, np.float32), nan=0.0, posinf=1.0, neginf=-1.0)
-    return (np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16)
-
-
-class AudioTimeline:
+class PlaybackTimeline:
     """The 48 kHz mono playout buffer of one session: append, read by position, mute, cut.
 
     Only samples at or after `base` are kept; the audio track calls `release_before` as it

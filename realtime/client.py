@@ -36,12 +36,17 @@ import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from pipeline.clock import FPS, MODEL_RATE, OUTPUT_RATE, VIDEO_CLOCK
-from realtime.audio_in import float_to_s16
+from pipeline.clock import MODEL_RATE, OUTPUT_RATE, VIDEO_CLOCK, VIDEO_TICKS_PER_FRAME
+from pipeline.media import Mp4Writer, read_audio, resample, to_pcm16
 from realtime.teardown import release_peer_connection
 
 FRAME = 960  # 20 ms
 log = logging.getLogger(__name__)
+
+
+def read_pcm(path: str | Path) -> np.ndarray:
+    """Any audio file → what a microphone sends: mono int16 at the playout rate."""
+    return to_pcm16(read_audio(path, OUTPUT_RATE))
 
 
 class PcmSource(MediaStreamTrack):
@@ -76,15 +81,15 @@ class PcmSource(MediaStreamTrack):
 
     @classmethod
     def from_wav(cls, path: str | Path, speed: float = 1.0, loop: bool = False) -> PcmSource:
-        return cls(read_audio(path), speed, loop)
+        return cls(read_pcm(path), speed, loop)
 
     def push(self, pcm: np.ndarray, rate: int = OUTPUT_RATE) -> None:
         """Queue mono PCM (int16, or float in [-1, 1]; NaN/clipping tolerated)."""
         pcm = np.asarray(pcm).reshape(-1)
-        if pcm.dtype != np.int16:
-            pcm = float_to_s16(pcm)
         if rate != OUTPUT_RATE:
-            pcm = resample_s16(pcm, rate)
+            pcm = resample(pcm / 32768.0 if pcm.dtype == np.int16 else pcm, rate, OUTPUT_RATE)
+        if pcm.dtype != np.int16:
+            pcm = to_pcm16(pcm)
         self._buf = np.concatenate([self._buf, pcm])
         self.ended_at = None
 
@@ -167,7 +172,7 @@ class FacecastClient:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self._channel = self.pc.createDataChannel("facecast")
         self._tasks: list[asyncio.Task] = []
-        self._writer = Mp4Writer(record_to) if record_to else None
+        self._writer = CallRecorder(record_to) if record_to else None
         self._new_frame = asyncio.Condition()
         self._new_event = asyncio.Condition()
         self._notifiers: set[asyncio.Task] = set()  # held until done (the loop keeps weak refs)
@@ -439,80 +444,35 @@ def arrival_skew_ms(rec: Received) -> float | None:
     return round(float(v - a) * 1000, 1)
 
 
-class Mp4Writer:
-    """Records the call to MP4 (H.264 + AAC) by pts. Thread-safe: the video and audio
-    consumers call it from worker threads, and one container must not be muxed into
-    from two threads at once."""
+class CallRecorder:
+    """Records the call to MP4 (`pipeline.media.Mp4Writer`), video placed by its RTP
+    timestamps. Thread-safe: the video and audio consumers call it from worker threads,
+    and one container must not be muxed into from two threads at once. The file is opened
+    at the first frame (its size); audio before it is not recorded."""
 
     def __init__(self, path: str | Path) -> None:
+        self._path = path
         self._lock = threading.Lock()
-        self._last_pts = -1
-        self._box = av.open(str(path), "w")
-        self._v: av.VideoStream | None = None
-        self._a = self._box.add_stream("aac", rate=OUTPUT_RATE, layout="mono")
-        self._a_resampler = av.AudioResampler(format="fltp", layout="mono", rate=OUTPUT_RATE)
-        self._v0: int | None = None
+        self._writer: Mp4Writer | None = None
+        self._v0 = 0
 
     def video(self, rgb: np.ndarray, pts: int) -> None:
         with self._lock:
-            if pts > self._last_pts:  # a repeated or reordered frame would break the muxer
-                self._last_pts = pts
-                self._video(rgb, pts)
-
-    def _video(self, rgb: np.ndarray, pts: int) -> None:
-        if self._v is None:
-            self._v = self._box.add_stream("libx264", rate=FPS)
-            self._v.width, self._v.height = rgb.shape[1], rgb.shape[0]
-            self._v.pix_fmt = "yuv420p"
-            self._v.time_base = fractions.Fraction(1, VIDEO_CLOCK)
-        self._v0 = pts if self._v0 is None else self._v0
-        frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
-        frame.pts = pts - self._v0
-        frame.time_base = fractions.Fraction(1, VIDEO_CLOCK)
-        self._box.mux(self._v.encode(frame))
+            if self._writer is None:
+                self._writer = Mp4Writer(self._path, rgb.shape[1], rgb.shape[0])
+                self._v0 = pts
+            index = round((pts - self._v0) / VIDEO_TICKS_PER_FRAME)
+            self._writer.write_frames(rgb[None], start=index)
 
     def audio(self, pcm: np.ndarray, pts: int) -> None:
         with self._lock:
-            self._audio(pcm)
-
-    def _audio(self, pcm: np.ndarray) -> None:
-        if self._v is None:  # the MP4 header needs the video stream first
-            return
-        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = OUTPUT_RATE
-        frame.pts = None
-        for f in self._a_resampler.resample(frame):
-            self._box.mux(self._a.encode(f))
+            if self._writer is not None:
+                self._writer.write_audio(pcm.astype(np.float32) / 32768.0)
 
     def close(self) -> None:
         with self._lock:
-            self._close()
-
-    def _close(self) -> None:
-        if self._v is not None:
-            self._box.mux(self._v.encode(None))
-        self._box.mux(self._a.encode(None))
-        self._box.close()
-
-
-def read_audio(path: str | Path) -> np.ndarray:
-    """Any audio file → mono int16 at 48 kHz (PyAV)."""
-    with av.open(str(path)) as box:
-        resampler = av.AudioResampler(format="s16", layout="mono", rate=OUTPUT_RATE)
-        out = [
-            f.to_ndarray().reshape(-1) for fr in box.decode(audio=0) for f in resampler.resample(fr)
-        ]
-        out += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
-    return np.concatenate(out).astype(np.int16) if out else np.zeros(0, np.int16)
-
-
-def resample_s16(pcm: np.ndarray, rate: int) -> np.ndarray:
-    frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
-    frame.sample_rate = rate
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=OUTPUT_RATE)
-    out = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
-    out += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
-    return np.concatenate(out).astype(np.int16) if out else np.zeros(0, np.int16)
+            if self._writer is not None:
+                self._writer.close()
 
 
 # ---- command line --------------------------------------------------------------------
@@ -520,10 +480,10 @@ def resample_s16(pcm: np.ndarray, rate: int) -> np.ndarray:
 
 async def run(args: argparse.Namespace) -> dict:
     if args.wav:
-        pcm = await asyncio.to_thread(read_audio, args.wav)
+        pcm = await asyncio.to_thread(read_pcm, args.wav)
     else:
         raw = np.frombuffer(await asyncio.to_thread(Path(args.pcm).read_bytes), np.int16)
-        pcm = resample_s16(raw, args.pcm_rate)
+        pcm = to_pcm16(resample(raw / 32768.0, args.pcm_rate, OUTPUT_RATE))
     source = PcmSource(pcm, speed=args.speed, loop=args.loop)
     seconds = args.seconds or (pcm.size / OUTPUT_RATE + 3.0)
     client = FacecastClient(args.url, source, token=args.token, record_to=args.out)

@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeline.clock import FPS
+from pipeline.clock import FPS, FRAME_SECONDS
 from pipeline.schedule import StreamStep
 
 # Step time in serve over step time at warm-up, by (device, engine in its own process),
@@ -76,7 +76,7 @@ def plan_playout(
     rate: float = 1.0,
     margin_s: float = 0.1,
     start_s: float = 0.0,
-    preroll_step_s: float = 1 / FPS,
+    preroll_step_s: float = FRAME_SECONDS,
 ) -> PlayoutBudget:
     """The budget for a schedule (`step(k)`, e.g. `Engine.stream_step`), measured step times
     and an input at `rate` (1: a microphone) whose first audio is held until `start_s`.

@@ -2,7 +2,7 @@
 
 Flow of one session (all on the event loop except the engine, which has its own thread):
 
-    peer audio track ──recv──▶ InputResampler ──48k──▶ AudioTimeline ──▶ AvatarAudioTrack
+    peer audio track ──recv──▶ InputResampler ──48k──▶ PlaybackTimeline ──▶ AvatarAudioTrack
                                        └─16k─▶ VadThread (events)
                                        └─16k─▶ GenerationWorker ──▶ FrameQueue ──▶ AvatarVideoTrack
 
@@ -39,7 +39,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME, OUTPUT_RATE, OUTPUT_SAMPLES_PER_FRAME
 from pipeline.stream import AvatarStream
-from realtime.audio_in import AudioTimeline, InputResampler
+from realtime.audio_in import InputResampler, PlaybackTimeline
 from realtime.errors import RealtimeError, SessionClosed
 from realtime.events import PlaybackTracker, message, parse_client_message
 from realtime.metrics import RealtimeMetrics
@@ -125,7 +125,7 @@ class PeerSession:
         self._closing: asyncio.Task | None = None
 
         self.clock = PlayoutClock()
-        self.timeline = AudioTimeline(config.max_input_ahead_s)
+        self.timeline = PlaybackTimeline(config.max_input_ahead_s)
         self._resampler = InputResampler()
         self.vad = VadThread(vad, self._loop, self._on_vad, name=f"vad-{session_id[:8]}")
         self.playback = PlaybackTracker(self._send)

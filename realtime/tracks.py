@@ -29,11 +29,12 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from pipeline.clock import (
     FPS,
+    FRAME_SECONDS,
     OUTPUT_RATE,
     VIDEO_CLOCK,
     VIDEO_TICKS_PER_FRAME,
 )
-from realtime.audio_in import AudioTimeline
+from realtime.audio_in import PlaybackTimeline
 from realtime.metrics import RealtimeMetrics
 
 AUDIO_SAMPLES = 960  # 20 ms at 48 kHz
@@ -195,7 +196,7 @@ class AvatarVideoTrack(_PacedTrack):
         behind = int((time.monotonic() - t0) * FPS) - self._index
         if behind > MAX_CATCHUP_FRAMES:
             self._index += behind - 1
-        index = await self._wait_deadline(1 / FPS)
+        index = await self._wait_deadline(FRAME_SECONDS)
         try:
             rgb = self._next_rgb(index)
         except Exception:
@@ -237,7 +238,7 @@ class AvatarAudioTrack(_PacedTrack):
     def __init__(
         self,
         clock: PlayoutClock,
-        timeline: AudioTimeline,
+        timeline: PlaybackTimeline,
         sinks: list[MediaSink],
         session_id: str,
         on_played: Callable[[int], None],

@@ -136,7 +136,10 @@ class VadThread:
         self._queue: queue.SimpleQueue[tuple[int, np.ndarray] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._epoch = 0  # bumped by reset_at: audio queued before it is dropped
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        # Not a daemon: at exit Python kills daemon threads where they next take the GIL,
+        # and one inside silero's TorchScript call then aborts the process ("terminate
+        # called without an active exception"). This one ends between windows instead.
+        self._thread = threading.Thread(target=self._run, name=name)
         self._thread.start()
 
     @property
@@ -154,14 +157,21 @@ class VadThread:
         return stop
 
     def close(self) -> None:
-        """Stop after the queued audio; no event reaches the owner any more (this also
-        breaks the owner -> thread -> callback -> owner reference cycle)."""
+        """Stop; audio still queued is dropped and no event reaches the owner any more
+        (this also breaks the owner -> thread -> callback -> owner reference cycle)."""
         self._on_event = _ignore
+        with self._lock:
+            self._epoch += 1
         self._queue.put(None)
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=0.25)
+            except queue.Empty:
+                if threading.main_thread().is_alive():
+                    continue
+                return  # the interpreter is exiting and nobody closed us: end here
             if item is None:
                 return
             epoch, pcm16 = item

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from facecast.cli import build_parser, engine_options, main
-from realtime.client import FacecastClient, PcmSource, read_audio
+from realtime.client import FacecastClient, PcmSource, read_pcm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(ROOT, "pipeline", "assets", "sample_speech.wav")
@@ -116,7 +116,7 @@ async def test_healthz_ready_only_after_warmup_and_first_call_pays_nothing_extra
         # Two calls, one after the other: the first one's first step is no slower.
         firsts = []
         for _ in range(2):
-            client = FacecastClient(url, PcmSource(read_audio(SAMPLE)))
+            client = FacecastClient(url, PcmSource(read_pcm(SAMPLE)))
             await client.connect()
             await client.wait_frames(40, timeout=30)
             async with aiohttp.ClientSession() as http:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from realtime_helpers import RATE, make_speech_wav
 
-from realtime.audio_in import AudioTimeline, InputResampler
+from realtime.audio_in import InputResampler, PlaybackTimeline
 from realtime.errors import BadRequest
 from realtime.events import PlaybackTracker, parse_client_message
 from realtime.metrics import RealtimeMetrics
@@ -82,7 +82,7 @@ def test_vad_state_is_per_session_and_survives_garbage(tmp_path):
 
 
 def test_timeline_read_mute_truncate_release():
-    tl = AudioTimeline()
+    tl = PlaybackTimeline()
     tl.append(np.arange(1, 1001, dtype=np.int16))
     tl.append(np.arange(1001, 2001, dtype=np.int16))
     assert tl.head == 2000
@@ -99,7 +99,7 @@ def test_timeline_read_mute_truncate_release():
 async def test_tracks_pace_from_one_clock_with_exact_pts():
     clock, metrics = PlayoutClock(), RealtimeMetrics()
     frames = FrameQueue(lead_frames=50, capacity=100)
-    tl = AudioTimeline()
+    tl = PlaybackTimeline()
     tl.append((np.arange(RATE) % 100).astype(np.int16))
     played = []
     video = AvatarVideoTrack(clock, frames, (32, 24), metrics, [], "test")

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.clock import MODEL_RATE
+from pipeline.media import write_png, write_wav
 from pipeline.synth.dataset import build_dataset
 from pipeline.synth.face import random_identity, render_reference
-from pipeline.synth.image import write_png
-from pipeline.synth.speech import synthesize, write_wav
+from pipeline.synth.speech import synthesize
 
 # The bundled pipeline/assets/reference.png is this identity.
 DEFAULT_REFERENCE_SEED = 13

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import struct
 import time
-import zlib
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -24,6 +21,7 @@ from pipeline.clock import FPS, model_samples
 from pipeline.config import load_config, parse_overrides
 from pipeline.engine import Engine
 from pipeline.eval import metrics as M
+from pipeline.media import write_png
 from pipeline.synth.dataset import identity_for
 from pipeline.synth.face import render_frames, render_reference
 from pipeline.synth.motion import motion_from_audio, mouth_track_from_audio
@@ -105,22 +103,6 @@ def score(
     }
 
 
-def write_png(path: str | Path, rgb: np.ndarray) -> None:
-    """uint8 (H, W, 3) → PNG, with zlib only (no imaging library needed)."""
-    img = np.ascontiguousarray(rgb, np.uint8)
-    h, w, _ = img.shape
-    raw = b"".join(b"\x00" + img[y].tobytes() for y in range(h))
-
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        crc = zlib.crc32(tag + data) & 0xFFFFFFFF
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", crc)
-
-    header = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
-    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9))
-    Path(path).write_bytes(png + chunk(b"IEND", b""))
-
-
-@torch.no_grad()
 def reconstruct(engine: Engine, frames: np.ndarray, piece: int = 16) -> np.ndarray:
     """The engine VAE's encode → decode of `frames` (N, H, W, 3) uint8, `piece` frames at a
     time with the decoder's cache carried (memory stays flat on long clips): what the

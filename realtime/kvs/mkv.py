@@ -124,10 +124,6 @@ class MkvFragmentWriter:
     def next_frame(self) -> int:
         return self._next_frame
 
-    @property
-    def next_sample(self) -> int:
-        return self._next_sample
-
     def add_video(self, rgb: np.ndarray, frame_index: int) -> list[MkvFragment]:
         assert frame_index == self._next_frame, (frame_index, self._next_frame)
         frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")

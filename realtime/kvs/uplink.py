@@ -57,10 +57,6 @@ class AckErrorEvent(KvsError):
         self.retryable = code not in STREAM_FATAL_CODES
 
 
-class FatalMirrorError(KvsError):
-    retryable = False
-
-
 class _Rotate(Exception):
     """The data endpoint is due for a refresh: end this connection cleanly."""
 
