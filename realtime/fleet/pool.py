@@ -154,9 +154,10 @@ class WorkerPool:
         """Named workers this front has not seen (another front's, a restarted one's)."""
         import ray
 
-        names = await asyncio.to_thread(ray.util.list_named_actors)
-        for name in names:
-            if not name.startswith(WORKER_PREFIX):
+        listed = await asyncio.to_thread(ray.util.list_named_actors, all_namespaces=True)
+        for entry in listed:
+            name = entry["name"]
+            if entry["namespace"] != self.options.namespace or not name.startswith(WORKER_PREFIX):
                 continue
             view = self.workers.get(name)
             if view is not None and view.state not in GONE:

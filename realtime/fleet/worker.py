@@ -68,7 +68,7 @@ class FleetWorker:
             path = Path(tempfile.mkdtemp(prefix="facecast-ref-")) / "reference"
             path.write_bytes(reference)
             self.config = replace(config, reference=str(path))
-        self.node_id, self.node_ip = _node()
+        self.node_id, self.node_ip, self.gpu_ids = _node()
         self.draining = False
         self.recently_closed: deque[dict] = deque(maxlen=50)
         self._service = None
@@ -108,6 +108,7 @@ class FleetWorker:
             "reserved": reserved,
             "node_id": self.node_id,
             "node_ip": self.node_ip,
+            "gpu_ids": self.gpu_ids,  # the GPUs Ray gave this worker (CUDA_VISIBLE_DEVICES)
             "pid": os.getpid(),
         }
         if service is not None and service.startup_error:
@@ -216,16 +217,18 @@ class FleetWorker:
 FINAL_STATS = ("frames_sent", "frames_fresh", "fresh_share", "ttff_ms")
 
 
-def _node() -> tuple[str | None, str | None]:
-    """The Ray node this runs on (None, None outside Ray: driven directly)."""
+def _node() -> tuple[str | None, str | None, list[str]]:
+    """The Ray node this runs on and the GPUs it was given (None, None, [] outside Ray:
+    driven directly)."""
     try:
         import ray
-
-        if not ray.is_initialized():
-            return None, None
-        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
     except ImportError:
-        return None, None
+        return None, None, []
+    if not ray.is_initialized():
+        return None, None, []
+    context = ray.get_runtime_context()
+    gpus = [str(g) for g in context.get_accelerator_ids().get("GPU", [])]
+    return context.get_node_id(), ray.util.get_node_ip_address(), gpus
 
 
 def worker_actor(name: str, namespace: str, placement: dict, restarts: int):

@@ -1,0 +1,390 @@
+"""The fleet on a real multi-node Ray cluster on loopback (`ray.cluster_utils.Cluster`).
+
+One cluster is shared by the module (Ray's start-up is costly on 2 cores): a head without
+worker room and two nodes with room for one CPU worker each (`facecast_cpu_worker`). Each
+test runs its own front, in its own Ray namespace, with real worker actors serving the
+`tiny` engine to real aiortc clients; whatever a test adds to the cluster it removes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+from realtime_helpers import make_speech_wav, normalized_xcorr_peak
+
+from pipeline.startup import EngineOptions
+from realtime.client import FacecastClient, PcmSource, wait_until_ready
+from realtime.fleet.options import CPU_WORKER, NAMESPACE, FleetOptions, worker_resources
+from realtime.server import ServerConfig
+
+ray = pytest.importorskip("ray")  # the `test` extra pulls in `fleet`: present in CI
+
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from realtime.fleet.front import build_front_app, make_pool  # noqa: E402
+from realtime.fleet.worker import worker_actor  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    for _ in range(2):
+        c.add_node(num_cpus=1, resources={CPU_WORKER: 1})
+    ray.init(address=c.address, log_to_driver=False)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def voices(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fleet")
+    return (
+        make_speech_wav(d / "a.wav", [0.3, "Good morning, this is the first caller.", 0.5]),
+        make_speech_wav(d / "b.wav", [0.3, "Seven green bottles on the wall.", 0.5], "en-us"),
+    )
+
+
+@contextlib.asynccontextmanager
+async def running_front(namespace: str, workers: int, per_worker: int, device: str = "cpu"):
+    """A front on a loopback port with its own workers; yields (url, pool). Every actor of
+    the namespace is ended afterwards, so the nodes' room is free for the next test."""
+    from aiohttp import web
+
+    from realtime.edge import FacecastRunner
+
+    config = ServerConfig(port=0)
+    fleet = FleetOptions(workers=workers, sessions_per_worker=per_worker, namespace=namespace)
+    pool = make_pool(config, EngineOptions(config="tiny", device=device), fleet)
+    app = build_front_app(config, pool)
+    runner = FacecastRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    try:
+        await pool.start()
+        yield url, pool
+    finally:
+        await pool.stop()
+        await runner.cleanup()
+        await asyncio.to_thread(end_namespace, namespace)
+
+
+def end_namespace(namespace: str) -> None:
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry["namespace"] == namespace:
+            with contextlib.suppress(ValueError):
+                ray.kill(ray.get_actor(entry["name"], namespace=namespace), no_restart=True)
+
+
+async def ready(pool, workers: int, timeout: float = 150.0) -> None:
+    ok = await pool.wait_for(lambda p: p.capacity()["workers"] >= workers, timeout)
+    assert ok, [v.describe() for v in pool.workers.values()]
+
+
+async def get_json(url: str) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url) as r:
+            return r.status, await r.json()
+
+
+async def post_json(url: str, body: dict | None = None) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, json=body or {}) as r:
+            return r.status, await r.json()
+
+
+async def connect(url: str, source: PcmSource | None = None, **kwargs) -> FacecastClient:
+    client = FacecastClient(url, source or PcmSource(), **kwargs)
+    await client.connect()
+    return client
+
+
+async def refused(url: str) -> str:
+    """A valid offer that must get 503; returns the reason."""
+    client = FacecastClient(url, PcmSource())
+    with pytest.raises(ConnectionError, match=r"\(503\)") as info:
+        await client.connect()
+    await client.close(release=False)
+    return str(info.value)
+
+
+def session_of(sessions: list[dict], session_id: str) -> dict:
+    return next(s for s in sessions if s["id"] == session_id)
+
+
+def cadence(client: FacecastClient, start: float, end: float) -> tuple[float, float]:
+    """fps and the longest gap (s) of the video frames that arrived in [start, end]."""
+    t = np.array(client.received.video_arrival)
+    t = t[(t >= start) & (t <= end)]
+    assert t.size > 2, (t.size, start, end)
+    return (t.size - 1) / (t[-1] - t[0]), float(np.diff(t).max())
+
+
+def moving(client: FacecastClient) -> bool:
+    frames = client.received.frames
+    distinct = {f.tobytes() for f in frames}
+    spread = np.abs(frames[-1].astype(np.int16) - frames[0].astype(np.int16)).mean()
+    return len(distinct) >= 0.1 * len(frames) and spread > 1.0
+
+
+@pytest.mark.timeout(240)
+async def test_two_nodes_one_slot_each(cluster, voices):
+    a_wav, b_wav = voices
+    async with running_front("fleet-two", workers=2, per_worker=1) as (url, pool):
+        await ready(pool, 2)
+        a = await connect(url, PcmSource(a_wav.pcm), keep_frames=True)
+        b = await connect(url, PcmSource(b_wav.pcm), keep_frames=True)
+        reason = await refused(url)
+        assert "every worker is full" in reason
+        _, listed = await get_json(f"{url}/sessions")
+        sa, sb = (
+            session_of(listed["sessions"], a.session_id),
+            session_of(listed["sessions"], b.session_id),
+        )
+        assert sa["worker"] != sb["worker"] and sa["node_id"] != sb["node_id"], listed
+        await a.wait_frames(1, timeout=30)
+        await b.wait_frames(1, timeout=30)
+        start = time.monotonic()
+        await asyncio.sleep(max(a_wav.duration, b_wav.duration) + 1.0)
+        end = time.monotonic()
+        async with aiohttp.ClientSession() as http:
+            metrics = await (await http.get(f"{url}/metrics")).text()
+        for worker in (sa["worker"], sb["worker"]):
+            assert f'facecast_video_frames_sent_total{{worker="{worker}"}}' in metrics
+        assert 'facecast_fleet_session_slots{kind="free"} 0.0' in metrics
+
+        await a.close(release=False)  # the caller just hangs up
+        left = time.monotonic()
+        c = None
+        while c is None:
+            try:
+                c = await connect(url)
+            except ConnectionError:
+                assert time.monotonic() - left < 5.0, "no slot came back within 5 s"
+                await asyncio.sleep(0.2)
+        accepted = time.monotonic() - left
+        _, listed = await get_json(f"{url}/sessions")
+        assert session_of(listed["sessions"], c.session_id)["worker"] == sa["worker"]
+        assert session_of(listed["sessions"], a.session_id)["state"] == "closed"
+        await b.close()
+        await c.close()
+
+    for client in (a, b):
+        fps, gap = cadence(client, start, end)
+        assert fps >= 24.0, (fps, gap, client.stats())
+        assert moving(client)
+    got_a, got_b = a.received.audio_timeline(), b.received.audio_timeline()
+    own = normalized_xcorr_peak(got_a, a_wav.pcm), normalized_xcorr_peak(got_b, b_wav.pcm)
+    cross = normalized_xcorr_peak(got_a, b_wav.pcm), normalized_xcorr_peak(got_b, a_wav.pcm)
+    assert min(own) > 0.6 and max(cross) < 0.25, (own, cross)
+    assert accepted < 5.0
+
+
+@pytest.mark.timeout(240)
+async def test_killed_worker_ends_only_its_sessions(cluster, voices):
+    async with running_front("fleet-kill", workers=2, per_worker=2) as (url, pool):
+        await ready(pool, 2)
+        a = await connect(url, PcmSource(voices[0].pcm, loop=True))
+        b = await connect(url)
+        _, listed = await get_json(f"{url}/sessions")
+        sa, sb = (
+            session_of(listed["sessions"], a.session_id),
+            session_of(listed["sessions"], b.session_id),
+        )
+        assert sa["worker"] != sb["worker"]  # the most free slots: one each
+        await a.wait_frames(50, timeout=30)
+        victim = pool.workers[sb["worker"]]
+        killed = time.monotonic()
+        os.kill(victim.status["pid"], signal.SIGKILL)
+
+        async def closed() -> dict:
+            while True:
+                _, body = await get_json(f"{url}/sessions")
+                record = session_of(body["sessions"], b.session_id)
+                if record["state"] == "closed":
+                    return record
+                await asyncio.sleep(0.2)
+
+        record = await asyncio.wait_for(closed(), 10.0)
+        reported = time.monotonic() - killed
+        assert sb["worker"] in record["reason"], record
+        _, workers = await get_json(f"{url}/workers")
+        assert workers["slots"] == 2 and workers["workers"] == 1, workers  # the survivor's
+        c = await connect(url)
+        _, listed = await get_json(f"{url}/sessions")
+        assert session_of(listed["sessions"], c.session_id)["worker"] == sa["worker"]
+        assert session_of(listed["sessions"], a.session_id)["state"] == "live"
+        await asyncio.sleep(2.0)
+        fps, gap = cadence(a, killed - 1.0, time.monotonic())
+        await c.close()
+        await a.close()
+        await b.close(release=False)
+    assert reported < 10.0
+    assert fps >= 24.0 and gap < 0.5, (fps, gap)  # the other call never froze
+
+
+@pytest.mark.timeout(240)
+async def test_drained_worker_finishes_its_session_then_leaves(cluster):
+    async with running_front("fleet-drain", workers=2, per_worker=2) as (url, pool):
+        await ready(pool, 2)
+        a = await connect(url)
+        _, listed = await get_json(f"{url}/sessions")
+        drained = session_of(listed["sessions"], a.session_id)["worker"]
+        status, body = await post_json(f"{url}/workers/{drained}/drain")
+        assert status == 200 and body["state"] == "draining", body
+        b = await connect(url)  # its slot is free, but it takes no new session
+        _, listed = await get_json(f"{url}/sessions")
+        assert session_of(listed["sessions"], b.session_id)["worker"] != drained
+        frames = len(a.received.video_pts)
+        await asyncio.sleep(2.0)
+        assert len(a.received.video_pts) - frames >= 40, "the drained worker's call goes on"
+        await a.close()  # the call ends the normal way
+        gone = await pool.wait_for(lambda p: p.workers[drained].state == "drained", 10.0)
+        _, workers = await get_json(f"{url}/workers")
+        _, listed = await get_json(f"{url}/sessions")
+        await b.close()
+    assert gone, workers
+    assert workers["workers"] == 1 and workers["slots"] == 2, workers
+    record = session_of(listed["sessions"], a.session_id)
+    assert record["state"] == "closed" and record["reason"] == "deleted by the API", record
+
+
+@pytest.mark.timeout(240)
+async def test_node_added_takes_the_next_session(cluster):
+    async with running_front("fleet-grow", workers=3, per_worker=1) as (url, pool):
+        await ready(pool, 2)
+        assert pool.workers["facecast-worker-2"].state == "pending"  # no room on any node
+        first = [await connect(url), await connect(url)]
+        await refused(url)
+        node = cluster.add_node(num_cpus=1, resources={CPU_WORKER: 1})
+        try:
+            await ready(pool, 3)
+            c = await connect(url)
+            _, listed = await get_json(f"{url}/sessions")
+            record = session_of(listed["sessions"], c.session_id)
+            for client in [*first, c]:
+                await client.close()
+        finally:
+            await asyncio.to_thread(end_namespace, "fleet-grow")
+            cluster.remove_node(node)
+    assert record["worker"] == "facecast-worker-2" and record["node_id"] == node.node_id
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(240)
+async def test_second_front_sees_and_interrupts(cluster, voices):
+    """A second `facecast serve --cluster ray` process joins the cluster, lists a session
+    the first front made, and interrupts it; the call outlives that front."""
+    async with running_front(NAMESPACE, workers=2, per_worker=1) as (url, pool):
+        await ready(pool, 2)
+        a = await connect(url, PcmSource(voices[0].pcm, loop=True))
+        port = free_port()
+        second = subprocess.Popen(
+            [sys.executable, "-m", "facecast", "serve", "--cluster", "ray", "--ray-address",
+             cluster.address, "--workers", "2", "--config", "tiny", "--device", "cpu",
+             "--port", str(port)],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        try:
+            url2 = f"http://127.0.0.1:{port}"
+            await wait_until_ready(url2, timeout=120, process=second)
+            _, listed = await get_json(f"{url2}/sessions")
+            record = session_of(listed["sessions"], a.session_id)
+            assert record["state"] == "live" and record["node_id"], record
+            await a.wait_event("speech_started", timeout=30)
+            asked = time.monotonic()
+            status, body = await post_json(f"{url2}/sessions/{a.session_id}/interrupt")
+            assert status == 200 and body["played_ms"] >= 0, body
+            event = await a.wait_event("interrupted", timeout=5, after=asked - 0.01)
+            assert event["played_ms"] == body["played_ms"]
+        finally:
+            second.send_signal(signal.SIGTERM)
+            out = second.communicate(timeout=30)[0]
+        assert second.returncode == 0, out
+        frames = len(a.received.video_pts)
+        await asyncio.sleep(1.0)
+        assert len(a.received.video_pts) - frames >= 20, "the call outlives the second front"
+        await a.close()
+
+
+@pytest.mark.timeout(180)
+async def test_gpu_workers_one_per_gpu(cluster):
+    """Ray's resource accounting places GPU workers (num_gpus=1 each) one per GPU; a GPU
+    worker whose node has no usable CUDA fails its start-up with a reason in /healthz."""
+    gpu_nodes = [cluster.add_node(num_cpus=1, num_gpus=n) for n in (1, 2)]
+    try:
+        placement = worker_resources("cuda")
+        assert placement["num_gpus"] == 1
+        options = (ServerConfig(), EngineOptions(config="tiny", device="cuda"))
+        handles = [
+            worker_actor(f"facecast-worker-{i}", "fleet-gpu", placement, 0).remote(
+                f"facecast-worker-{i}", *options
+            )
+            for i in range(4)
+        ]
+        refs = [h.status.remote() for h in handles]
+        placed, waiting = await asyncio.to_thread(ray.wait, refs, num_returns=4, timeout=60)
+        assert len(placed) == 3 and len(waiting) == 1, "three GPUs, three workers"
+        where = [await asyncio.to_thread(ray.get, ref) for ref in placed]
+        by_node: dict[str, set[str]] = {}
+        for status in where:
+            assert len(status["gpu_ids"]) == 1, status
+            by_node.setdefault(status["node_id"], set()).update(status["gpu_ids"])
+        assert by_node == {gpu_nodes[0].node_id: {"0"}, gpu_nodes[1].node_id: {"0", "1"}}
+        ray.kill(handles[refs.index(placed[0])], no_restart=True)
+        late = await asyncio.to_thread(ray.get, waiting[0], timeout=60)  # it takes that GPU
+        assert late["gpu_ids"] == where[0]["gpu_ids"] and late["node_id"] == where[0]["node_id"]
+        await asyncio.to_thread(end_namespace, "fleet-gpu")
+
+        async with running_front("fleet-gpu-fail", workers=1, per_worker=1, device="cuda") as (
+            url,
+            pool,
+        ):
+            await pool.wait_for(lambda p: p.workers["facecast-worker-0"].state == "failed", 60)
+            status, health = await get_json(f"{url}/healthz")
+        assert status == 503 and health["status"] == "failed", health
+        assert "no CUDA GPU" in health["errors"][0], health
+    finally:
+        await asyncio.to_thread(end_namespace, "fleet-gpu")
+        for node in gpu_nodes:
+            cluster.remove_node(node)
+
+
+def serve_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "facecast", "serve", "--cluster", "ray", "--config", "tiny",
+         *args],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_bad_fleet_flags_exit_2_with_one_line():
+    for args, expected in (
+        (["--workers", "0"], "at least 1 worker"),
+        (["--sessions-per-worker", "0"], "--sessions-per-worker 0"),
+        (["--ray-address", f"127.0.0.1:{free_port()}"], "cannot reach the Ray cluster"),
+        (["--ray-address", "no-port"], "use HOST:PORT"),
+    ):
+        done = serve_cli(*args)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and expected in lines[0], (args, done)
