@@ -45,6 +45,7 @@ from realtime.server import ServerConfig, _json_body, _parse_offer, http_app
 log = logging.getLogger(__name__)
 POOL = web.AppKey("facecast-pool", WorkerPool)
 METRICS = web.AppKey("facecast-fleet-metrics", FleetMetrics)
+REPORT = web.AppKey("facecast-fleet-report", asyncio.Task)
 
 
 def build_front_app(config: ServerConfig, pool: WorkerPool) -> web.Application:
@@ -158,8 +159,6 @@ def connect(options: FleetOptions, local_resources: dict | None = None) -> None:
     that cannot be reached is a FacecastError within `connect_timeout_s`, not a hang."""
     import ray
 
-    if ray.is_initialized():
-        return
     kwargs: dict[str, Any] = {"namespace": options.namespace, "log_to_driver": False}
     if options.address is None:
         kwargs |= {"include_dashboard": False, "resources": local_resources or {}}
@@ -271,10 +270,10 @@ def serve_fleet(config: ServerConfig, engine_options: EngineOptions, options: Fl
                 flush=True,
             )
 
-        app["fleet_report"] = asyncio.get_running_loop().create_task(report())
+        app[REPORT] = asyncio.get_running_loop().create_task(report())
 
     async def stop(app: web.Application) -> None:
-        app["fleet_report"].cancel()
+        app[REPORT].cancel()
         await pool.stop()
 
     app.on_startup.append(start)
