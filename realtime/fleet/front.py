@@ -161,10 +161,12 @@ def connect(options: FleetOptions, local_resources: dict | None = None) -> None:
 
     kwargs: dict[str, Any] = {"namespace": options.namespace, "log_to_driver": False}
     if options.address is None:
-        kwargs |= {"include_dashboard": False, "resources": local_resources or {}}
-    else:
-        _check_reachable(options.address, min(5.0, options.connect_timeout_s))
-        kwargs["address"] = options.address
+        # In this thread: Ray's head processes die with the thread that started them
+        # (their parent-death signal is per thread), and starting them cannot hang.
+        ray.init(include_dashboard=False, resources=local_resources or {}, **kwargs)
+        return
+    _check_reachable(options.address, min(5.0, options.connect_timeout_s))
+    kwargs["address"] = options.address
     failure: list[BaseException] = []
 
     def init() -> None:
