@@ -401,3 +401,52 @@ def test_bad_fleet_flags_exit_2_with_one_line(capsys):
         status = main([*serve, *args])
         lines = capsys.readouterr().err.strip().splitlines()
         assert status == 2 and len(lines) == 1 and expected in lines[0], (args, lines)
+
+
+def test_workers_get_the_fronts_ice_servers_and_the_fleets_slots():
+    from realtime.fleet.front import worker_config
+    from realtime.ice_servers import parse_ice_server
+
+    turn = parse_ice_server("turn:user:pass@turn.example.net:3478?transport=udp")
+    front = ServerConfig(max_sessions=9, token="s3cret", ice_servers=[turn])
+    config = worker_config(front, FleetOptions(sessions_per_worker=3))
+    assert config.max_sessions == 3 and config.peer_ice_servers == [turn]
+    assert config.token is None  # the front checks it; workers take no HTTP
+
+
+def test_worker_metrics_merge_into_one_family_labelled_by_worker():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from realtime.fleet.metrics import merge_labelled
+    from realtime.metrics import RealtimeMetrics
+
+    texts = []
+    for name, sessions, share in (("w0", 2, 1.0), ("w1", 1, 0.5)):
+        m = RealtimeMetrics()
+        m.sessions_total.inc(sessions)
+        m.fresh_share.set(share)
+        texts.append((name, m.render().decode()))
+    merged = merge_labelled(texts).decode()
+    families = {f.name: f for f in text_string_to_metric_families(merged)}
+    totals = {
+        s.labels["worker"]: s.value
+        for s in families["facecast_sessions"].samples
+        if s.name == "facecast_sessions_total"
+    }
+    assert totals == {"w0": 2.0, "w1": 1.0}
+    share = {s.labels["worker"]: s.value for s in families["facecast_video_fresh_share"].samples}
+    assert share == {"w0": 1.0, "w1": 0.5}
+    assert merged.count("# TYPE facecast_video_fresh_share gauge") == 1
+
+
+def test_a_lost_worker_ends_only_its_own_incarnations_sessions():
+    from realtime.fleet.registry import SessionRegistry
+
+    registry = SessionRegistry()
+    for sid, worker, incarnation in (("a", "w0", "i1"), ("b", "w1", "i2"), ("c", "w0", "i0")):
+        registry.opened({"id": sid, "worker": worker, "incarnation": incarnation})
+    assert registry.worker_lost("w0", "i1", "worker w0 died") == ["a"]
+    states = {r["id"]: (r["state"], r.get("reason")) for r in registry.list()}
+    assert states == {"a": ("closed", "worker w0 died"), "b": ("live", None), "c": ("live", None)}
+    registry.closed("a", "late report")  # the first reason stands
+    assert registry.lookup("a")["reason"] == "worker w0 died"
