@@ -98,8 +98,8 @@ async def run(args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--serve-worker", "--port", str(port)]
     cmd += ["--config", args.config, "--device", args.device]
     cmd += ["--compile"] if args.compile else []
-    log = open(args.server_log, "w") if args.server_log else subprocess.DEVNULL
-    child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    log = open(args.server_log, "w") if args.server_log else subprocess.DEVNULL  # noqa: ASYNC230 - once, before the run
+    child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)  # noqa: ASYNC220 - Popen returns at once; the child runs beside the loop
     try:
         health = await wait_until_ready(url, args.startup_timeout, child)
         pcm = read_audio(args.wav)

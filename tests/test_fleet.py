@@ -313,7 +313,7 @@ async def test_second_front_sees_and_interrupts(cluster, voices):
         await ready(pool, 2)
         a = await connect(url, PcmSource(voices[0].pcm, loop=True))
         port = free_port()
-        second = subprocess.Popen(
+        second = subprocess.Popen(  # noqa: ASYNC220 - Popen returns at once; the child runs beside the loop
             [sys.executable, "-m", "facecast", "serve", "--cluster", "ray", "--ray-address",
              cluster.address, "--workers", "2", "--config", "tiny", "--device", "cpu",
              "--port", str(port)],

@@ -258,7 +258,7 @@ def serve_fleet(config: ServerConfig, engine_options: EngineOptions, options: Fl
 
         async def report() -> None:
             nonlocal failed
-            await pool.wait_for(lambda p: _settled(p), timeout=24 * 3600)
+            await pool.wait_for(_settled, timeout=float("inf"))
             if not any(v.state == "ok" for v in pool.workers.values()):
                 failed = True
                 reasons = "; ".join(v.reason or v.state for v in pool.workers.values())

@@ -64,10 +64,12 @@ class FleetMetrics:
         self.up.clear()
         scraped = []
         for view, text in zip(live, texts, strict=True):
-            ok = isinstance(text, bytes)
-            self.up.labels(view.name, view.status.get("node_ip") or "").set(1 if ok else 0)
-            if ok:
+            up = self.up.labels(view.name, view.status.get("node_ip") or "")
+            if isinstance(text, bytes):
+                up.set(1)
                 scraped.append((view.name, text.decode()))
+            else:
+                up.set(0)
         return generate_latest(self.registry) + merge_labelled(scraped)
 
 

@@ -20,6 +20,7 @@ ok → draining → drained; failed (its start-up failed: the reason is kept); l
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -130,7 +131,7 @@ class WorkerPool:
                 name, self.options.namespace, placement, self.options.worker_restarts
             )
             args = (name, self.worker_config, self.engine_options, self.reference, self.registry)
-            handle = await asyncio.to_thread(cls.remote, *args)
+            handle = await asyncio.to_thread(functools.partial(cls.remote, *args))
             self._add(name, handle)
         await self._discover()
         self._monitor = asyncio.get_running_loop().create_task(self._watch(), name="fleet-watch")
@@ -331,7 +332,7 @@ class WorkerPool:
                 "all taken; try again later"
             )
         waiting = [v for v in views if v.state in ("pending", "starting")]
-        failed = [v.reason for v in views if v.state == "failed"]
+        failed = [v.reason or v.name for v in views if v.state == "failed"]
         if waiting:
             return EngineStarting(
                 f"no worker is ready yet ({len(waiting)} starting or waiting for a node); "

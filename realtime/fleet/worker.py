@@ -36,12 +36,13 @@ from realtime.server import (
     SERVICE,
     OfferRequest,
     ServerConfig,
+    Service,
     build_app,
     close_service,
     metrics_text,
     open_session,
 )
-from realtime.session import Session
+from realtime.session import PeerSession
 
 log = logging.getLogger(__name__)
 REGISTRY_TIMEOUT_S = 5.0
@@ -71,7 +72,7 @@ class FleetWorker:
         self.node_id, self.node_ip, self.gpu_ids = _node()
         self.draining = False
         self.recently_closed: deque[dict] = deque(maxlen=50)
-        self._service = None
+        self._service: Service | None = None
         self._start: asyncio.Task | None = None
         self._pending: set[asyncio.Task] = set()
 
@@ -96,7 +97,7 @@ class FleetWorker:
         """What the front places by: state, slots, sessions, where this worker runs."""
         service = self._service
         state = "new" if self._start is None else service.state if service else "starting"
-        sessions = list(service.sessions) if service else []
+        sessions: list[str] = list(service.sessions) if service else []
         reserved = service.reserved if service else 0
         body = {
             "name": self.name,
@@ -175,7 +176,7 @@ class FleetWorker:
 
     # ---- internals -------------------------------------------------------------------
 
-    def _sessions(self) -> dict[str, Session]:
+    def _sessions(self) -> dict[str, PeerSession]:
         return self._service.sessions if self._service is not None else {}
 
     def _ready_service(self):
@@ -187,13 +188,13 @@ class FleetWorker:
             raise EngineStarting(f"worker {self.name}: " + (why or "the engine is starting"))
         return service
 
-    def _session(self, session_id: str) -> Session:
+    def _session(self, session_id: str) -> PeerSession:
         session = self._sessions().get(session_id)
         if session is None:
             raise SessionNotFound(f"no live session {session_id!r} on worker {self.name}")
         return session
 
-    async def _session_closed(self, session: Session) -> None:
+    async def _session_closed(self, session: PeerSession) -> None:
         final = {
             "closed_reason": session.close_reason,
             **{k: v for k, v in session.stats().items() if k in FINAL_STATS},
