@@ -450,3 +450,14 @@ def test_a_lost_worker_ends_only_its_own_incarnations_sessions():
     assert states == {"a": ("closed", "worker w0 died"), "b": ("live", None), "c": ("live", None)}
     registry.closed("a", "late report")  # the first reason stands
     assert registry.lookup("a")["reason"] == "worker w0 died"
+
+
+def test_a_worker_reads_the_fronts_reference_from_bytes(tmp_path):
+    """The front sends its --reference as bytes: no worker node needs the file."""
+    from realtime.fleet.worker import FleetWorker
+
+    photo = (REPO / "pipeline" / "assets" / "reference.png").read_bytes()
+    worker = FleetWorker("w", ServerConfig(reference=None), EngineOptions(), reference=photo)
+    assert worker.config.reference is not None
+    assert Path(worker.config.reference).read_bytes() == photo
+    assert worker.status()["state"] == "new"  # nothing starts before start()

@@ -170,7 +170,11 @@ class WorkerPool:
             except ValueError:  # gone between the listing and the lookup
                 continue
             if view is not None and _actor_id(handle) == _actor_id(view.handle):
-                continue  # the ended actor, still listed until Ray has removed it
+                # The same actor: ended and still listed until Ray removes it, unless it
+                # was lost and Ray may restart it (--worker-restarts): then it rejoins as a
+                # new incarnation once it is back.
+                if view.state != "lost" or self.options.worker_restarts == 0:
+                    continue
             self._add(name, handle)
 
     # ---- watching --------------------------------------------------------------------
