@@ -84,11 +84,23 @@ async def running_front(namespace: str, workers: int, per_worker: int, device: s
         await asyncio.to_thread(end_namespace, namespace)
 
 
-def end_namespace(namespace: str) -> None:
-    for entry in ray.util.list_named_actors(all_namespaces=True):
-        if entry["namespace"] == namespace:
+def end_namespace(namespace: str, timeout: float = 15.0) -> None:
+    """Kill every actor of `namespace` and wait until Ray lists none, so the next test
+    finds the nodes' room free."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        names = [
+            e["name"]
+            for e in ray.util.list_named_actors(all_namespaces=True)
+            if e["namespace"] == namespace
+        ]
+        if not names:
+            return
+        for name in names:
             with contextlib.suppress(ValueError):
-                ray.kill(ray.get_actor(entry["name"], namespace=namespace), no_restart=True)
+                ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+        time.sleep(0.2)
+    raise AssertionError(f"actors of {namespace} still listed after {timeout} s")
 
 
 async def ready(pool, workers: int, timeout: float = 150.0) -> None:
