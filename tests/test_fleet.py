@@ -392,8 +392,20 @@ async def test_gpu_workers_one_per_gpu(cluster):
             status, health = await get_json(f"{url}/healthz")
         assert status == 503 and health["status"] == "failed", health
         assert "no CUDA GPU" in health["errors"][0], health
+
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "facecast", "serve", "--cluster", "ray", "--ray-address",
+             cluster.address, "--device", "cuda", "--config", "tiny", "--port",
+             str(free_port())],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+        assert done.returncode == 2, done
+        assert any("no worker started" in e and "no CUDA GPU" in e for e in errors), done.stderr
     finally:
-        await asyncio.to_thread(end_namespace, "fleet-gpu")
+        for namespace in ("fleet-gpu", NAMESPACE):
+            await asyncio.to_thread(end_namespace, namespace)
         for node in gpu_nodes:
             cluster.remove_node(node)
 

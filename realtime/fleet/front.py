@@ -159,7 +159,12 @@ def connect(options: FleetOptions, local_resources: dict | None = None) -> None:
     that cannot be reached is a FacecastError within `connect_timeout_s`, not a hang."""
     import ray
 
-    kwargs: dict[str, Any] = {"namespace": options.namespace, "log_to_driver": False}
+    # quiet: Ray's own INFO lines (connecting, dashboard) would bury the front's
+    kwargs: dict[str, Any] = {
+        "namespace": options.namespace,
+        "log_to_driver": False,
+        "logging_level": logging.WARNING,
+    }
     if options.address is None:
         # In this thread: Ray's head processes die with the thread that started them
         # (their parent-death signal is per thread), and starting them cannot hang.
