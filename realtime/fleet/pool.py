@@ -23,9 +23,11 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.startup import EngineOptions
 from realtime.errors import (
     BadRequest,
     EngineStarting,
@@ -38,6 +40,7 @@ from realtime.errors import (
 from realtime.fleet.options import WORKER_PREFIX, FleetOptions, worker_resources
 from realtime.fleet.registry import registry_actor
 from realtime.fleet.worker import worker_actor
+from realtime.server import ServerConfig
 
 log = logging.getLogger(__name__)
 ERRORS = {400: BadRequest, 404: SessionNotFound, 409: SessionClosed, 503: ServerFull}
@@ -102,13 +105,13 @@ class WorkerPool:
     def __init__(
         self,
         options: FleetOptions,
-        worker_config: Any,
-        engine_options: Any,
+        worker_config: ServerConfig,
+        engine_options: EngineOptions,
         device: str,
         reference: bytes | None = None,
     ) -> None:
         self.options = options
-        self.worker_config = worker_config  # realtime.server.ServerConfig of each worker
+        self.worker_config = worker_config  # what each worker's server runs with
         self.engine_options = engine_options
         self.device = device  # "cuda" (a GPU per worker) or "cpu" (a CPU worker slot)
         self.reference = reference
@@ -116,7 +119,7 @@ class WorkerPool:
         self.registry: Any = None
         self._monitor: asyncio.Task | None = None
         self._changed = asyncio.Event()
-        self.on_lost: list = []  # callbacks(view) after a worker is lost (metrics)
+        self.on_lost: list[Callable[[WorkerView], object]] = []  # after a loss (metrics)
 
     # ---- lifecycle -------------------------------------------------------------------
 
