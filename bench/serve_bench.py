@@ -203,12 +203,12 @@ def main() -> int:
     return 0
 
 
-def append_section(path: Path, block: str) -> None:
+def append_section(path: Path, block: str, section: str = SECTION) -> None:
     text = path.read_text() if path.exists() else "# Facecast benchmark results\n"
-    if SECTION not in text:
-        text = text.rstrip("\n") + f"\n\n{SECTION}\n"
-    head, tail = text.split(SECTION, 1)
-    path.write_text(head + SECTION + tail.rstrip("\n") + "\n\n" + block)
+    if section not in text:
+        text = text.rstrip("\n") + f"\n\n{section}\n"
+    head, tail = text.split(section, 1)
+    path.write_text(head + section + tail.rstrip("\n") + "\n\n" + block)
 
 
 if __name__ == "__main__":

@@ -58,12 +58,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser, default_config: str) -
     )
 
 
-def engine_options(args: argparse.Namespace, warmup: bool = True, **extra):
+def engine_options(args: argparse.Namespace, warmup: bool = True, device=None, **extra):
     from pipeline.startup import EngineOptions
 
     return EngineOptions(
         config=args.config,
-        device=resolve_device(args.device),
+        device=device or resolve_device(args.device),
         attention=args.attention,
         compile=args.compile,
         offload=True if args.offload else None,
@@ -233,7 +233,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise FacecastError(str(exc)) from None
     if args.log_level == "warning":  # serving: say what it is doing (peers, closes)
         logging.getLogger("realtime").setLevel(logging.INFO)
+    if args.cluster == "ray":
+        return serve_fleet(args, config)
     return serve(config, engine_options(args))
+
+
+def serve_fleet(args: argparse.Namespace, config) -> int:
+    """`serve --cluster ray`: this process is the front; engines run on worker actors."""
+    from realtime.fleet.options import fleet_from_args
+
+    try:
+        fleet = fleet_from_args(args)
+    except ValueError as exc:
+        raise FacecastError(str(exc)) from None
+    try:
+        from realtime.fleet.front import serve_fleet as serve_front
+    except ImportError as exc:
+        raise FacecastError(
+            f"--cluster ray needs Ray: pip install 'facecast[fleet]' ({exc})"
+        ) from None
+    # `auto` is decided by each worker on its own node, not by the front's machine
+    return serve_front(config, engine_options(args, device=args.device), fleet)
 
 
 def build_parser(with_serve_options: bool = True) -> argparse.ArgumentParser:
@@ -300,9 +320,11 @@ def build_parser(with_serve_options: bool = True) -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve the avatar over WebRTC")
     add_engine_arguments(serve, DEFAULT_CONFIG)
     if with_serve_options:  # only then import the WebRTC stack (aiortc, silero-vad, …)
+        from realtime.fleet.options import add_fleet_arguments
         from realtime.server import add_arguments
 
         add_arguments(serve)
+        add_fleet_arguments(serve)
     serve.set_defaults(func=cmd_serve)
     for name in PASSTHROUGH:  # listed in --help; parsed by their own modules
         sub.add_parser(name, help=f"see `facecast {name} --help`", add_help=False)

@@ -79,3 +79,10 @@ class MisdirectedRequest(RealtimeError):
     """The `Host` header names a server this one is not (HTTP 421): DNS rebinding."""
 
     status = 421
+
+
+class WorkerUnavailable(RealtimeError):
+    """A fleet worker did not answer in time, or is gone (HTTP 503): the front never waits
+    on a dead worker."""
+
+    status = 503

@@ -102,6 +102,9 @@ class ServerConfig:
     session: SessionConfig = field(default_factory=SessionConfig)
     kvs: KvsOptions | None = None  # mirror every session to Kinesis Video Streams
     ice_servers: list[RTCIceServer] = field(default_factory=list)  # advertised to WHIP clients
+    # STUN/TURN the server's own peers gather candidates with (a fleet worker behind NAT);
+    # none by default: on loopback and a LAN, host candidates are all there is to find
+    peer_ice_servers: list[RTCIceServer] = field(default_factory=list)
     security: SecurityConfig = field(default_factory=SecurityConfig)  # same-origin, timeouts
 
 
@@ -128,6 +131,8 @@ class Service:
         if engine is not None:
             self._mark_ready(engine)
         self.sessions: dict[str, PeerSession] = {}
+        # awaited after a session has closed (a fleet worker reports it to the cluster)
+        self.close_listeners: list[Callable[[PeerSession], Awaitable[None]]] = []
         self.reserved = 0  # offers being negotiated count against capacity
         self.engine_lock = threading.Lock()  # one generate_ready() at a time per engine
         self.reference: np.ndarray | None = None
@@ -185,9 +190,31 @@ class Service:
     async def on_session_closed(self, session: PeerSession) -> None:
         if self.sessions.pop(session.id, None) is not None:
             self.metrics.active_sessions.set(len(self.sessions))
+        for listener in self.close_listeners:
+            try:
+                await listener(session)
+            except Exception:
+                log.exception("session %s: close listener %r failed", session.id, listener)
 
 
 SERVICE = web.AppKey("facecast", Service)
+CONFIG = web.AppKey("facecast-config", ServerConfig)
+
+
+def http_app(config: ServerConfig) -> web.Application:
+    """The HTTP surface a server and a fleet front (`realtime.fleet.front`) share: JSON
+    errors, the same-origin guard, the token, request limits, the page."""
+    guard = same_origin_guard(config.token, config.host, config.security)
+    app = web.Application(
+        client_max_size=config.max_body_bytes,
+        middlewares=[_errors, guard, _auth],
+        handler_args=config.security.handler_args(),
+    )
+    redact_access_log()
+    app[CONFIG] = config
+    app.router.add_get("/", _page)
+    app.router.add_get("/static/{name}", _static)
+    return app
 
 
 def build_app(
@@ -197,19 +224,11 @@ def build_app(
 ) -> web.Application:
     """The app around a loaded engine; `sink_factories` attach mirrors to each session."""
     allow_rsa_peers()  # GStreamer's webrtcbin has an RSA certificate (realtime/dtls.py)
-    guard = same_origin_guard(config.token, config.host, config.security)
-    app = web.Application(
-        client_max_size=config.max_body_bytes,
-        middlewares=[_errors, guard, _auth],
-        handler_args=config.security.handler_args(),
-    )
-    redact_access_log()
+    app = http_app(config)
     factories = list(sink_factories)
     if config.kvs is not None:
         factories.append(kvs_sink_factory(config.kvs))
     app[SERVICE] = Service(config, engine, factories)
-    app.router.add_get("/", _page)
-    app.router.add_get("/static/{name}", _static)
     app.router.add_post("/offer", _offer)
     app.router.add_get("/sessions", _list_sessions)
     app.router.add_delete("/sessions/{id}", _delete_session)
@@ -237,7 +256,7 @@ async def _errors(request: web.Request, handler):
             response.force_close()
         return response
     except web.HTTPRequestEntityTooLarge:
-        limit = request.app[SERVICE].config.max_body_bytes
+        limit = request.app[CONFIG].max_body_bytes
         return web.json_response({"error": f"body larger than {limit} bytes"}, status=413)
     except web.HTTPException as exc:  # the router's 404 and 405, static files' 403/404
         if exc.status < 400:
@@ -266,7 +285,7 @@ def _allow(exc: web.HTTPException) -> dict[str, str]:
 
 @web.middleware
 async def _auth(request: web.Request, handler):
-    token = request.app[SERVICE].config.token
+    token = request.app[CONFIG].token
     public = request.path == "/" or request.path.startswith("/static/")
     if token and not public:
         header = request.headers.get("Authorization", "")
@@ -342,7 +361,7 @@ async def open_session(
 
 async def _negotiate(service: Service, request: OfferRequest, require_video: bool) -> PeerSession:
     offer = request.description
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # loopback/LAN: no STUN
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=list(service.config.peer_ice_servers)))
     session_config = SessionConfig(**{**service.config.session.__dict__, "seed": request.seed})
     vad = await asyncio.to_thread(VoiceActivityDetector)  # loads its model: off the loop
     session = PeerSession(
@@ -474,7 +493,7 @@ def _check_answer(sdp: str) -> None:
 
 
 async def _json_body(request: web.Request) -> dict:
-    raw = await read_body(request, request.app[SERVICE].config.security.body_timeout_s)
+    raw = await read_body(request, request.app[CONFIG].security.body_timeout_s)
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -565,7 +584,12 @@ async def _healthz(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    service = request.app[SERVICE]
+    body = await metrics_text(request.app[SERVICE])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def metrics_text(service: Service) -> bytes:
+    """The service's metrics in Prometheus text format, gauges read now."""
     service.metrics.queue_depth.set(sum(s.frames.depth() for s in service.sessions.values()))
     device = getattr(service.engine, "device", None)
     if isinstance(service.engine, EngineProcess):
@@ -574,17 +598,17 @@ async def _metrics(request: web.Request) -> web.Response:
             service.metrics.gpu_memory.set(peak)
     elif device is not None and device.type == "cuda":
         service.metrics.gpu_memory.set(torch.cuda.max_memory_allocated(device))
-    return web.Response(
-        body=service.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
-    )
+    return service.metrics.render()
 
 
 async def _close_all(app: web.Application) -> None:
-    service = app[SERVICE]
+    await close_service(app[SERVICE])
+
+
+async def close_service(service: Service, reason: str = "server shutting down") -> None:
+    """End every session, then the engine's process (if it has one)."""
     sessions = list(service.sessions.values())
-    await asyncio.gather(
-        *(s.close("server shutting down") for s in sessions), return_exceptions=True
-    )
+    await asyncio.gather(*(s.close(reason) for s in sessions), return_exceptions=True)
     if isinstance(service.engine, EngineProcess):
         await asyncio.to_thread(service.engine.close)
 

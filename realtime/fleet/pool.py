@@ -1,0 +1,438 @@
+"""The front's view of the workers: who is there, how full, who is gone; and offer placement.
+
+Workers are found by name in the cluster (`ray.util.list_named_actors`), so a worker any
+front created, or one that Ray placed on a node that just joined, enters the pool at the
+next look. Each worker is asked for its `status()` every `probe_interval_s`, with at most
+one question outstanding, so a worker still waiting for a node (Ray holds its creation
+until resources appear; the autoscaler scales on exactly that demand) simply stays
+`pending`, and every call has a timeout.
+
+A worker is lost when Ray reports it dead (`ActorDiedError`: its process was killed, its
+node is gone) or when it has not answered for `lost_after_s`; a silent one is then fenced
+(`ray.kill`), so a worker the registry calls dead never keeps serving. Its sessions are
+ended in the registry with the reason, its slots leave the pool, and offers go to the
+others. A draining worker takes no new session and is ended once its last one closes.
+
+States: pending (not placed yet, or its process is starting) → starting (engine warm-up) →
+ok → draining → drained; failed (its start-up failed: the reason is kept); lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.startup import EngineOptions
+from realtime.errors import (
+    BadRequest,
+    EngineStarting,
+    RealtimeError,
+    ServerFull,
+    SessionClosed,
+    SessionNotFound,
+    WorkerUnavailable,
+)
+from realtime.fleet.options import WORKER_PREFIX, FleetOptions, worker_resources
+from realtime.fleet.registry import registry_actor
+from realtime.fleet.worker import worker_actor
+from realtime.server import ServerConfig
+
+log = logging.getLogger(__name__)
+ERRORS = {400: BadRequest, 404: SessionNotFound, 409: SessionClosed, 503: ServerFull}
+GONE = ("lost", "drained", "failed")
+
+
+@dataclass
+class WorkerView:
+    name: str
+    handle: Any
+    state: str = "pending"
+    status: dict = field(default_factory=dict)  # the worker's last answer
+    last_seen: float | None = None  # monotonic time of its last answer
+    added: float = field(default_factory=time.monotonic)
+    probe: asyncio.Future | None = None
+    probe_sent: float = 0.0
+    reserved: int = 0  # offers this front is placing on it now
+    refused: bool = False  # it answered an offer "full": no more until its next status
+    reason: str | None = None  # why it failed or was lost
+    starting: asyncio.Future | None = None
+
+    def free(self) -> int:
+        if self.state != "ok" or self.status.get("draining") or self.refused:
+            return 0
+        s = self.status
+        return max(0, s["max_sessions"] - len(s["sessions"]) - s["reserved"] - self.reserved)
+
+    def describe(self) -> dict:
+        s = self.status
+        body = {
+            "name": self.name,
+            "state": self.state,
+            "node_id": s.get("node_id"),
+            "node_ip": s.get("node_ip"),
+            "sessions": len(s.get("sessions", [])),
+            "max_sessions": s.get("max_sessions"),
+            "free": self.free(),
+        }
+        if self.reason:
+            body["reason"] = self.reason
+        if "startup_seconds" in s:
+            body["startup_seconds"] = s["startup_seconds"]
+        return body
+
+
+async def call(ref: Any, timeout: float) -> Any:
+    """Await a Ray call with a deadline (asyncio.TimeoutError past it)."""
+    return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
+
+
+def error_from(answer: dict) -> RealtimeError:
+    """A worker's `{"error", "status"}` as the error the server would have raised."""
+    exc = ERRORS.get(answer["status"], RealtimeError)(answer["error"])
+    exc.status = answer["status"]
+    return exc
+
+
+class WorkerPool:
+    """Creates the workers it is asked for, watches every worker of the namespace, places
+    offers and routes calls. One per front; all state that matters lives in the cluster."""
+
+    def __init__(
+        self,
+        options: FleetOptions,
+        worker_config: ServerConfig,
+        engine_options: EngineOptions,
+        device: str,
+        reference: bytes | None = None,
+    ) -> None:
+        self.options = options
+        self.worker_config = worker_config  # what each worker's server runs with
+        self.engine_options = engine_options
+        self.device = device  # "cuda" (a GPU per worker) or "cpu" (a CPU worker slot)
+        self.reference = reference
+        self.workers: dict[str, WorkerView] = {}
+        self.registry: Any = None
+        self._monitor: asyncio.Task | None = None
+        self._changed = asyncio.Event()
+        self.on_lost: list[Callable[[WorkerView], object]] = []  # after a loss (metrics)
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """The registry and the `options.workers` named workers (existing ones are reused),
+        then the watch loop."""
+        self.registry = await asyncio.to_thread(registry_actor, self.options.namespace)
+        placement = worker_resources(self.device)
+        for index in range(self.options.workers):
+            name = self.options.worker_name(index)
+            cls = worker_actor(
+                name, self.options.namespace, placement, self.options.worker_restarts
+            )
+            args = (name, self.worker_config, self.engine_options, self.reference, self.registry)
+            handle = await asyncio.to_thread(functools.partial(cls.remote, *args))
+            self._add(name, handle)
+        await self._discover()
+        self._monitor = asyncio.get_running_loop().create_task(self._watch(), name="fleet-watch")
+
+    async def stop(self) -> None:
+        if self._monitor is not None:
+            self._monitor.cancel()
+            await asyncio.gather(self._monitor, return_exceptions=True)
+            self._monitor = None
+
+    def _add(self, name: str, handle: Any) -> WorkerView:
+        view = self.workers.get(name)
+        if view is None or view.state in GONE:
+            view = self.workers[name] = WorkerView(name, handle)
+            # start() is idempotent: it waits for the worker's node and its warm-up
+            view.starting = asyncio.wrap_future(handle.start.remote().future())
+            view.starting.add_done_callback(lambda f: f.exception() if not f.cancelled() else 0)
+        return view
+
+    async def _discover(self) -> None:
+        """Named workers this front has not seen (another front's, a restarted one's)."""
+        import ray
+
+        listed = await asyncio.to_thread(ray.util.list_named_actors, all_namespaces=True)
+        for entry in listed:
+            name = entry["name"]
+            if entry["namespace"] != self.options.namespace or not name.startswith(WORKER_PREFIX):
+                continue
+            view = self.workers.get(name)
+            if view is not None and view.state not in GONE:
+                continue
+            try:
+                handle = await asyncio.to_thread(
+                    ray.get_actor, name, namespace=self.options.namespace
+                )
+            except ValueError:  # gone between the listing and the lookup
+                continue
+            if view is not None and _actor_id(handle) == _actor_id(view.handle):
+                # The same actor: ended and still listed until Ray removes it, unless it
+                # was lost and Ray may restart it (--worker-restarts): then it rejoins as a
+                # new incarnation once it is back.
+                if view.state != "lost" or self.options.worker_restarts == 0:
+                    continue
+            self._add(name, handle)
+
+    # ---- watching --------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        tick = 0
+        while True:
+            try:
+                if tick % 4 == 0:
+                    await self._discover()
+                await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("fleet: watching the workers failed")
+            tick += 1
+            await asyncio.sleep(self.options.probe_interval_s)
+
+    async def refresh(self, wait: float = 0.0) -> None:
+        """Ask each worker how it is; with `wait`, give the answers that long to arrive."""
+        now = time.monotonic()
+        for view in list(self.workers.values()):
+            if view.state in GONE:
+                continue
+            if view.probe is None:
+                view.probe = asyncio.wrap_future(view.handle.status.remote().future())
+                view.probe_sent = now
+        probes = [v.probe for v in self.workers.values() if v.probe is not None]
+        if wait and probes:
+            await asyncio.wait(probes, timeout=wait)
+        for view in list(self.workers.values()):
+            if view.state not in GONE:
+                await self._settle(view)
+
+    async def _settle(self, view: WorkerView) -> None:
+        probe, now = view.probe, time.monotonic()
+        if probe is not None and probe.done():
+            view.probe = None
+            error = probe.exception()
+            if error is None:
+                await self._answered(view, probe.result(), now)
+            elif _actor_died(error):
+                await self._lost(view, f"worker {view.name} died: {_first_line(error)}")
+                return
+        silent = now - (view.last_seen or view.probe_sent)
+        if view.last_seen is not None and silent > self.options.lost_after_s:
+            await self._lost(
+                view, f"worker {view.name} did not answer for {self.options.lost_after_s:g} s"
+            )
+
+    async def _answered(self, view: WorkerView, status: dict, now: float) -> None:
+        before = view.status.get("incarnation")
+        if before is not None and status["incarnation"] != before:
+            # Ray restarted the actor: the sessions of the old process are gone
+            await self._end_sessions(view, before, f"worker {view.name} restarted")
+            view.starting = asyncio.wrap_future(view.handle.start.remote().future())
+        view.status, view.last_seen, view.refused = status, now, False
+        state = status["state"]
+        if state == "new":
+            state = "starting"
+        if state == "failed":
+            view.reason = f"worker {view.name} failed to start: {status.get('error')}"
+            log.error("fleet: %s", view.reason)
+            await self._kill(view, no_restart=True)  # a restart would fail the same way
+        elif status["draining"]:
+            state = "draining"
+            if not status["sessions"] and not status["reserved"]:
+                state = "drained"
+                log.info("fleet: worker %s drained; ending it", view.name)
+                await self._kill(view, no_restart=True)
+        if state != view.state:
+            if state == "ok":
+                log.info("fleet: worker %s ready on node %s", view.name, status["node_ip"])
+            view.state = state
+            self._changed.set()
+
+    async def _lost(self, view: WorkerView, reason: str) -> None:
+        view.state, view.reason, view.probe = "lost", reason, None
+        log.warning("fleet: %s; its sessions end", reason)
+        # Fence it: a worker the registry calls dead never serves on. Ray may restart it
+        # (--worker-restarts): that is a new incarnation, with no sessions.
+        await self._kill(view, no_restart=False)
+        incarnation = view.status.get("incarnation")
+        if incarnation is not None:
+            await self._end_sessions(view, incarnation, reason)
+        for callback in self.on_lost:
+            callback(view)
+        self._changed.set()
+
+    async def _end_sessions(self, view: WorkerView, incarnation: str, reason: str) -> None:
+        try:
+            ref = self.registry.worker_lost.remote(view.name, incarnation, reason)
+            ended = await call(ref, self.options.call_timeout_s)
+            if ended:
+                log.info("fleet: sessions %s ended (%s)", ", ".join(ended), reason)
+        except Exception as exc:
+            log.error("fleet: could not record the end of %s's sessions: %s", view.name, exc)
+
+    async def _kill(self, view: WorkerView, no_restart: bool) -> None:
+        import ray
+
+        try:
+            await asyncio.to_thread(ray.kill, view.handle, no_restart=no_restart)
+        except Exception as exc:  # already gone
+            log.debug("fleet: kill %s: %s", view.name, exc)
+
+    # ---- placement and routing -------------------------------------------------------
+
+    def capacity(self) -> dict:
+        ready = [v for v in self.workers.values() if v.state == "ok"]
+        return {
+            "workers": len(ready),
+            "slots": sum(v.status["max_sessions"] for v in ready),
+            "free": sum(v.free() for v in ready),
+        }
+
+    async def place(self, sdp: str, seed: int, kvs_stream: str | None) -> dict:
+        """The offer negotiated on the worker with the most free slots; 503 only when every
+        worker is full (after asking them afresh)."""
+        tried: set[str] = set()
+        for fresh in (False, True):
+            if fresh:
+                await self.refresh(wait=self.options.call_timeout_s)
+            order = sorted(self.workers.values(), key=lambda v: (-v.free(), v.name))
+            for view in order:
+                if view.free() <= 0 or view.name in tried:
+                    continue
+                tried.add(view.name)
+                answer = await self._offer_on(view, sdp, seed, kvs_stream)
+                if answer is not None:
+                    return answer
+        raise self._no_room()
+
+    async def _offer_on(self, view: WorkerView, sdp: str, seed: int, kvs: str | None):
+        view.reserved += 1
+        try:
+            ref = view.handle.offer.remote(sdp, seed, kvs)
+            answer = await call(ref, self.options.offer_timeout_s)
+        except Exception as exc:  # dead or too slow: the watch loop decides which
+            log.warning("fleet: offer on %s failed: %s", view.name, _first_line(exc))
+            return None
+        finally:
+            view.reserved -= 1
+        if "error" in answer:
+            if answer["status"] == 503:  # full (another front's offer), draining, not warm
+                view.refused = True
+                return None
+            raise error_from(answer)
+        view.status = {**view.status, "sessions": [*view.status["sessions"], answer["session_id"]]}
+        return answer
+
+    def _no_room(self) -> RealtimeError:
+        views = list(self.workers.values())
+        ready = [v for v in views if v.state == "ok"]
+        if ready:
+            cap = self.capacity()
+            return ServerFull(
+                f"every worker is full: {len(ready)} workers, {cap['slots']} session slots, "
+                "all taken; try again later"
+            )
+        waiting = [v for v in views if v.state in ("pending", "starting")]
+        failed = [v.reason or v.name for v in views if v.state == "failed"]
+        if waiting:
+            return EngineStarting(
+                f"no worker is ready yet ({len(waiting)} starting or waiting for a node); "
+                "retry when /healthz is ok"
+            )
+        why = "; ".join(failed) if failed else "no worker is running"
+        return EngineStarting(f"no worker can take sessions: {why}")
+
+    async def session_worker(self, session_id: str) -> tuple[dict, WorkerView]:
+        """The registry's record of a live session and its worker (404 if not live)."""
+        record = await self._registry_call("lookup", session_id)
+        if record is None:
+            raise SessionNotFound(f"no live session {session_id!r}")
+        if record["state"] != "live":
+            raise SessionNotFound(f"session {session_id!r} has closed: {record.get('reason')}")
+        view = self.workers.get(record["worker"])
+        if view is None or view.state in GONE:
+            raise WorkerUnavailable(
+                f"session {session_id!r} runs on worker {record['worker']}, which is gone"
+            )
+        return record, view
+
+    async def on_worker(self, view: WorkerView, method: str, *args: object) -> Any:
+        """One call to a worker, bounded by `call_timeout_s`."""
+        try:
+            return await call(
+                getattr(view.handle, method).remote(*args), self.options.call_timeout_s
+            )
+        except asyncio.TimeoutError:
+            raise WorkerUnavailable(
+                f"worker {view.name} did not answer within {self.options.call_timeout_s:g} s"
+            ) from None
+        except Exception as exc:
+            if _actor_died(exc):
+                raise WorkerUnavailable(f"worker {view.name} is gone") from None
+            raise
+
+    async def _registry_call(self, method: str, *args: object) -> Any:
+        try:
+            ref = getattr(self.registry, method).remote(*args)
+            return await call(ref, self.options.call_timeout_s)
+        except asyncio.TimeoutError:
+            raise WorkerUnavailable("the session registry did not answer in time") from None
+
+    async def sessions(self) -> list[dict]:
+        """Every session the registry knows, live ones with their worker's current stats."""
+        records = await self._registry_call("list")
+        live = [v for v in self.workers.values() if v.state in ("ok", "draining")]
+        answers = await asyncio.gather(
+            *(self.on_worker(v, "describe_sessions") for v in live), return_exceptions=True
+        )
+        stats = {d["id"]: d for answer in answers if isinstance(answer, list) for d in answer}
+        out = []
+        for record in records:
+            now = stats.get(record["id"], {})
+            out.append({**now, **record, "state": record["state"]})
+        return out
+
+    async def drain(self, name: str) -> dict:
+        view = self.workers.get(name)
+        if view is None or view.state in GONE:
+            raise SessionNotFound(f"no running worker {name!r}")
+        status = await self.on_worker(view, "drain")
+        await self._answered(view, status, time.monotonic())
+        return view.describe()
+
+    async def wait_for(self, predicate, timeout: float) -> bool:
+        """Wait until `predicate(pool)` holds (True) or `timeout` passes (False)."""
+        deadline = time.monotonic() + timeout
+        while not predicate(self):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), min(left, 1.0))
+            except asyncio.TimeoutError:
+                pass
+        return True
+
+
+def _actor_died(exc: BaseException) -> bool:
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+    return isinstance(exc, (ActorDiedError, RayActorError)) and not isinstance(
+        exc, ActorUnavailableError
+    )
+
+
+def _actor_id(handle: Any) -> str:
+    return handle._actor_id.hex()  # Ray's own id: tells a recreated actor from the ended one
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -1,0 +1,248 @@
+"""A fleet worker: one Ray actor, one engine, the WebRTC peers of its sessions.
+
+The worker is the server without its HTTP listener: it builds the same app
+(`realtime.server.build_app`, so the same `Service`, KVS mirrors and session machinery),
+starts its engine the way `facecast serve` does (`Service.start_engine`: load, compile,
+warm-up) and negotiates offers with `realtime.server.open_session`. Media flows between
+the caller and this worker's node; the front only relays the SDP. KVS mirrors run here,
+beside their session.
+
+The actor is asynchronous: every method runs on one event loop in the actor's process,
+the loop aiortc and the sessions live on; the engine works in its own thread or process,
+as in `serve`. Failures a caller should hear about come back as values
+(`{"error", "status"}`), never as Ray exceptions, so the front can answer them as the
+server would. Each session's opening and end are written to the registry
+(`fleet/registry.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import tempfile
+import time
+from collections import deque
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from aiortc import RTCSessionDescription
+
+from pipeline.startup import EngineOptions
+from realtime.errors import RealtimeError, ServerFull, SessionNotFound
+from realtime.server import (
+    SERVICE,
+    OfferRequest,
+    ServerConfig,
+    Service,
+    build_app,
+    close_service,
+    metrics_text,
+    open_session,
+)
+from realtime.session import PeerSession
+
+log = logging.getLogger(__name__)
+REGISTRY_TIMEOUT_S = 5.0
+
+
+class FleetWorker:
+    """Ray turns this into the worker actor (`worker_actor`); plain Python otherwise, so it
+    can also be driven directly (bench/fleet_worker_gpu.py)."""
+
+    def __init__(
+        self,
+        name: str,
+        config: ServerConfig,
+        engine_options: EngineOptions,
+        reference: bytes | None = None,
+        registry: Any = None,
+    ) -> None:
+        self.name = name
+        self.incarnation = secrets.token_hex(6)  # a restarted actor is a new incarnation
+        self.registry = registry  # the registry actor's handle; None: nothing is recorded
+        self.engine_options = engine_options
+        self.config = config
+        if reference is not None:  # the front's --reference, so no node needs the file
+            path = Path(tempfile.mkdtemp(prefix="facecast-ref-")) / "reference"
+            path.write_bytes(reference)
+            self.config = replace(config, reference=str(path))
+        self.node_id, self.node_ip, self.gpu_ids = _node()
+        self.draining = False
+        self.recently_closed: deque[dict] = deque(maxlen=50)
+        self._service: Service | None = None
+        self._start: asyncio.Task | None = None
+        self._pending: set[asyncio.Task] = set()
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> dict:
+        """Start the engine (once; later calls wait for the same start); returns status."""
+        if self._start is None:
+            self._start = asyncio.get_running_loop().create_task(self._start_engine())
+        await asyncio.shield(self._start)
+        return self.status()
+
+    async def _start_engine(self) -> None:
+        app = build_app(self.config, engine=None)  # the server's app, never listened on
+        service = self._service = app[SERVICE]
+        service.close_listeners.append(self._session_closed)
+        await service.start_engine(self.engine_options, self.config.engine_process)
+        if service.engine is not None:
+            log.info("worker %s: engine ready in %.1f s", self.name, service.startup_seconds)
+
+    def status(self) -> dict:
+        """What the front places by: state, slots, sessions, where this worker runs."""
+        service = self._service
+        state = "new" if self._start is None else service.state if service else "starting"
+        sessions: list[str] = list(service.sessions) if service else []
+        reserved = service.reserved if service else 0
+        body = {
+            "name": self.name,
+            "incarnation": self.incarnation,
+            "state": state,
+            "draining": self.draining,
+            "max_sessions": self.config.max_sessions,
+            "sessions": sessions,
+            "reserved": reserved,
+            "node_id": self.node_id,
+            "node_ip": self.node_ip,
+            "gpu_ids": self.gpu_ids,  # the GPUs Ray gave this worker (CUDA_VISIBLE_DEVICES)
+            "pid": os.getpid(),
+        }
+        if service is not None and service.startup_error:
+            body["error"] = service.startup_error
+        if service is not None and service.engine is not None:
+            body["startup_seconds"] = round(service.startup_seconds, 3)
+        return body
+
+    def drain(self) -> dict:
+        """Take no new session; the ones running finish (the front ends the actor after)."""
+        self.draining = True
+        log.info("worker %s: draining (%d sessions left)", self.name, len(self._sessions()))
+        return self.status()
+
+    async def shutdown(self, reason: str = "worker shutting down") -> None:
+        if self._service is not None:
+            await close_service(self._service, reason)
+
+    # ---- sessions --------------------------------------------------------------------
+
+    async def offer(self, sdp: str, seed: int = 0, kvs_stream: str | None = None) -> dict:
+        """Negotiate one offer (already checked by the front); the answer and where it runs."""
+        try:
+            if self.draining:
+                raise ServerFull(f"worker {self.name} is draining")
+            service = self._ready_service()
+            request = OfferRequest(RTCSessionDescription(sdp=sdp, type="offer"), seed, kvs_stream)
+            session = await open_session(service, request)
+        except RealtimeError as exc:
+            return {"error": str(exc), "status": exc.status}
+        record = {
+            "id": session.id,
+            "worker": self.name,
+            "incarnation": self.incarnation,
+            "node_id": self.node_id,
+            "node_ip": self.node_ip,
+            "created": round(session.created, 3),
+        }
+        await self._record("opened", record)
+        answer = session.pc.localDescription
+        return {"sdp": answer.sdp, "type": answer.type, "session_id": session.id, **record}
+
+    async def interrupt(self, session_id: str) -> dict:
+        try:
+            return {"played_ms": self._session(session_id).interrupt()}
+        except RealtimeError as exc:
+            return {"error": str(exc), "status": exc.status}
+
+    async def close_session(self, session_id: str, reason: str = "deleted by the API") -> dict:
+        try:
+            session = self._session(session_id)
+        except RealtimeError as exc:
+            return {"error": str(exc), "status": exc.status}
+        await session.close(reason)
+        return {"closed": session_id}
+
+    def describe_sessions(self) -> list[dict]:
+        return [s.describe() for s in self._sessions().values()]
+
+    async def metrics(self) -> bytes:
+        if self._service is None:
+            return b""
+        return await metrics_text(self._service)
+
+    # ---- internals -------------------------------------------------------------------
+
+    def _sessions(self) -> dict[str, PeerSession]:
+        return self._service.sessions if self._service is not None else {}
+
+    def _ready_service(self):
+        service = self._service
+        if service is None or service.engine is None:
+            from realtime.errors import EngineStarting
+
+            why = service.startup_error if service is not None else None
+            raise EngineStarting(f"worker {self.name}: " + (why or "the engine is starting"))
+        return service
+
+    def _session(self, session_id: str) -> PeerSession:
+        session = self._sessions().get(session_id)
+        if session is None:
+            raise SessionNotFound(f"no live session {session_id!r} on worker {self.name}")
+        return session
+
+    async def _session_closed(self, session: PeerSession) -> None:
+        final = {
+            "closed_reason": session.close_reason,
+            **{k: v for k, v in session.stats().items() if k in FINAL_STATS},
+        }
+        self.recently_closed.append({"id": session.id, **final, "closed_at": time.time()})
+        await self._record("closed", session.id, session.close_reason, final)
+        if self.draining and not self._sessions():
+            log.info("worker %s: drained", self.name)
+
+    async def _record(self, method: str, *args: object) -> None:
+        """Tell the registry; a slow or lost registry never holds a session up."""
+        if self.registry is None:
+            return
+        try:
+            ref = getattr(self.registry, method).remote(*args)
+            await asyncio.wait_for(asyncio.wrap_future(ref.future()), REGISTRY_TIMEOUT_S)
+        except Exception as exc:
+            log.warning("worker %s: registry %s failed: %s", self.name, method, exc)
+
+
+FINAL_STATS = ("frames_sent", "frames_fresh", "fresh_share", "ttff_ms")
+
+
+def _node() -> tuple[str | None, str | None, list[str]]:
+    """The Ray node this runs on and the GPUs it was given (None, None, [] outside Ray:
+    driven directly)."""
+    try:
+        import ray
+    except ImportError:
+        return None, None, []
+    if not ray.is_initialized():
+        return None, None, []
+    context = ray.get_runtime_context()
+    gpus = [str(g) for g in context.get_accelerator_ids().get("GPU", [])]
+    return context.get_node_id(), ray.util.get_node_ip_address(), gpus
+
+
+def worker_actor(name: str, namespace: str, placement: dict, restarts: int):
+    """The Ray actor class of worker `name`, placed by `placement` (`worker_resources`).
+    Named and detached: any front finds it, and it outlives the front that made it."""
+    import ray
+
+    return ray.remote(FleetWorker).options(
+        name=name,
+        namespace=namespace,
+        lifetime="detached",
+        get_if_exists=True,
+        max_restarts=restarts,
+        max_concurrency=1000,  # an async actor: calls interleave on its one event loop
+        **placement,
+    )
