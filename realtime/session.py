@@ -144,6 +144,9 @@ class PeerSession:
             self._send,
             config.utterance_idle_s,
             splice=self._splice_utterance,
+            on_finished=lambda cut: metrics.utterances.labels(
+                "interrupted" if cut else "played"
+            ).inc(),
         )
         self.timing = timing
         self._steady_step = timing.step(1)

@@ -109,6 +109,7 @@ class UtteranceChannel:
     # called before the first audio of an utterance that nothing is queued ahead of: the
     # session may drop its queued idle audio so that the utterance is said sooner
     splice: Callable[[], None] = lambda: None
+    on_finished: Callable[[bool], None] = lambda interrupted: None  # metrics
     queue: deque[Utterance] = field(default_factory=deque)  # not yet finished, in order
     open: Utterance | None = None  # receiving audio
     finished_ids: deque[str] = field(default_factory=lambda: deque(maxlen=256))
@@ -321,6 +322,7 @@ class UtteranceChannel:
             return
         utt.finished = True
         self.finished_ids.append(utt.id)
+        self.on_finished(interrupted)
         at = (
             (utt.start or 0) + played + sum(n for a, n in utt.gaps if a < (utt.start or 0) + played)
         )

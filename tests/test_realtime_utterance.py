@@ -126,6 +126,10 @@ async def test_twenty_utterances_ten_clears_exact_once_and_in_order():
         await asyncio.sleep(0.5)
         session = app[SERVICE].sessions[viewer.session_id]
         assert session.state == "live" and not session.speech.queue
+        async with aiohttp.ClientSession() as http:
+            metrics = await (await http.get(f"{url}/metrics")).text()
+        assert 'facecast_utterances_total{outcome="played"} 10.0' in metrics
+        assert 'facecast_utterances_total{outcome="interrupted"} 10.0' in metrics
         await socket.close()
         returned = viewer.received.audio_timeline()
         await viewer.close()
