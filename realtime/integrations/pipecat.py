@@ -233,7 +233,7 @@ class FacecastVideoService(AIService):
         self._open: _Spoken | None = None  # receiving TTS audio
         self._open_format: tuple[int, int] | None = None  # (sample_rate, num_channels)
         self._spoken: deque[_Spoken] = deque()  # sent, not yet finished, in order
-        self.finished: list[_Spoken] = []  # every utterance once finished (for callers)
+        self.finished: deque[_Spoken] = deque(maxlen=1000)  # the latest finished ones
         self._held: deque[tuple[int, np.ndarray]] = deque()  # received audio, its fate open
         self._all_finished = asyncio.Event()
         self._all_finished.set()
@@ -308,7 +308,7 @@ class FacecastVideoService(AIService):
         await self.push_frame(frame, direction)
 
     def _begin(self, context_id: str | None) -> _Spoken:
-        uid = f"{context_id or 'tts'}-{uuid.uuid4().hex[:8]}"
+        uid = f"{(context_id or 'tts')[:64]}-{uuid.uuid4().hex[:8]}"  # unique per utterance
         self._open = _Spoken(uid)
         self._open_format = None
         return self._open
