@@ -15,6 +15,7 @@ import av
 import numpy as np
 import pytest
 from pipecat.frames.frames import (
+    CancelFrame,
     EndFrame,
     Frame,
     InterruptionFrame,
@@ -106,8 +107,8 @@ class Bot:
             await asyncio.sleep(0.002)  # a TTS streams much faster than real time
         await self.worker.queue_frame(TTSStoppedFrame(context_id=context))
 
-    async def end(self) -> None:
-        await self.worker.queue_frame(EndFrame())
+    async def end(self, frame: Frame | None = None) -> None:
+        await self.worker.queue_frame(frame or EndFrame())
         await asyncio.wait_for(self._run, 60)
 
 
@@ -215,14 +216,19 @@ async def test_pipecat_pipeline_against_facecast_serve(serve):
 
 
 @pytest.mark.timeout(240)
-async def test_pipecat_service_with_the_engine_in_process():
+async def test_pipecat_service_with_the_engine_in_process_and_a_cancel():
     engine = await asyncio.to_thread(load_test_engine)
     short = tts_pcm(SHORT)
     bot = Bot(FacecastVideoService(engine=engine))
     await bot.start()
     await bot.say(short, "short")
     await wait_until(lambda: spoken(bot, "short") is not None, 60)
-    await bot.end()
+    await bot.say(tts_pcm(LONG), "long")
+    await wait_until(lambda: any(u.start is not None for u in bot.avatar._spoken), 30)
+    session = bot.avatar._link.session
+    t = time.monotonic()
+    await bot.end(CancelFrame())  # hangs up at once, mid-utterance
+    assert time.monotonic() - t < 10 and session.state == "closed"
 
     utt = spoken(bot, "short")
     said, _ = utterance_audio(bot, utt)
