@@ -8,8 +8,16 @@ As a library (what an agent or a test uses):
         played_ms = await c.interrupt()
         print(c.stats())
 
+An agent that pushes its TTS as utterances (`realtime.utterance`) connects without a
+microphone and speaks through the data channel (or `SpeechSocket`, the WebSocket):
+
+    async with FacecastClient(url, source=None) as c:
+        await c.speech.say(pcm24k, 24_000)                   # one utterance, as fast as it goes
+        finished = await c.wait_event("playback_finished")   # {id, playback_position, …}
+
 As a command: `python -m realtime.client http://127.0.0.1:8080 --wav hello.wav --out a.mp4`
-prints time to first frame, fps and the A/V offset as JSON.
+prints time to first frame, fps and the A/V offset as JSON (`--utterance` sends the WAV
+through the utterance channel instead of the microphone track).
 
 The A/V offset is measured from timestamps: both received tracks are placed on their RTP
 timelines (video frame n at n·40 ms, audio by sample), the received audio is aligned with
@@ -27,6 +35,8 @@ import logging
 import sys
 import threading
 import time
+import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +46,7 @@ import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from pipeline.clock import MODEL_RATE, OUTPUT_RATE, VIDEO_CLOCK, VIDEO_TICKS_PER_FRAME
+from pipeline.clock import FPS, MODEL_RATE, OUTPUT_RATE, VIDEO_CLOCK, VIDEO_TICKS_PER_FRAME
 from pipeline.media import Mp4Writer, read_audio, resample, to_pcm16
 from realtime.teardown import release_peer_connection
 
@@ -147,18 +157,159 @@ class Received:
         return out
 
 
+class UtteranceSender:
+    """The agent's side of the utterance channel (`realtime.utterance`), on any transport:
+    `send` takes a JSON text or a binary PCM message."""
+
+    def __init__(self, send: Callable[[str | bytes], Awaitable[None] | None]) -> None:
+        self._send = send
+        self.sent_at: dict[str, float] = {}  # utterance id → monotonic time of its start
+
+    async def _out(self, data: str | bytes) -> None:
+        result = self._send(data)
+        if result is not None:
+            await result
+
+    async def start(self, uid: str, sample_rate: int, num_channels: int = 1) -> None:
+        self.sent_at[uid] = time.monotonic()
+        await self._out(
+            json.dumps(
+                {
+                    "type": "utterance_start",
+                    "id": uid,
+                    "sample_rate": sample_rate,
+                    "num_channels": num_channels,
+                }
+            )
+        )
+
+    async def audio(self, pcm: bytes) -> None:
+        """int16 PCM of the open utterance, at most 64 KiB a message."""
+        await self._out(pcm)
+
+    async def end(self, uid: str) -> None:
+        await self._out(json.dumps({"type": "utterance_end", "id": uid}))
+
+    async def clear_buffer(self, uid: str | None = None) -> None:
+        msg = {"type": "clear_buffer"} if uid is None else {"type": "clear_buffer", "id": uid}
+        await self._out(json.dumps(msg))
+
+    async def say(
+        self,
+        pcm: np.ndarray,
+        sample_rate: int,
+        uid: str | None = None,
+        speed: float | None = None,
+        chunk_ms: int = 40,
+    ) -> str:
+        """One whole utterance: int16 PCM (n,) or (n, channels), sent in `chunk_ms` pieces
+        at `speed` times real time (None: as fast as the transport takes it). Returns its id."""
+        uid = uid or uuid.uuid4().hex[:12]
+        pcm = np.asarray(pcm, np.int16)
+        frames = pcm.reshape(pcm.shape[0], -1)
+        step = max(1, sample_rate * chunk_ms // 1000)
+        await self.start(uid, sample_rate, frames.shape[1])
+        t0 = time.monotonic()
+        for i in range(0, frames.shape[0], step):
+            await self.audio(frames[i : i + step].tobytes())
+            if speed:
+                due = t0 + (i + step) / sample_rate / speed
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+        await self.end(uid)
+        return uid
+
+
+class SpeechSocket:
+    """The utterance channel over the WebSocket `/sessions/{id}/speech`; `events` collects
+    what the server sends on it (each with "_t", monotonic)."""
+
+    def __init__(self, url: str, session_id: str, token: str | None = None) -> None:
+        base = url.rstrip("/")
+        self.url = f"{base}/sessions/{session_id}/speech"
+        self.token = token
+        self.events: list[dict] = []
+        self._http: aiohttp.ClientSession | None = None
+        self._ws: aiohttp.ClientWebSocketResponse[bool] | None = None
+        self._reader: asyncio.Task | None = None
+        self._new_event = asyncio.Condition()
+        self.speech = UtteranceSender(self._send)
+
+    async def connect(self) -> None:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self._http = aiohttp.ClientSession()
+        try:
+            self._ws = await self._http.ws_connect(self.url, headers=headers)
+        except aiohttp.WSServerHandshakeError as exc:
+            await self._http.close()
+            raise ConnectionError(f"speech socket refused ({exc.status}): {exc.message}") from exc
+        self._reader = asyncio.ensure_future(self._read())
+
+    async def _send(self, data: str | bytes) -> None:
+        assert self._ws is not None, "connect() first"
+        if isinstance(data, str):
+            await self._ws.send_str(data)
+        else:
+            await self._ws.send_bytes(data)
+
+    async def _read(self) -> None:
+        assert self._ws is not None
+        async for msg in self._ws:
+            if msg.type == aiohttp.WSMsgType.TEXT:
+                event = json.loads(msg.data)
+                event["_t"] = time.monotonic()
+                self.events.append(event)
+                async with self._new_event:
+                    self._new_event.notify_all()
+
+    async def wait_event(self, kind: str, timeout: float = 30.0, after: float = 0.0) -> dict:
+        return await _wait_event(self.events, self._new_event, kind, timeout, after)
+
+    @property
+    def closed(self) -> bool:
+        return self._ws is None or self._ws.closed
+
+    async def close(self) -> None:
+        if self._ws is not None:
+            await self._ws.close()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
+        if self._http is not None:
+            await self._http.close()
+
+
+async def _wait_event(
+    events: list[dict], condition: asyncio.Condition, kind: str, timeout: float, after: float
+) -> dict:
+    def found() -> dict | None:
+        return next((e for e in events if e["type"] == kind and e["_t"] > after), None)
+
+    async def wait() -> None:
+        async with condition:
+            await condition.wait_for(lambda: found() is not None)
+
+    await asyncio.wait_for(wait(), timeout)
+    return found()  # type: ignore[return-value]
+
+
 class FacecastClient:
-    """One call to a Facecast server."""
+    """One call to a Facecast server. `source` is the microphone; None sends none (an
+    agent speaking through `speech`, the utterance channel). `on_video(rgb, pts, t)` and
+    `on_audio(pcm, pts, t)` see each received frame and `on_event(msg)` each event;
+    `record=False` keeps none of the frames (nor `stats` events)."""
 
     def __init__(
         self,
         url: str,
-        source: PcmSource,
+        source: PcmSource | None,
         token: str | None = None,
         seed: int = 0,
         record_to: str | Path | None = None,
         keep_frames: bool = False,
         offer_options: dict | None = None,
+        on_video: Callable[[np.ndarray, int, float], None] | None = None,
+        on_audio: Callable[[np.ndarray, int, float], None] | None = None,
+        on_event: Callable[[dict], None] | None = None,
+        record: bool = True,
     ) -> None:
         self.url = url.rstrip("/")
         self.source = source
@@ -177,6 +328,21 @@ class FacecastClient:
         self._new_event = asyncio.Condition()
         self._notifiers: set[asyncio.Task] = set()  # held until done (the loop keeps weak refs)
         self._interrupts: asyncio.Queue[int] = asyncio.Queue(maxsize=16)
+        self._on_video, self._on_audio, self._record = on_video, on_audio, record
+        self._on_event = on_event
+        self.speech = UtteranceSender(self._channel_send)
+
+    def _channel_send(self, data: str | bytes) -> None:
+        if self._channel.readyState != "open":
+            raise ConnectionError("data channel is not open")
+        self._channel.send(data)
+
+    async def wait_channel_open(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self._channel.readyState != "open":
+            if time.monotonic() > deadline:
+                raise TimeoutError("the data channel did not open")
+            await asyncio.sleep(0.02)
 
     async def __aenter__(self) -> FacecastClient:
         await self.connect()
@@ -189,7 +355,10 @@ class FacecastClient:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     async def connect(self) -> None:
-        self.pc.addTrack(self.source)
+        if self.source is not None:
+            self.pc.addTrack(self.source)
+        else:  # no microphone: the avatar's audio only comes back
+            self.pc.addTransceiver("audio", direction="recvonly")
         self.pc.addTransceiver("video", direction="recvonly")
         self.pc.on("track", self._on_track)
         self._channel.on("message", self._on_message)
@@ -220,11 +389,14 @@ class FacecastClient:
                 assert isinstance(frame, av.VideoFrame) and frame.pts is not None
                 now = time.monotonic()
                 rec = self.received
-                rec.video_pts.append(int(frame.pts))
-                rec.video_arrival.append(now)
                 rgb = frame.to_ndarray(format="rgb24")
+                if self._record:
+                    rec.video_pts.append(int(frame.pts))
+                    rec.video_arrival.append(now)
                 if self.keep_frames:
                     rec.frames.append(rgb)
+                if self._on_video is not None:
+                    self._on_video(rgb, int(frame.pts), now)
                 if self._writer:
                     await asyncio.to_thread(self._writer.video, rgb, frame.pts)
                 async with self._new_frame:
@@ -244,9 +416,13 @@ class FacecastClient:
                     [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
                     or [np.zeros(0, np.int16)]
                 )
-                self.received.audio_pts.append(pts)
-                self.received.audio_arrival.append(time.monotonic())
-                self.received.audio.append(pcm)
+                now = time.monotonic()
+                if self._record:
+                    self.received.audio_pts.append(pts)
+                    self.received.audio_arrival.append(now)
+                    self.received.audio.append(pcm)
+                if self._on_audio is not None:
+                    self._on_audio(pcm, pts, now)
                 if self._writer:
                     await asyncio.to_thread(self._writer.audio, pcm, pts)
         except MediaStreamError:
@@ -259,7 +435,10 @@ class FacecastClient:
             log.warning("non-JSON data channel message: %r", raw)
             return
         msg["_t"] = time.monotonic()
-        self.events.append(msg)
+        if self._record or msg.get("type") != "stats":  # a long call keeps no stats
+            self.events.append(msg)
+        if self._on_event is not None:
+            self._on_event(msg)
         if msg.get("type") == "interrupted" and not self._interrupts.full():
             self._interrupts.put_nowait(int(msg["played_ms"]))
         task = asyncio.ensure_future(self._notify_event())
@@ -281,16 +460,7 @@ class FacecastClient:
 
     async def wait_event(self, kind: str, timeout: float = 30.0, after: float = 0.0) -> dict:
         """Wait for a data-channel message of `kind` received after monotonic time `after`."""
-
-        def found() -> dict | None:
-            return next((e for e in self.events if e["type"] == kind and e["_t"] > after), None)
-
-        async def wait() -> None:
-            async with self._new_event:
-                await self._new_event.wait_for(lambda: found() is not None)
-
-        await asyncio.wait_for(wait(), timeout)
-        return found()  # type: ignore[return-value]
+        return await _wait_event(self.events, self._new_event, kind, timeout, after)
 
     async def interrupt(self, timeout: float = 5.0) -> int:
         """Interrupt over the data channel; returns the played position in ms."""
@@ -323,14 +493,15 @@ class FacecastClient:
     def stats(self) -> dict:
         rec = self.received
         out: dict = {"frames": len(rec.video_pts), "session_id": self.session_id}
-        if self.source.started_at is not None and rec.video_arrival:
-            out["ttff_ms"] = round((rec.video_arrival[0] - self.source.started_at) * 1000)
+        src = self.source
+        if src is not None and src.started_at is not None and rec.video_arrival:
+            out["ttff_ms"] = round((rec.video_arrival[0] - src.started_at) * 1000)
         if len(rec.video_arrival) > 1:
             span = rec.video_arrival[-1] - rec.video_arrival[0]
             out["fps"] = round((len(rec.video_arrival) - 1) / span, 2)
             pts_span = (rec.video_pts[-1] - rec.video_pts[0]) / VIDEO_CLOCK
             out["fps_pts"] = round((len(rec.video_pts) - 1) / pts_span, 2) if pts_span else None
-        timeline = as_timeline(self.source.sent, self.events)
+        timeline = as_timeline(src.sent if src else np.zeros(0, np.int16), self.events)
         offset = av_offset_ms(rec, timeline)
         if offset is not None:
             out["av_offset_ms"] = round(offset, 1)
@@ -349,7 +520,7 @@ class FacecastClient:
         timeline is the sent audio plus inserted silence (`as_timeline`), so returned pts
         P carries sent sample `sent_index(P)`; speech only (silence has nothing to match)."""
         rec, src = self.received, self.source
-        if not rec.audio_pts or src.started_at is None:
+        if src is None or not rec.audio_pts or src.started_at is None:
             return {}
         inserted = [
             (int(e["at_ms"] * OUTPUT_RATE // 1000), int(e["added_ms"] * OUTPUT_RATE // 1000))
@@ -484,15 +655,31 @@ async def run(args: argparse.Namespace) -> dict:
     else:
         raw = np.frombuffer(await asyncio.to_thread(Path(args.pcm).read_bytes), np.int16)
         pcm = to_pcm16(resample(raw / 32768.0, args.pcm_rate, OUTPUT_RATE))
-    source = PcmSource(pcm, speed=args.speed, loop=args.loop)
     seconds = args.seconds or (pcm.size / OUTPUT_RATE + 3.0)
-    client = FacecastClient(args.url, source, token=args.token, record_to=args.out)
-    await client.connect()
-    try:
-        await asyncio.sleep(seconds)
-    finally:
-        await client.close()
-    stats = client.stats()
+    if args.utterance:  # no microphone: the WAV is one utterance on the data channel
+        client = FacecastClient(args.url, None, token=args.token, record_to=args.out)
+        await client.connect()
+        try:
+            await client.wait_channel_open()
+            await client.wait_frames(FPS, timeout=60)  # on screen, idle
+            sent = time.monotonic()
+            await client.speech.say(pcm, OUTPUT_RATE, speed=args.speed)
+            started = await client.wait_event("playback_started", 60, sent)
+            finished = await client.wait_event("playback_finished", seconds + 60, sent)
+        finally:
+            await client.close()
+        stats = client.stats()
+        stats["playback_started_ms"] = round((started["_t"] - sent) * 1000)
+        stats["playback_position_s"] = finished["playback_position"]
+    else:
+        source = PcmSource(pcm, speed=args.speed, loop=args.loop)
+        client = FacecastClient(args.url, source, token=args.token, record_to=args.out)
+        await client.connect()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            await client.close()
+        stats = client.stats()
     counts: dict[str, int] = {}
     for e in client.events:
         counts[e["type"]] = counts.get(e["type"], 0) + 1
@@ -516,6 +703,11 @@ def main(argv: list[str] | None = None) -> int:
         "--seconds", type=float, default=0, help="call length (default: audio + 3 s)"
     )
     parser.add_argument("--loop", action="store_true", help="send the audio again and again")
+    parser.add_argument(
+        "--utterance",
+        action="store_true",
+        help="no microphone: send the audio as one utterance (at --speed) on the data channel",
+    )
     parser.add_argument("--out", help="record the returned avatar to this MP4")
     parser.add_argument("--token")
     args = parser.parse_args(argv)

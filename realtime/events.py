@@ -3,7 +3,8 @@
 Server → peer: `speech_started` / `speech_stopped` (VAD on the input, `at_ms` on the input
 timeline), `playback_started` / `playback_finished {position_ms, interrupted}` (when the
 avatar actually starts/stops saying a speech segment, on the playout clock), `interrupted
-{played_ms}`, `error {message}`. Peer → server: `{"type": "interrupt"}`.
+{played_ms}`, `error {message}`. Peer → server: `{"type": "interrupt"}`, and the utterance
+channel's messages (`realtime.utterance`, which has its own playback events).
 
 A playback is one VAD speech segment as it is played back; `position_ms` is how much of it
 was played. Positions are in 48 kHz timeline samples internally.
@@ -18,8 +19,9 @@ from dataclasses import dataclass
 
 from pipeline.clock import OUTPUT_RATE
 from realtime.errors import BadRequest
+from realtime.utterance import UTTERANCE_MESSAGES
 
-CLIENT_MESSAGES = ("interrupt", "ping")
+CLIENT_MESSAGES = ("interrupt", "ping", *UTTERANCE_MESSAGES)
 
 
 def message(kind: str, **fields: object) -> str:
@@ -33,7 +35,10 @@ def parse_client_message(raw: str | bytes) -> dict:
     except (ValueError, TypeError) as exc:
         raise BadRequest(f"data channel message is not JSON: {exc}") from exc
     if not isinstance(msg, dict) or msg.get("type") not in CLIENT_MESSAGES:
-        raise BadRequest(f"data channel message needs type in {CLIENT_MESSAGES}")
+        kind = msg.get("type") if isinstance(msg, dict) else None
+        raise BadRequest(
+            f"unknown message type {kind!r}: a message's type is one of {list(CLIENT_MESSAGES)}"
+        )
     return msg
 
 

@@ -120,6 +120,12 @@ class RealtimeMetrics:
         self.vad_transitions = Counter(
             "facecast_vad_transitions_total", "VAD state changes", ["transition"], registry=r
         )
+        self.utterances = Counter(
+            "facecast_utterances_total",
+            "Utterances of the utterance channel, by how their playback ended",
+            ["outcome"],  # played (whole) or interrupted (cleared)
+            registry=r,
+        )
         self.session_errors = Counter(
             "facecast_session_errors_total", "Sessions ended by an error", registry=r
         )

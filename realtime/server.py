@@ -6,6 +6,7 @@ Routes (all but the page need `Authorization: Bearer TOKEN` when a token is set)
     GET  /sessions                  live sessions
     DELETE /sessions/{id}           close one
     POST /sessions/{id}/interrupt   flush queued speech → {played_ms}
+    GET  /sessions/{id}/speech      WebSocket: the utterance channel (realtime/speech_ws.py)
     POST /whip, DELETE /whip/{id}   WHIP ingest, RFC 9725 (realtime/whip.py)
     GET  /healthz                   {status: starting|ok|failed, sessions, max_sessions,
                                      startup_seconds}; 503 until the engine is warm
@@ -236,6 +237,9 @@ def build_app(
     from realtime.whip import add_whip_routes  # whip.py builds on open_session below
 
     add_whip_routes(app)
+    from realtime.speech_ws import add_speech_routes  # the utterance channel's WebSocket
+
+    add_speech_routes(app)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/metrics", _metrics)
     app.on_shutdown.append(_close_all)
@@ -543,7 +547,7 @@ def _parse_offer(body: dict, kvs: bool) -> OfferRequest:
     return OfferRequest(RTCSessionDescription(sdp=sdp, type="offer"), seed, stream)
 
 
-def _session(request: web.Request) -> PeerSession:
+def session_from_request(request: web.Request) -> PeerSession:
     sid = request.match_info["id"]
     session = request.app[SERVICE].sessions.get(sid)
     if session is None:
@@ -557,13 +561,13 @@ async def _list_sessions(request: web.Request) -> web.Response:
 
 
 async def _delete_session(request: web.Request) -> web.Response:
-    session = _session(request)
+    session = session_from_request(request)
     await session.close("deleted by the API")
     return web.json_response({"closed": session.id})
 
 
 async def _interrupt(request: web.Request) -> web.Response:
-    return web.json_response({"played_ms": _session(request).interrupt()})
+    return web.json_response({"played_ms": session_from_request(request).interrupt()})
 
 
 async def _healthz(request: web.Request) -> web.Response:

@@ -52,6 +52,7 @@ from realtime.tracks import (
     MediaSink,
     PlayoutClock,
 )
+from realtime.utterance import UTTERANCE_MESSAGES, UtteranceChannel
 from realtime.vad import VadEvent, VadThread, VoiceActivityDetector
 from realtime.worker import ChunkStats, GenerationWorker
 
@@ -82,7 +83,13 @@ class SessionConfig:
     # After an interrupt, frames already made from the flushed speech are shown for at
     # most this long (one engine chunk), while the engine makes the next ones.
     interrupt_tail_s: float = 0.48
+    # An utterance (realtime.utterance) whose stream sends nothing for this long is ended.
+    utterance_idle_s: float = 10.0
     seed: int = 0
+
+
+def _ignore(at: int | None) -> None:
+    pass
 
 
 class PeerSession:
@@ -118,7 +125,9 @@ class PeerSession:
         self._channel: RTCDataChannel | None = None
         self._unsent: list[str] = []  # events before the data channel opened
         self._first_audio: float | None = None
-        self._last_rx: float | None = None
+        self._last_rx: float | None = None  # the timeline's input (microphone or utterances)
+        self._last_mic: float | None = None  # the microphone track: is the peer there?
+        self.listeners: list[Callable[[str], None]] = []  # more event receivers (WebSockets)
         self._overfull_logged = False
         # (frame due at the interrupt, first re-timed frame, first frame of new audio)
         self.last_interrupt: tuple[int, int, int] | None = None
@@ -129,13 +138,24 @@ class PeerSession:
         self._resampler = InputResampler()
         self.vad = VadThread(vad, self._loop, self._on_vad, name=f"vad-{session_id[:8]}")
         self.playback = PlaybackTracker(self._send)
+        self.speech = UtteranceChannel(
+            self._push_speech,
+            self.interrupt,
+            self._send,
+            config.utterance_idle_s,
+            splice=self._splice_utterance,
+            on_finished=lambda cut: metrics.utterances.labels(
+                "interrupted" if cut else "played"
+            ).inc(),
+        )
         self.timing = timing
         self._steady_step = timing.step(1)
         self.budget: PlayoutBudget | None = None
         self.playout_delay_s: float | None = None  # audio arrival → its frame, as started
         self._planned_delay: float | None = None  # decided after the first PROBE_S of audio
         self._preroll_s = 0.0  # silence the timeline starts with (a microphone's)
-        self._held: list[tuple[np.ndarray, float]] = []  # audio of the probe
+        # audio of the probe, with what to tell once it is on the timeline
+        self._held: list[tuple[np.ndarray, float, Callable[[int | None], None]]] = []
         self._delay_target: float | None = None  # what the delay grows to while quiet
         self._inserted_s = 0.0  # silence inserted: the pre-roll and later growth
         self._grown_s = 0.0  # of which growth after the start
@@ -172,7 +192,7 @@ class PeerSession:
             on_sent=self._on_sent,
         )
         self.audio = AvatarAudioTrack(
-            self.clock, self.timeline, self.sinks, session_id, self.playback.played
+            self.clock, self.timeline, self.sinks, session_id, self._on_played
         )
         pc.on("track", self._on_track)
         pc.on("datachannel", self._on_datachannel)
@@ -187,6 +207,17 @@ class PeerSession:
         self.state = "live"
         self.worker.start()
         self._spawn(self._watchdog(), "watchdog")
+        if not self._receives_audio():
+            # No microphone (an agent speaking only through utterances): the avatar idles
+            # from now on, as after a microphone's silent first audio.
+            self._first_audio = self._last_rx = time.monotonic()
+            self._decide_start()
+
+    def _receives_audio(self) -> bool:
+        return any(
+            t.kind == "audio" and t.currentDirection in ("sendrecv", "recvonly")
+            for t in self.pc.getTransceivers()
+        )
 
     def close(self, reason: str = "closed") -> asyncio.Task:
         """Close once (idempotent); returns the task doing it so callers may await it."""
@@ -232,6 +263,7 @@ class PeerSession:
             self._channel.remove_all_listeners()
         self.worker.release()
         self.playback.detach()
+        self.listeners.clear()
 
     async def _close_sinks(self) -> None:
         """Sinks with a `close()` (sync or async, e.g. a KVS mirror flushing) are closed."""
@@ -270,7 +302,10 @@ class PeerSession:
             while True:
                 frame = await track.recv()
                 assert isinstance(frame, av.AudioFrame), "an audio track yields audio frames"
-                self._last_rx = time.monotonic()
+                self._last_mic = time.monotonic()
+                if self.speech.active:
+                    continue  # utterances feed the timeline now; the mic says "still here"
+                self._last_rx = self._last_mic
                 if self._first_audio is None:
                     self._first_audio = self._last_rx
                 pcm48 = self._resampler.mono48(frame)
@@ -286,9 +321,21 @@ class PeerSession:
             log.exception("session %s: audio input failed", self.id)
             self._fail(exc)
 
-    def _ingest(self, pcm48: np.ndarray, arrived: float | None = None) -> None:
+    def _push_speech(self, pcm48: np.ndarray, placed: Callable[[int | None], None]) -> None:
+        """Utterance audio (`realtime.utterance`) joins the timeline as a microphone's would;
+        `placed` gets its timeline position once it is there (None if refused)."""
+        self._last_rx = time.monotonic()
+        if self._first_audio is None:
+            self._first_audio = self._last_rx
+        if self._planned_delay is None:
+            self._probe(pcm48, self._last_rx, placed)
+        else:
+            placed(self._ingest(pcm48, self._last_rx))
+
+    def _ingest(self, pcm48: np.ndarray, arrived: float | None = None) -> int | None:
         """Append to the timeline; VAD and the engine see the same audio. `arrived` is the
-        peer audio's arrival time (None for silence the session inserts)."""
+        peer audio's arrival time (None for silence the session inserts). Returns the
+        position of the first sample, None when the buffer is full and it was dropped."""
         if self.timeline.overfull():
             if not self._overfull_logged:  # once per episode, not 50 times a second
                 self._overfull_logged = True
@@ -297,25 +344,32 @@ class PeerSession:
                     self.id,
                     self.config.max_input_ahead_s,
                 )
-            return
+            return None
         self._overfull_logged = False
-        self.timeline.append(pcm48)
+        at = self.timeline.append(pcm48)
         self._arrivals.append((self.timeline.head, arrived))
         pcm16 = self._resampler.to16(pcm48)
         self.vad.feed(pcm16)
         self.worker.push(pcm16)
+        if arrived is None:
+            self.speech.silence_inserted(at, pcm48.size)
+        return at
 
     def _on_vad(self, event: VadEvent) -> None:
         if self.state == "closed":
             return
         self.metrics.vad_transitions.labels(event.kind).inc()
         at48 = event.sample * 3
+        # Playbacks are VAD segments of a microphone; an agent's utterances say their own.
+        segments = not self.speech.active
         if event.kind == "speech_started":
             self._heard_speech = True
             self._last_speech_start = time.monotonic()
-            self.playback.speech_started(at48)
+            if segments:
+                self.playback.speech_started(at48)
         else:
-            self.playback.speech_stopped(at48)
+            if segments:
+                self.playback.speech_stopped(at48)
             self._replan()  # between utterances: the only time the delay may change
         self._send(message(event.kind, at_ms=round(event.ms)))
 
@@ -333,14 +387,19 @@ class PeerSession:
                 if time.monotonic() - self._first_audio >= PROBE_S:
                     self._decide_start()  # the peer went quiet during the probe
             self._grow_delay()
-            last = self._last_audio_age()
-            if last is not None and last > self.config.peer_timeout_s:
+            self.speech.tick(time.monotonic())
+            mic = None if self._last_mic is None else time.monotonic() - self._last_mic
+            if mic is not None and mic > self.config.peer_timeout_s:
                 self.close(f"no audio from the peer for {self.config.peer_timeout_s:.0f} s")
                 return
+            last = self._last_audio_age()
             if self._first_audio is None:
                 if time.time() - self.created > self.config.peer_timeout_s + 10:
                     self.close("the peer never sent audio")
                     return
+                continue
+            if self.speech.open is not None:
+                self._fill_utterance()
                 continue
             elapsed = time.monotonic() - self._first_audio + self._inserted_s
             behind = elapsed - self.timeline.head / OUTPUT_RATE
@@ -348,6 +407,20 @@ class PeerSession:
             if (quiet and behind > self.config.fill_margin_s) or behind > self.config.fill_drift_s:
                 pad = int((behind - self.config.fill_margin_s) * OUTPUT_RATE)
                 self._ingest(np.zeros(pad, np.int16))
+
+    def _fill_utterance(self) -> None:
+        """While an utterance arrives, silence goes into it only if its stream stalled and
+        playout would otherwise run out of audio (a TTS slower than real time); the
+        utterance does not count it."""
+        t0, utt = self.clock.t0, self.speech.open
+        if t0 is None or utt is None:
+            return
+        if time.monotonic() - utt.last_data < self.config.fill_after_s:
+            return
+        need = self.config.interrupt_tail_s + 2 * self.worker.step_seconds
+        lead = self.timeline.head / OUTPUT_RATE - (time.monotonic() - t0)
+        if lead < need:
+            self._ingest(np.zeros(int((need - lead) * OUTPUT_RATE), np.int16))
 
     def _last_audio_age(self) -> float | None:
         return None if self._last_rx is None else time.monotonic() - self._last_rx
@@ -383,8 +456,10 @@ class PeerSession:
             preroll_step_s=INSERT_STEP / OUTPUT_RATE,
         )
 
-    def _probe(self, pcm48: np.ndarray, arrived: float) -> None:
-        self._held.append((pcm48, arrived))
+    def _probe(
+        self, pcm48: np.ndarray, arrived: float, placed: Callable[[int | None], None] = _ignore
+    ) -> None:
+        self._held.append((pcm48, arrived, placed))
         if self._first_audio is not None and arrived - self._first_audio >= PROBE_S:
             self._decide_start()
 
@@ -393,7 +468,7 @@ class PeerSession:
         timeline its pre-roll (the step-0 audio exists at once: the first frame leaves a
         step's time after the probe, and speech keeps the planned delay)."""
         assert self._first_audio is not None
-        held = sum(p.size for p, _ in self._held) / OUTPUT_RATE
+        held = sum(p.size for p, _, _ in self._held) / OUTPUT_RATE
         rate = held / max(PROBE_S, time.monotonic() - self._first_audio)
         pushed = rate > 1.5  # an agent's audio, faster than real time
         self.budget = budget = self._plan(min(rate, 10.0) if pushed else 1.0)
@@ -408,8 +483,8 @@ class PeerSession:
                 self._inserted_s += self._preroll_s
                 self._ingest(np.zeros(samples, np.int16))
                 self._send_delay_grown(0, samples, budget.delay)
-        for pcm48, arrived in self._held:
-            self._ingest(pcm48, arrived)
+        for pcm48, arrived, placed in self._held:
+            placed(self._ingest(pcm48, arrived))
         self._held = []
 
     def _start_playout(self) -> None:
@@ -440,6 +515,8 @@ class PeerSession:
         target, t0, last_rx = self._delay_target, self.clock.t0, self._last_rx
         if target is None or t0 is None or last_rx is None or self.vad.speaking:
             return
+        if self.speech.open is not None:
+            return  # not inside an utterance: after it
         if time.monotonic() - self._last_speech_start < 0.5:
             return  # a speech start may still be on its way from the VAD thread
         # the delay the newest peer audio will see: its timeline slot minus its arrival
@@ -475,6 +552,11 @@ class PeerSession:
 
     # ---- frames sent (event loop) ----------------------------------------------------
 
+    def _on_played(self, position: int) -> None:
+        """The audio track sent timeline samples up to `position`."""
+        self.playback.played(position)
+        self.speech.played(position)
+
     def _on_sent(self, index: int, fresh: bool) -> None:
         now = time.monotonic()
         if self.ttff_s is None and self._first_audio is not None:
@@ -507,40 +589,74 @@ class PeerSession:
         """Flush queued speech: its sound stops at once; generated frames beyond one chunk
         (`interrupt_tail_s`) are dropped, so lips stop after that chunk plus the audio the
         engine already holds, and the video never freezes. New input (or idle) follows, in
-        sync. Returns the ms of the current speech segment that were played."""
+        sync. Returns the ms of the current speech segment (or utterance) that were played."""
         if self.state != "live":
             raise SessionClosed(f"session {self.id} is {self.state}; cannot interrupt")
+        played_ms = self.playback.interrupt()
+        utterance_ms = self.speech.cut(self.audio.position)
+        if self.speech.active:  # the agent's utterances are what is being said
+            played_ms = utterance_ms
+        self._flush()
+        self._send(message("interrupted", played_ms=played_ms))
+        return played_ms
+
+    def _flush(self) -> None:
+        """Drop the queued input from one chunk past the playout position on (frames,
+        timeline, VAD); the next input is placed right after what the engine holds."""
         now = self.clock.frame_now()
         tail = math.ceil(self.config.interrupt_tail_s * FPS)
         cut = max(now, min(now + tail, self.worker.next_index()))
-        played_ms = self.playback.interrupt()
         self.frames.truncate(cut)
         new_audio = self.worker.rebase(cut)
         self.timeline.cut_at(new_audio * OUTPUT_SAMPLES_PER_FRAME)
+        while self._arrivals and self._arrivals[-1][0] > self.timeline.head:
+            self._arrivals.pop()  # audio that is gone: speech-to-lips follows what is kept
+        self._arrivals.append((self.timeline.head, None))
         self.timeline.mute(self.audio.position, new_audio * OUTPUT_SAMPLES_PER_FRAME)
         self.last_interrupt = (now, cut, new_audio)
         stop = self.vad.reset_at(new_audio * MODEL_SAMPLES_PER_FRAME)
         if stop is not None:
             self.metrics.vad_transitions.labels(stop.kind).inc()
             self._send(message(stop.kind, at_ms=round(stop.ms), interrupted=True))
-        self._send(message("interrupted", played_ms=played_ms))
-        return played_ms
+
+    def _splice_utterance(self) -> None:
+        """An utterance begins while the avatar idles: the idle audio queued ahead of
+        playout (a whole playout delay of it) is dropped as an interrupt drops speech, so
+        the utterance is said one chunk from now instead of after that queue."""
+        if self.state == "live" and self.clock.t0 is not None and not self.vad.speaking:
+            self._flush()
+            # A slow engine could not make the utterance's first frames by the time they
+            # are due (the worker would skip speech): a little more idle goes first.
+            ready = self.clock.frame_now() + math.ceil(self.worker.frames_ahead_needed())
+            short = ready * OUTPUT_SAMPLES_PER_FRAME - self.timeline.head
+            if short > 0:
+                self._ingest(np.zeros(short, np.int16))
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         self._channel = channel
         channel.on("open", lambda: self._send_unsent())
         self._send_unsent()
 
-        @channel.on("message")
-        def _message(raw: str | bytes) -> None:
-            try:
-                msg = parse_client_message(raw)
-                if msg["type"] == "interrupt":
-                    self.interrupt()
-                elif msg["type"] == "ping":
-                    self._send(message("pong", t=msg.get("t")))
-            except RealtimeError as exc:
-                self._send(message("error", message=str(exc)))
+        channel.on("message", lambda raw: self.handle_message(raw, self._send_channel))
+
+    def handle_message(self, raw: str | bytes, reply: Callable[[str], None]) -> None:
+        """One message from the peer (data channel, or the WebSocket `/speech`); a bad one
+        is answered with an `error` through `reply`, and the session goes on."""
+        try:
+            if self.state != "live":
+                raise SessionClosed(f"session {self.id} is {self.state}")
+            if isinstance(raw, bytes | bytearray):
+                self.speech.handle_audio(raw)
+                return
+            msg = parse_client_message(raw)
+            if msg["type"] in UTTERANCE_MESSAGES:
+                self.speech.handle_message(msg)
+            elif msg["type"] == "interrupt":
+                self.interrupt()
+            elif msg["type"] == "ping":
+                reply(message("pong", t=msg.get("t")))
+        except RealtimeError as exc:
+            reply(message("error", message=str(exc)))
 
     def _send_unsent(self) -> None:
         channel = self._channel
@@ -549,8 +665,14 @@ class PeerSession:
                 self._send(self._unsent.pop(0))
 
     def _send(self, text: str) -> None:
-        """Send an event; until the peer's data channel is open, the first few wait for it
-        (the pre-roll's `delay_grown` is decided as the first audio arrives)."""
+        """An event for the peer: on its data channel and to every listener."""
+        self._send_channel(text)
+        for listener in list(self.listeners):
+            listener(text)
+
+    def _send_channel(self, text: str) -> None:
+        """Send on the data channel; until it is open, the first few wait for it (the
+        pre-roll's `delay_grown` is decided as the first audio arrives)."""
         channel = self._channel
         if channel is None or channel.readyState != "open":
             if len(self._unsent) < 32:
@@ -590,6 +712,7 @@ class PeerSession:
             "speech_to_lips_p95_ms": ms(lips[int(len(lips) * 0.95)]) if lips else None,
             "step_seconds": round(self.worker.step_seconds, 4),
             "first_step_ms": ms(self.first_step_s),
+            **self.speech.describe(),
         }
 
     def describe(self) -> dict:

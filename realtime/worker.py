@@ -206,6 +206,12 @@ class GenerationWorker:
             size += part.size
         return parts
 
+    def frames_ahead_needed(self) -> float:
+        """How many frame times after now new audio's first frame must be due for it to
+        exist by then (`_skip_for_slack`): margin + max(G, 2G - (E - carry))."""
+        g = self._gen_seconds * FPS  # in frame times
+        return self._margin_s * FPS + max(g, 2 * g - (self._step_frames - self._carry_frames))
+
     def _skip_for_slack(self, surplus: int) -> None:
         """At a step boundary, with `surplus` samples of backlog beyond the step's need: skip
         the oldest, whole frames, until the frames made from the next audio are due after
@@ -216,8 +222,7 @@ class GenerationWorker:
         if self._clock.t0 is None or surplus < MODEL_SAMPLES_PER_FRAME:
             return
         spf = MODEL_SAMPLES_PER_FRAME
-        g = self._gen_seconds * FPS  # in frame times
-        ahead = self._margin_s * FPS + max(g, 2 * g - (self._step_frames - self._carry_frames))
+        ahead = self.frames_ahead_needed()
         due_now = (time.monotonic() - self._clock.t0) * FPS
         behind = math.ceil(due_now + ahead - self.timeline_pos / spf)
         skip = min(behind, surplus // spf) * spf

@@ -1,0 +1,1 @@
+"""Adapters that put Facecast inside agent frameworks (Pipecat: `realtime.integrations.pipecat`)."""
