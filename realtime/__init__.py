@@ -11,7 +11,8 @@
 
 Modules: `server` (aiohttp routes, CLI), `session` (one peer), `audio_in`, `vad`,
 `worker` (engine thread), `tracks` (paced A/V, sinks), `events` (data channel, playback),
-`metrics` (Prometheus), `client` (aiortc client library and CLI), `errors`, `kvs` (mirror
+`metrics` (Prometheus), `client` (aiortc client library and CLI), `errors`, `whip` (WHIP
+ingest), `whep` (WHEP viewers of a session: one encode fanned out), `kvs` (mirror
 to Kinesis Video Streams, attached through `build_app(..., sink_factories=[...])`).
 
 Run: `facecast serve --config tiny` then open http://127.0.0.1:8080/ (or

@@ -8,6 +8,7 @@ Routes (all but the page need `Authorization: Bearer TOKEN` when a token is set)
     POST /sessions/{id}/interrupt   flush queued speech → {played_ms}
     GET  /sessions/{id}/speech      WebSocket: the utterance channel (realtime/speech_ws.py)
     POST /whip, DELETE /whip/{id}   WHIP ingest, RFC 9725 (realtime/whip.py)
+    POST /whep/{id}, DELETE /whep/{id}/{viewer}   WHEP viewers of a session (realtime/whep.py)
     GET  /healthz                   {status: starting|ok|failed, sessions, max_sessions,
                                      startup_seconds}; 503 until the engine is warm
     GET  /metrics                   Prometheus text format
@@ -102,10 +103,11 @@ class ServerConfig:
     max_body_bytes: int = 64 * 1024  # an SDP offer is a few KiB
     session: SessionConfig = field(default_factory=SessionConfig)
     kvs: KvsOptions | None = None  # mirror every session to Kinesis Video Streams
-    ice_servers: list[RTCIceServer] = field(default_factory=list)  # advertised to WHIP clients
+    ice_servers: list[RTCIceServer] = field(default_factory=list)  # advertised to WHIP/WHEP
     # STUN/TURN the server's own peers gather candidates with (a fleet worker behind NAT);
     # none by default: on loopback and a LAN, host candidates are all there is to find
     peer_ice_servers: list[RTCIceServer] = field(default_factory=list)
+    max_viewers: int = 16  # WHEP viewers per session (realtime/whep.py)
     security: SecurityConfig = field(default_factory=SecurityConfig)  # same-origin, timeouts
 
 
@@ -137,6 +139,8 @@ class Service:
         self.reserved = 0  # offers being negotiated count against capacity
         self.engine_lock = threading.Lock()  # one generate_ready() at a time per engine
         self.reference: np.ndarray | None = None
+        # more of each session in GET /sessions, e.g. its WHEP viewers (realtime/whep.py)
+        self.describers: list[Callable[[PeerSession], dict]] = []
 
     @property
     def state(self) -> str:
@@ -178,6 +182,12 @@ class Service:
         if self.engine is None:
             raise EngineStarting("the engine is starting; try again shortly")
         return self.engine
+
+    def describe(self, session: PeerSession) -> dict:
+        out = session.describe()
+        for describe in self.describers:
+            out.update(describe(session))
+        return out
 
     def video_size(self) -> tuple[int, int]:
         video = self.warm_engine().cfg.video
@@ -234,9 +244,11 @@ def build_app(
     app.router.add_get("/sessions", _list_sessions)
     app.router.add_delete("/sessions/{id}", _delete_session)
     app.router.add_post("/sessions/{id}/interrupt", _interrupt)
-    from realtime.whip import add_whip_routes  # whip.py builds on open_session below
+    from realtime.whep import add_whep_routes  # whip.py and whep.py build on this module
+    from realtime.whip import add_whip_routes
 
     add_whip_routes(app)
+    add_whep_routes(app)
     from realtime.speech_ws import add_speech_routes  # the utterance channel's WebSocket
 
     add_speech_routes(app)
@@ -557,7 +569,7 @@ def session_from_request(request: web.Request) -> PeerSession:
 
 async def _list_sessions(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    return web.json_response({"sessions": [s.describe() for s in service.sessions.values()]})
+    return web.json_response({"sessions": [service.describe(s) for s in service.sessions.values()]})
 
 
 async def _delete_session(request: web.Request) -> web.Response:
@@ -681,6 +693,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--reference", default=None, help="identity image (PNG/JPEG)")
     parser.add_argument(
+        "--max-viewers", type=int, default=16, help="WHEP viewers per session; more get 503"
+    )
+    parser.add_argument(
         "--lead-ms", type=int, default=2000, help="how far generation may run ahead of playout"
     )
     parser.add_argument(
@@ -713,6 +728,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         raise ValueError(f"--port {args.port}: must be in [0, 65535]")
     if args.max_sessions < 1:
         raise ValueError(f"--max-sessions {args.max_sessions}: must be >= 1")
+    if args.max_viewers < 0:
+        raise ValueError(f"--max-viewers {args.max_viewers}: must be >= 0")
     if args.lead_ms < 200:
         raise ValueError(f"--lead-ms {args.lead_ms}: must be >= 200")
     if not 0 <= args.playout_margin_ms <= 5000:
@@ -726,6 +743,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         host=args.host,
         port=args.port,
         max_sessions=args.max_sessions,
+        max_viewers=args.max_viewers,
         token=args.token or None,
         reference=args.reference,
         engine_process=args.engine_process,

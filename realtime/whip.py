@@ -30,7 +30,7 @@ import logging
 from dataclasses import dataclass
 
 from aiohttp import web
-from aiortc import RTCIceCandidate, RTCSessionDescription
+from aiortc import RTCIceCandidate, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.sdp import SessionDescription, candidate_from_sdp
 
@@ -72,13 +72,20 @@ async def _post(request: web.Request) -> web.Response:
     # PeerSession.close() stops its tracks: the end of any session, whoever closes it.
     session.video.on("ended", lambda: _forget(sessions, session.id))
     log.info("session %s: opened by WHIP", session.id)
+    return created(
+        session.pc.localDescription.sdp, f"/whip/{session.id}", service.config.ice_servers
+    )
+
+
+def created(answer: str, location: str, ice_servers: list[RTCIceServer]) -> web.Response:
+    """The 201 of a WHIP (or WHEP) POST: the answer, its resource, the ICE servers."""
     response = web.Response(
         status=201,
-        body=session.pc.localDescription.sdp.encode(),  # bytes: no "; charset" appended
+        body=answer.encode(),  # bytes: no "; charset" appended
         content_type=SDP_TYPE,
-        headers={"Location": f"/whip/{session.id}"},
+        headers={"Location": location},
     )
-    for server in service.config.ice_servers:
+    for server in ice_servers:
         for value in link_header(server):
             response.headers.add("Link", value)
     return response
@@ -92,7 +99,12 @@ async def _delete(request: web.Request) -> web.Response:
 
 async def _patch(request: web.Request) -> web.Response:
     """Trickle ICE (RFC 9725 §4.3.1): add the fragment's candidates → 204 No Content."""
-    session = _whip_session(request)
+    return await trickle(request, _whip_session(request).pc)
+
+
+async def trickle(request: web.Request, pc: RTCPeerConnection) -> web.Response:
+    """A PATCH of a WHIP or WHEP resource: trickled candidates (RFC 8840) are added to
+    `pc` → 204; an ICE restart (If-Match: *, or a new ice-ufrag) → 422."""
     if request.headers.get("If-Match") == "*":  # how RFC 9725 marks an ICE restart
         raise Unprocessable("ICE restart is not supported: DELETE the session, POST a new offer")
     if request.content_type != TRICKLE_TYPE:
@@ -100,7 +112,7 @@ async def _patch(request: web.Request) -> web.Response:
             f"trickle candidates are sent as 'Content-Type: {TRICKLE_TYPE}' "
             f"(got {request.content_type or 'none'!r})"
         )
-    remote = SessionDescription.parse(session.pc.remoteDescription.sdp).media[0]
+    remote = SessionDescription.parse(pc.remoteDescription.sdp).media[0]
     fragment = parse_sdpfrag((await request.read()).decode("utf-8", "replace"), remote.rtp.muxId)
     offered_ufrag = remote.ice.usernameFragment if remote.ice else None
     if fragment.ufrag is not None and fragment.ufrag != offered_ufrag:
@@ -109,9 +121,9 @@ async def _patch(request: web.Request) -> web.Response:
             "supported (DELETE the session, POST a new offer)"
         )
     for candidate in fragment.candidates:
-        await session.pc.addIceCandidate(candidate)
+        await pc.addIceCandidate(candidate)
     if fragment.end:
-        await session.pc.addIceCandidate(None)
+        await pc.addIceCandidate(None)
     return web.Response(status=204)
 
 
@@ -152,15 +164,21 @@ def parse_sdpfrag(text: str, default_mid: str | None) -> IceFragment:
     return fragment
 
 
-def _check_offer(body: bytes) -> str:
-    """The offer's SDP text, if it parses and sends audio (the avatar's microphone)."""
+def parse_offer(body: bytes) -> tuple[str, SessionDescription]:
+    """The offer's SDP text and its parse; 400 if it is not SDP."""
     sdp = body.decode("utf-8", errors="replace")
     if not sdp.startswith("v=0"):
         raise BadRequest("the body is not an SDP offer (it must start with 'v=0')")
     try:
         desc = SessionDescription.parse(sdp)
     except Exception as exc:  # aiortc's parser raises ValueError, KeyError, …
-        raise BadRequest(f"the offer's SDP does not parse: {exc}") from exc
+        raise BadRequest(f"the offer's SDP does not parse: {exc or type(exc).__name__}") from exc
+    return sdp, desc
+
+
+def _check_offer(body: bytes) -> str:
+    """The offer's SDP text, if it parses and sends audio (the avatar's microphone)."""
+    sdp, desc = parse_offer(body)
     audio = [m for m in desc.media if m.kind == "audio"]
     if not any((m.direction or "sendrecv") in SENDING for m in audio):
         raise BadRequest(

@@ -8,12 +8,16 @@ the project's venv.
     /usr/bin/python3 tests/gst_peer.py offer http://127.0.0.1:8080 --codec vp8 --seconds 8
     /usr/bin/python3 tests/gst_peer.py whip http://127.0.0.1:8080/whip --token T --seconds 5
 
+    /usr/bin/python3 tests/gst_peer.py whep http://127.0.0.1:8080/whep/SESSION --codec h264
+
 `offer` signals through Facecast's JSON `POST /offer`: it sends an Opus tone and receives
 the avatar's video (decoded with vp8dec or avdec_h264) and audio (opusdec). `whip` speaks
 RFC 9725: `POST` application/sdp, then `DELETE` the returned Location at the end; with
 `--receive` its offer also asks for the avatar's video and audio; with `--trickle` the offer
 goes out before ICE gathering and the candidates follow as PATCHes (RFC 8840 fragments),
-as webrtcbin produces them. Either way one JSON
+as webrtcbin produces them. `whep` is a WHEP player (draft-ietf-wish-whep) of an existing
+session: a recvonly offer for Opus audio and VP8 or H.264 video, POSTed the same way, the
+Location DELETEd at the end. Either way one JSON
 report goes to stdout: frames decoded, their fps (by arrival time, after a settling
 second), frame size, whether frames show a picture, audio received, the DTLS/ICE states.
 """
@@ -70,19 +74,27 @@ class Peer:
         self.location: str | None = None
         self.trickle: queue.Queue[str | None] = queue.Queue()  # candidate lines; None: done
         self.start = time.monotonic()
-        self.pipe = Gst.parse_launch(f"webrtcbin name=webrtc bundle-policy=max-bundle {AUDIO_SEND}")
-        self.webrtc = self.pipe.get_by_name("webrtc")
-        audio = self.webrtc.emit("get-transceiver", 0)  # made by linking AUDIO_SEND
-        # With its codec set up front, the offer does not depend on the first buffer's caps
-        # (webrtcbin 1.22 can otherwise answer create-offer with no offer).
-        audio.set_property("codec-preferences", Gst.Caps.from_string(AUDIO_CAPS))
+        recvonly = GstWebRTC.WebRTCRTPTransceiverDirection.RECVONLY
+        if args.mode == "whep":  # a player: nothing to send, both kinds received
+            self.pipe = Gst.Pipeline.new("whep")
+            self.webrtc = Gst.parse_launch("webrtcbin name=webrtc bundle-policy=max-bundle")
+            self.pipe.add(self.webrtc)
+            self.webrtc.emit("add-transceiver", recvonly, Gst.Caps.from_string(AUDIO_CAPS))
+        else:
+            self.pipe = Gst.parse_launch(
+                f"webrtcbin name=webrtc bundle-policy=max-bundle {AUDIO_SEND}"
+            )
+            self.webrtc = self.pipe.get_by_name("webrtc")
+            audio = self.webrtc.emit("get-transceiver", 0)  # made by linking AUDIO_SEND
+            # With its codec set up front, the offer does not depend on the first buffer's
+            # caps (webrtcbin 1.22 can otherwise answer create-offer with no offer).
+            audio.set_property("codec-preferences", Gst.Caps.from_string(AUDIO_CAPS))
         if args.mode == "whip" and not args.receive:
             # RFC 9725 ingest: the microphone only, sendonly.
             audio.set_property("direction", GstWebRTC.WebRTCRTPTransceiverDirection.SENDONLY)
-        if args.mode == "offer" or args.receive:
-            direction = GstWebRTC.WebRTCRTPTransceiverDirection.RECVONLY
+        if args.mode != "whip" or args.receive:
             caps = Gst.Caps.from_string(VIDEO_CAPS[args.codec])
-            self.webrtc.emit("add-transceiver", direction, caps)
+            self.webrtc.emit("add-transceiver", recvonly, caps)
         self.webrtc.connect("on-negotiation-needed", self._on_negotiation_needed)
         self.webrtc.connect("notify::ice-gathering-state", self._on_gathering)
         self.webrtc.connect("on-ice-candidate", self._on_candidate)
@@ -138,7 +150,8 @@ class Peer:
 
     def _signal(self, sdp: str) -> None:
         try:
-            answer = self._post_whip(sdp) if self.args.mode == "whip" else self._post_offer(sdp)
+            post = self._post_offer if self.args.mode == "offer" else self._post_whip
+            answer = post(sdp)  # WHIP and WHEP: the offer as application/sdp
         except Exception as exc:  # report it; the test reads the JSON
             self.report["errors"].append(f"signalling: {exc}")
             GLib.idle_add(self.loop.quit)
@@ -289,8 +302,10 @@ class Peer:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["offer", "whip"])
-    parser.add_argument("url", help="server base URL (offer) or the WHIP endpoint URL (whip)")
+    parser.add_argument("mode", choices=["offer", "whip", "whep"])
+    parser.add_argument(
+        "url", help="server base URL (offer), or the WHIP or WHEP endpoint URL (whip, whep)"
+    )
     parser.add_argument("--codec", choices=sorted(VIDEO_CAPS), default="vp8")
     parser.add_argument("--seconds", type=float, default=8.0, help="how long to measure")
     parser.add_argument("--timeout", type=float, default=90.0)
