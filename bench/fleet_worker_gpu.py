@@ -80,7 +80,7 @@ async def serve_worker(args: argparse.Namespace) -> None:
     """The child: one FleetWorker, warm, behind `worker_app` until killed."""
     from pipeline.startup import EngineOptions
     from realtime.fleet.worker import FleetWorker
-    from realtime.server import ServerConfig
+    from realtime.service import ServerConfig
 
     engine = EngineOptions(config=args.config, device=args.device, compile=args.compile)
     worker = FleetWorker("bench-worker", ServerConfig(max_sessions=1), engine)

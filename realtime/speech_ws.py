@@ -20,7 +20,7 @@ import logging
 
 from aiohttp import WSMsgType, web
 
-from realtime.server import session_from_request
+from realtime.service import session_from_request
 from realtime.session import PeerSession
 from realtime.utterance import MAX_CHUNK_BYTES
 

@@ -70,13 +70,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from pipeline.clock import FPS, OUTPUT_RATE, VIDEO_CLOCK, VIDEO_TICKS_PER_FRAME
 from realtime.errors import BadRequest, ServerFull, SessionNotFound, UnsupportedMediaType
 from realtime.security import read_body
-from realtime.server import (
-    SERVICE,
-    _check_answer,
-    _check_codecs,
-    _check_offer_transport,
-    _reason,
-)
+from realtime.service import SERVICE, check_answer, check_codecs, check_offer_transport, reason_of
 from realtime.session import PeerSession
 from realtime.teardown import release_peer_connection
 from realtime.whip import SDP_TYPE, created, parse_offer, trickle
@@ -245,8 +239,8 @@ def check_viewer_offer(body: bytes) -> tuple[str, list[str]]:
             raise BadRequest(f"no common audio codec: the offer has {theirs}, WHEP sends Opus")
     if not kinds:
         raise BadRequest("the offer receives nothing: add a recvonly video and/or audio section")
-    _check_codecs(sdp)
-    _check_offer_transport(sdp)
+    check_codecs(sdp)
+    check_offer_transport(sdp)
     return sdp, kinds
 
 
@@ -346,14 +340,14 @@ class WhepFanout:
                 transceiver.sender._send_keyframe = viewer.request_keyframe  # type: ignore[method-assign]
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
             await pc.setLocalDescription(await pc.createAnswer())
-            _check_answer(pc.localDescription.sdp)
+            check_answer(pc.localDescription.sdp)
             viewer.codec = _answered_video_codec(pc.localDescription.sdp)
         except BadRequest:
             await viewer.close("offer refused")
             raise
         except Exception as exc:  # aiortc raises ValueError and friends on unusable offers
             await viewer.close("offer refused")
-            raise BadRequest(f"cannot negotiate the offer: {_reason(exc)}") from exc
+            raise BadRequest(f"cannot negotiate the offer: {reason_of(exc)}") from exc
         return viewer
 
     def forget(self, viewer: Viewer) -> None:

@@ -36,7 +36,7 @@ from aiortc.sdp import SessionDescription, candidate_from_sdp
 
 from realtime.errors import BadRequest, SessionNotFound, Unprocessable, UnsupportedMediaType
 from realtime.ice_servers import link_header
-from realtime.server import SERVICE, OfferRequest, open_session, require_engine
+from realtime.service import SERVICE, OfferRequest, open_session, require_engine
 from realtime.session import PeerSession
 
 SDP_TYPE = "application/sdp"

@@ -103,7 +103,8 @@ async def running_server(
     from aiohttp import web
 
     from realtime.edge import FacecastRunner
-    from realtime.server import ServerConfig, build_app
+    from realtime.server import build_app
+    from realtime.service import ServerConfig
 
     config = ServerConfig(port=0, **overrides)
     engine = engine or await asyncio.to_thread(load_test_engine)

@@ -26,7 +26,7 @@ from realtime_helpers import make_speech_wav, normalized_xcorr_peak
 from pipeline.startup import EngineOptions
 from realtime.client import FacecastClient, PcmSource, wait_until_ready
 from realtime.fleet.options import CPU_WORKER, NAMESPACE, FleetOptions, worker_resources
-from realtime.server import ServerConfig
+from realtime.service import ServerConfig
 
 ray = pytest.importorskip("ray")  # the `test` extra pulls in `fleet`: present in CI
 

@@ -1,4 +1,5 @@
-"""House rules that tools check: one clock, and the engine package never imports the server."""
+"""House rules that tools check: one clock, the engine package never imports the server,
+and no import cycle among the project's modules."""
 
 import ast
 import io
@@ -96,3 +97,23 @@ def test_the_engine_package_never_imports_the_server():
         if d.split(".")[0] != "pipeline"
     ]
     assert not offenders, offenders
+
+
+def test_no_import_cycle():
+    graph, state, path, cycles = _graph(), {}, [], []
+
+    def visit(m: str) -> None:
+        state[m] = "open"
+        path.append(m)
+        for d in sorted(graph[m]):
+            if state.get(d) == "open":
+                cycles.append(" -> ".join(path[path.index(d) :] + [d]))
+            elif d not in state:
+                visit(d)
+        path.pop()
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    assert not cycles, cycles

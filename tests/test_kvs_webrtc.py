@@ -18,7 +18,7 @@ from realtime_helpers import running_server
 
 from realtime.client import FacecastClient, PcmSource
 from realtime.kvs import KvsMirror, KvsOptions
-from realtime.server import SERVICE
+from realtime.service import SERVICE
 
 KEY, SECRET, REGION = AWS_TEST_KEY, AWS_TEST_SECRET, "us-east-2"
 CALL_S = 8.0

@@ -22,7 +22,7 @@ from realtime_helpers import (
 )
 
 from realtime.client import FacecastClient, PcmSource
-from realtime.server import SERVICE
+from realtime.service import SERVICE
 
 LONG = "This is a long sentence that keeps going for quite a while, so we can cut it off."
 

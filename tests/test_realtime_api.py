@@ -11,7 +11,7 @@ from aiortc import RTCPeerConnection
 from aiortc.mediastreams import AudioStreamTrack
 from realtime_helpers import running_server
 
-from realtime.server import SERVICE
+from realtime.service import SERVICE
 
 
 async def make_offer(audio: bool = True, video: bool = True) -> str:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from realtime_helpers import make_speech_wav, running_server, wait_until
 
-from realtime.server import SERVICE
+from realtime.service import SERVICE
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = [

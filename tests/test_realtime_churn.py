@@ -22,7 +22,7 @@ import pytest
 from realtime_helpers import make_speech_wav, running_server, wait_until
 
 from realtime.client import FacecastClient, PcmSource
-from realtime.server import SERVICE
+from realtime.service import SERVICE
 from realtime.session import SessionConfig
 
 CALLS = 30

@@ -22,7 +22,7 @@ from OpenSSL import SSL
 from realtime_helpers import running_server
 
 from realtime.dtls import RSA_SUITES, allow_rsa_peers
-from realtime.server import SERVICE
+from realtime.service import SERVICE
 
 # ---- the DTLS handshake with an RSA certificate, in memory ---------------------------
 

@@ -23,7 +23,7 @@ from realtime_helpers import load_test_engine, running_server
 from test_realtime_api import make_offer
 
 from realtime.security import SecurityConfig
-from realtime.server import SERVICE
+from realtime.service import SERVICE
 
 EXAMPLES = 3000
 TOKEN = "s3cret"

@@ -12,7 +12,7 @@ from realtime_helpers import make_speech_wav, running_server
 
 from realtime.client import FacecastClient, PcmSource
 from realtime.kvs import KvsOptions
-from realtime.server import SERVICE
+from realtime.service import SERVICE
 
 KEY, SECRET, REGION = AWS_TEST_KEY, AWS_TEST_SECRET, "us-east-2"
 

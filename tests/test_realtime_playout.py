@@ -11,7 +11,7 @@ from realtime_helpers import ScriptedEngine, running_server
 
 from realtime.client import FacecastClient, PcmSource
 from realtime.playout import plan_playout, required_delay
-from realtime.server import SERVICE
+from realtime.service import SERVICE
 from realtime.session import PROBE_S
 
 RATE = 48_000

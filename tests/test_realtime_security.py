@@ -15,7 +15,7 @@ from realtime_helpers import raw_request, running_server, status_and_json
 from test_realtime_api import make_offer, post
 
 from realtime.security import SameOriginPolicy, SecurityConfig, redact
-from realtime.server import SERVICE
+from realtime.service import SERVICE
 
 JSON = {"Content-Type": "application/json"}
 

@@ -11,7 +11,7 @@ import pytest
 from realtime_helpers import make_speech_wav, running_server
 
 from realtime.client import FacecastClient, PcmSource
-from realtime.server import SERVICE
+from realtime.service import SERVICE
 
 PLAN = [0.6, "Hello there, how are you today?", 1.0, "The quick brown fox jumps.", 0.8]
 

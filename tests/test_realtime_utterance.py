@@ -22,7 +22,7 @@ from realtime_helpers import (
 
 from realtime.client import FRAME, FacecastClient, PcmSource, SpeechSocket
 from realtime.errors import BadRequest
-from realtime.server import SERVICE
+from realtime.service import SERVICE
 from realtime.session import SessionConfig
 from realtime.utterance import UtteranceChannel
 

@@ -35,7 +35,7 @@ from pipeline.clock import FPS, OUTPUT_RATE, VIDEO_CLOCK, VIDEO_TICKS_PER_FRAME
 from realtime import whep as whep_module
 from realtime.client import FacecastClient, PcmSource
 from realtime.ice_servers import parse_ice_server
-from realtime.server import SERVICE
+from realtime.service import SERVICE
 from realtime.whep import (
     VIEWER_BACKLOG,
     WHEP_FANOUTS,

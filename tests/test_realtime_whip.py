@@ -25,7 +25,7 @@ from gstreamer_helpers import needs_gstreamer, run_gst_peer
 from realtime_helpers import make_speech_wav, running_server, wait_until
 
 from realtime.ice_servers import link_header, parse_ice_server
-from realtime.server import SERVICE
+from realtime.service import SERVICE
 from realtime.whip import WHIP_SESSIONS
 
 TOKEN = "s3cret"
@@ -253,7 +253,8 @@ async def test_whip_waits_for_the_engine_with_503():
     """While the engine starts (serve listens at once), a publisher is told to retry."""
     from aiohttp import web
 
-    from realtime.server import ServerConfig, build_app
+    from realtime.server import build_app
+    from realtime.service import ServerConfig
 
     runner = web.AppRunner(build_app(ServerConfig(port=0), engine=None), handle_signals=False)
     await runner.setup()

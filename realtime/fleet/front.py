@@ -40,7 +40,8 @@ from realtime.fleet.metrics import FleetMetrics
 from realtime.fleet.options import CPU_WORKER, FleetOptions
 from realtime.fleet.pool import WorkerPool
 from realtime.metrics import CONTENT_TYPE_LATEST
-from realtime.server import ServerConfig, _json_body, _parse_offer, http_app
+from realtime.server import http_app
+from realtime.service import ServerConfig, json_body, parse_offer
 
 log = logging.getLogger(__name__)
 POOL = web.AppKey("facecast-pool", WorkerPool)
@@ -79,8 +80,8 @@ def worker_config(config: ServerConfig, options: FleetOptions) -> ServerConfig:
 
 async def _offer(request: web.Request) -> web.Response:
     pool, metrics = request.app[POOL], request.app[METRICS]
-    body = await _json_body(request)
-    offer = _parse_offer(body, kvs=request.app[POOL].worker_config.kvs is not None)
+    body = await json_body(request)
+    offer = parse_offer(body, kvs=request.app[POOL].worker_config.kvs is not None)
     try:
         answer = await pool.place(offer.description.sdp, offer.seed, offer.kvs_stream)
     except Exception as exc:

@@ -40,7 +40,7 @@ from realtime.errors import (
 from realtime.fleet.options import WORKER_PREFIX, FleetOptions, worker_resources
 from realtime.fleet.registry import registry_actor
 from realtime.fleet.worker import worker_actor
-from realtime.server import ServerConfig
+from realtime.service import ServerConfig
 
 log = logging.getLogger(__name__)
 ERRORS = {400: BadRequest, 404: SessionNotFound, 409: SessionClosed, 503: ServerFull}

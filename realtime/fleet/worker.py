@@ -32,14 +32,13 @@ from aiortc import RTCSessionDescription
 
 from pipeline.startup import EngineOptions
 from realtime.errors import RealtimeError, ServerFull, SessionNotFound
-from realtime.server import (
+from realtime.server import build_app, metrics_text
+from realtime.service import (
     SERVICE,
     OfferRequest,
     ServerConfig,
     Service,
-    build_app,
     close_service,
-    metrics_text,
     open_session,
 )
 from realtime.session import PeerSession

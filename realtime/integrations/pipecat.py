@@ -141,7 +141,7 @@ class _LocalLink:
 
         from realtime.metrics import RealtimeMetrics
         from realtime.playout import EngineTiming
-        from realtime.server import load_reference
+        from realtime.service import load_reference
         from realtime.session import PeerSession, SessionConfig
         from realtime.vad import VoiceActivityDetector
 
