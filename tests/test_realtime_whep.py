@@ -222,6 +222,7 @@ async def json_status(http, method: str, url: str, **kw) -> tuple[int, dict]:
         return r.status, await r.json()
 
 
+@pytest.mark.slow  # about a minute on a 2-core CPU
 @pytest.mark.timeout(240)
 async def test_three_viewers_watch_one_generation_and_one_leaving_changes_nothing(tmp_path):
     speech = make_speech_wav(
