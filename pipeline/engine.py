@@ -109,7 +109,13 @@ class Engine:
         streams them in (`pipeline.offload`); False never does; None decides: on only when
         the DiTs' weights would take more than 70% of the GPU memory there is (or the cap).
         Random-weight configs too large to build whole are built block by block on the GPU.
+        A config with `runtime.stack: photo` gets the photo stack's engine
+        (`pipeline.photo.engine.PhotoEngine`: the same streaming session API).
         """
+        if cfg.runtime.stack == "photo":
+            from pipeline.photo.engine import PhotoEngine
+
+            return PhotoEngine.load(cfg, device)
         dev = torch.device(device)
         dtype = DTYPES[cfg.runtime.dtype]
         weights = resolve_weights_dir(cfg.runtime.weights) if cfg.runtime.weights else None
@@ -160,7 +166,7 @@ class Engine:
         """What step k of a stream waits for and emits (video frames), from the schedule."""
         cfg = self.cfg
         plan = ChunkPlan(cfg.schedule)
-        return plan.step(k, cfg.vae.temporal_ratio, cfg.audio.lookahead_frames)
+        return plan.step(k, cfg.frames_per_latent, cfg.lookahead_frames)
 
     def _warm_session(self, seed: int, timed: bool) -> dict[str, float]:
         steps = 6

@@ -101,10 +101,23 @@ def start_engine(opts: EngineOptions):
         if opts.offload
         else opts.offload  # False: resident; None: the engine decides
     )
+    if cfg.runtime.stack == "photo" and (
+        opts.compile or opts.offload or opts.precision != "default"
+    ):
+        raise ConfigError(
+            f"config {cfg.name!r} is the photo stack: --compile, --offload and --precision "
+            "apply to the diffusion stack's DiTs only"
+        )
     engine = Engine.load(cfg, str(device), offload=offload, memory_cap_bytes=cap)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     report = StartupReport(load_seconds=time.perf_counter() - t)
+    if cfg.runtime.stack == "photo":  # no kernels to pick or compile: warm up only
+        if opts.warmup:
+            report.prepare["warmup_seconds"] = engine.warmup()
+        report.seconds = time.perf_counter() - t
+        engine.startup = report
+        return engine, report
     if opts.precision == "fp8":  # before compile: the graphs are traced with FP8 in them
         from pipeline.precision import apply_fp8
 

@@ -58,7 +58,7 @@ class EngineProcess:
 
     def stream_step(self, k: int) -> StreamStep:
         cfg = self.cfg
-        return self._plan.step(k, cfg.vae.temporal_ratio, cfg.audio.lookahead_frames)
+        return self._plan.step(k, cfg.frames_per_latent, cfg.lookahead_frames)
 
     def new_session(self, reference_rgb: np.ndarray, seed: int = 0) -> RemoteSession:
         with self._lock:
