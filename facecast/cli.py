@@ -17,7 +17,6 @@ from pipeline.config import DEFAULT_CONFIG
 from pipeline.errors import FacecastError
 from pipeline.module import resolve_device
 
-ASSETS = Path(__file__).resolve().parent / "assets"
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -103,7 +102,10 @@ def cmd_render(args: argparse.Namespace) -> int:
     from pipeline.render import render_file
     from pipeline.startup import start_engine
 
+    from pipeline.media import default_reference
+
     cfg = load_config(args.config)
+    args.reference = args.reference or str(default_reference(cfg))
     for path, what in ((args.reference, "reference image"), (args.audio, "audio file")):
         if not Path(path).is_file():
             raise FacecastError(f"{what} not found: {path}")
@@ -226,7 +228,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
     from realtime.server import config_from_args, serve
 
-    load_config(args.config)  # a bad config fails here, in one line, before listening
+    cfg = load_config(args.config)  # a bad config fails here, in one line, before listening
+    if args.reference is not None and cfg.runtime.stack == "photo":
+        # a photo without one clear face fails here too, not in the first peer's session
+        from pipeline.media import load_reference
+        from pipeline.photo.face import prepare_photo
+
+        image = load_reference(args.reference, cfg)
+        prepare_photo(image, cfg.video.width, cfg.video.height, cfg.photo)
     try:
         config = config_from_args(args)
     except ValueError as exc:
@@ -246,7 +255,8 @@ def build_parser(with_serve_options: bool = True) -> argparse.ArgumentParser:
     render = sub.add_parser("render", help="render an MP4 from a photo and an audio file")
     add_engine_arguments(render, DEFAULT_CONFIG)
     render.add_argument(
-        "--reference", default=str(ASSETS / "reference.png"), help="identity photo (PNG, JPEG, …)"
+        "--reference",
+        help="identity photo (PNG, JPEG, WebP; default: the config's bundled identity)",
     )
     render.add_argument("--audio", required=True, help="speech audio of any length and format")
     render.add_argument("--out", required=True, help="output .mp4 path")
@@ -284,7 +294,7 @@ def build_parser(with_serve_options: bool = True) -> argparse.ArgumentParser:
     bench.set_defaults(func=cmd_bench)
 
     gate = sub.add_parser("gate", help="check that a speed change kept the pixels")
-    add_engine_arguments(gate, DEFAULT_CONFIG)
+    add_engine_arguments(gate, "demo")  # the gate guards the diffusion stack's kernels
     gate.add_argument("--baseline", required=True, help="baseline folder (recorded if empty)")
     gate.add_argument("--record", action="store_true", help="(re)record the baseline only")
     gate.add_argument("--seconds", type=_positive_float, default=2.0, help="seconds of audio")

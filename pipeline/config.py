@@ -20,7 +20,9 @@ import yaml
 from pipeline.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-DEFAULT_CONFIG = "demo"  # the trained default avatar shipped in pipeline/assets/weights/demo
+# The default avatar: the photo stack animates the user's own photo (a bundled public-domain
+# portrait without one); `demo` is the synthetic world's stack and its identities.
+DEFAULT_CONFIG = "photo"
 ATTENTION_BACKENDS = ("sdpa", "flex", "facecast")
 DTYPES = ("float32", "bfloat16", "float16")
 STACKS = ("diffusion", "photo")

@@ -67,6 +67,8 @@ from realtime.kvs import (
 )
 from realtime.kvs.options import check_stream_name
 from realtime.metrics import CONTENT_TYPE_LATEST, RealtimeMetrics
+from realtime.photos import PhotoStore, offer_photo
+from realtime.photos import upload as upload_photo
 from realtime.playout import EngineTiming
 from realtime.security import (
     SecurityConfig,
@@ -81,7 +83,7 @@ from realtime.tracks import FPS, MediaSink
 from realtime.vad import VoiceActivityDetector
 
 WEBCLIENT = Path(__file__).resolve().parent.parent / "webclient"
-OFFER_OPTIONS = {"sdp", "type", "seed", "kvs_stream"}
+OFFER_OPTIONS = {"sdp", "type", "seed", "kvs_stream", "photo_id", "photo"}
 log = logging.getLogger(__name__)
 
 
@@ -126,6 +128,7 @@ class Service:
         self.reserved = 0  # offers being negotiated count against capacity
         self.engine_lock = threading.Lock()  # one generate_ready() at a time per engine
         self.reference: np.ndarray | None = None
+        self.photos = PhotoStore()  # the page's uploads (realtime/photos.py)
 
     @property
     def state(self) -> str:
@@ -167,9 +170,12 @@ class Service:
         video = self.engine.cfg.video
         return int(video.width), int(video.height)
 
-    def open_engine_session(self, seed: int) -> Any:
+    def open_engine_session(self, seed: int, photo: Any = None) -> Any:
+        """An engine session of the server's reference, or of the offer's own photo."""
+        if photo is not None:
+            return self.engine.new_session(photo, seed=seed)
         if self.reference is None:
-            self.reference = load_reference(self.config.reference, *self.video_size())
+            self.reference = load_reference(self.config.reference, self.engine.cfg)
         return self.engine.new_session(self.reference, seed=seed)
 
     async def on_session_closed(self, session: Session) -> None:
@@ -199,6 +205,7 @@ def build_app(
     app.router.add_get("/", _page)
     app.router.add_get("/static/{name}", _static)
     app.router.add_post("/offer", _offer)
+    app.router.add_post("/photos", _upload_photo)
     app.router.add_get("/sessions", _list_sessions)
     app.router.add_delete("/sessions/{id}", _delete_session)
     app.router.add_post("/sessions/{id}/interrupt", _interrupt)
@@ -293,9 +300,16 @@ async def _offer(request: web.Request) -> web.Response:
     require_engine(service)
     body = await _json_body(request)
     offer = _parse_offer(body, kvs=service.config.kvs is not None)
+    offer.photo = await offer_photo(service, body)  # checked before it takes a slot
     session = await open_session(service, offer)
     answer = session.pc.localDescription
     return web.json_response({"sdp": answer.sdp, "type": answer.type, "session_id": session.id})
+
+
+async def _upload_photo(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    require_engine(service)
+    return await upload_photo(request, service)
 
 
 def require_engine(service: Service) -> None:
@@ -336,7 +350,7 @@ async def _negotiate(service: Service, request: OfferRequest, require_video: boo
     session = Session(
         secrets.token_urlsafe(18),
         pc,
-        service.open_engine_session,
+        lambda seed: service.open_engine_session(seed, request.photo),
         service.video_size(),
         session_config,
         service.metrics,
@@ -479,6 +493,7 @@ class OfferRequest:
     description: RTCSessionDescription
     seed: int = 0
     kvs_stream: str | None = None  # this session's KVS stream name (mirroring servers)
+    photo: Any = None  # the session's own checked photo (realtime/photos.py); None: the server's
 
 
 def _parse_offer(body: dict, kvs: bool) -> OfferRequest:
@@ -597,17 +612,20 @@ def kvs_sink_factory(options: KvsOptions) -> SinkFactory:
 # ---- reference image -----------------------------------------------------------------
 
 
-def load_reference(path: str | None, width: int, height: int) -> np.ndarray:
-    """The identity image as uint8 (H, W, 3) at the engine's size."""
-    from pipeline.media import load_image
+def load_reference(path: str | None, cfg) -> np.ndarray:
+    """The identity image as uint8 (H, W, 3): at the engine's size, or for the photo stack
+    as it is (it frames the photo itself, keeping its aspect)."""
+    from pipeline.media import default_reference
+    from pipeline.media import load_reference as load
 
+    width, height = cfg.video.width, cfg.video.height
     if path is None:
-        packaged = Path(__file__).resolve().parent.parent / "pipeline" / "assets" / "reference.png"
+        packaged = default_reference(cfg)
         if not packaged.exists():
             return _placeholder_reference(width, height)
         path = str(packaged)
-    rgb = load_image(path)
-    if rgb.shape[:2] != (height, width):
+    rgb = load(path, cfg)
+    if cfg.runtime.stack != "photo" and rgb.shape[:2] != (height, width):
         frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
         rgb = frame.to_ndarray(width=width, height=height, format="rgb24")
     return rgb

@@ -50,8 +50,15 @@ def read_photo(data: bytes, name: str, cfg: PhotoConfig) -> np.ndarray:
             f"{cfg.max_image_bytes / 2**20:.0f} MiB: save a smaller JPEG",
             "size",
         )
-    if sniff_type(data) is None:
+    kind = sniff_type(data)
+    if kind is None:
         raise PhotoError(f"photo {name} is not a PNG, JPEG or WebP image", "type")
+    # FFmpeg decodes a cut-off JPEG or PNG into a half-grey picture: catch it by its end
+    tail = data[-64:].rstrip(b"\0")
+    if (kind == "image/jpeg" and not tail.endswith(b"\xff\xd9")) or (
+        kind == "image/png" and b"IEND" not in tail[-12:]
+    ):
+        raise PhotoError(f"photo {name} is truncated (the file ends early)", "corrupt")
     try:
         with av.open(io.BytesIO(data)) as container:
             if not container.streams.video:
@@ -174,7 +181,8 @@ def prepare_photo(rgb: np.ndarray, width: int, height: int, cfg: PhotoConfig) ->
     faces = detect_faces(rgb)
     if len(faces) == 0:
         raise PhotoError(
-            "no face found in the photo: use a sharp, well-lit, frontal photo of one face",
+            "no face found in the photo: use a sharp, well-lit, frontal photo of one face "
+            "(synthetic faces from `facecast make-reference` need --config demo)",
             "face",
         )
     areas = faces[:, 2] * faces[:, 3]
