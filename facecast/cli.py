@@ -18,7 +18,6 @@ from pipeline.errors import FacecastError
 from pipeline.module import resolve_device
 
 
-
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line on stderr (and exit 2), not a usage dump."""
 
@@ -99,10 +98,9 @@ def setup_logging(level: str) -> None:
 
 def cmd_render(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
+    from pipeline.media import default_reference
     from pipeline.render import render_file
     from pipeline.startup import start_engine
-
-    from pipeline.media import default_reference
 
     cfg = load_config(args.config)
     args.reference = args.reference or str(default_reference(cfg))
