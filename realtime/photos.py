@@ -94,14 +94,17 @@ async def prepare(cfg, data: bytes, name: str):
 async def read_limited(request: web.Request, limit: int, timeout_s: float) -> bytes:
     """The body, refusing it (413) as soon as it passes `limit` bytes."""
     if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(f"photo of {request.content_length} bytes; the limit is {limit}")
+        raise PayloadTooLarge(
+            f"photo of {request.content_length / 2**20:.1f} MiB; the limit is "
+            f"{limit / 2**20:.0f} MiB: save a smaller JPEG"
+        )
 
     async def read() -> bytes:
         parts, size = [], 0
         async for chunk in request.content.iter_chunked(64 * 1024):
             size += len(chunk)
             if size > limit:
-                raise PayloadTooLarge(f"photo larger than {limit} bytes")
+                raise PayloadTooLarge(f"photo larger than the {limit / 2**20:.0f} MiB limit")
             parts.append(chunk)
         return b"".join(parts)
 

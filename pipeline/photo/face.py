@@ -71,6 +71,8 @@ def read_photo(data: bytes, name: str, cfg: PhotoConfig) -> np.ndarray:
                     f"{cfg.max_image_pixels / 1e6:.0f} megapixels: scale it down",
                     "size",
                 )
+            # strict: FFmpeg would otherwise conceal damage and hand back a smeared picture
+            stream.codec_context.options = {"err_detect": "explode"}
             rgb = next(container.decode(video=0)).to_ndarray(format="rgb24")
     except PhotoError:
         raise
