@@ -33,6 +33,13 @@ def _photo_eval(args: argparse.Namespace) -> int:
     print(scores.summary())
     if args.json:
         write_json(scores, args.json)
+    if args.strip:
+        import cv2
+
+        from pipeline.eval.photo import face_strip
+
+        args.strip.parent.mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(args.strip), face_strip(args.video, photo, scores)[:, :, ::-1])
     return 0
 
 
@@ -66,6 +73,9 @@ def eval_main(argv: list[str] | None = None) -> int:
         "--window-s", type=float, help="identity window (s; default 60, 10 with --photo)"
     )
     p.add_argument("--json", type=Path, help="also write the scores as JSON here")
+    p.add_argument(
+        "--strip", type=Path, help="--photo: write an image strip (photo, then 8 frames' faces; .jpg or .png)"
+    )
     args = p.parse_args(argv)
     if args.photo:
         return _photo_eval(args)

@@ -162,6 +162,32 @@ def run_photo_eval(video, photo_rgb: np.ndarray, audio_16k: np.ndarray, window_s
     )
 
 
+def face_strip(video, photo_rgb: np.ndarray, scores: PhotoScores, n: int = 8, side: int = 192):
+    """The framed photo, then `n` frames spread over the clip, each cropped around the face
+    (1.8x the face box) and scaled to `side` pixels: what a person looks at first."""
+    picks = set(np.linspace(12, scores.n_frames - 1, n).astype(int).tolist())
+    x, y, w, h = scores.face_box
+    half = 0.9 * max(w, h)
+    cx, cy = x + w / 2, y + 0.55 * h
+    tiles, framed = [], None
+    for i, frame in enumerate(f for batch in _batches(video) for f in batch):
+        if framed is None:
+            framed = frame_photo(photo_rgb, frame.shape[1], frame.shape[0])
+            tiles.append(_crop(framed, cx, cy, half, side))
+        if i in picks:
+            tiles.append(_crop(frame, cx, cy, half, side))
+    return np.concatenate(tiles, axis=1)
+
+
+def _crop(rgb: np.ndarray, cx: float, cy: float, half: float, side: int) -> np.ndarray:
+    H, W = rgb.shape[:2]
+    x0, y0 = int(max(0, cx - half)), int(max(0, cy - half))
+    x1, y1 = int(min(W, cx + half)), int(min(H, cy + half))
+    return cv2.resize(
+        np.ascontiguousarray(rgb[y0:y1, x0:x1]), (side, side), interpolation=cv2.INTER_CUBIC
+    )
+
+
 def write_json(scores: PhotoScores, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(scores.to_json())

@@ -224,7 +224,10 @@ def _slide_to_fit(framing: Framing, box: np.ndarray, shape: tuple[int, ...]) -> 
     need = [(x - 0.15 * w, x + 1.15 * w, framing.width, full_w, "x")]
     need.append((y - 0.25 * h, y + 1.25 * h, framing.height, full_h, "y"))
     for lo, hi, size, full, axis in need:
-        shift = min(0.0, lo) + max(0.0, hi - size)
+        if hi - lo > size:  # the margin cannot fit: centre the face instead
+            shift = (lo + hi - size) / 2
+        else:
+            shift = min(0.0, lo) + max(0.0, hi - size)
         if axis == "x":
             left = int(np.clip(round(left + shift), 0, full - size))
         else:

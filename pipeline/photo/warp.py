@@ -190,8 +190,12 @@ class WarpDecoder:
         side = _lens((qx - mx) / mw).clamp(0, 1)
         cavity = self.cavity_rgb * (0.55 + 0.45 * (2 * depth - 1).abs()).unsqueeze(1)
         band = (teeth * 0.45 * gap).clamp(max=0.06 * self.face.box[2])
-        is_teeth = ((top + band - qy + 0.5).clamp(0, 1) * (band > 0.4)).unsqueeze(1)
-        teeth_rgb = self.teeth_rgb * (0.55 + 0.45 * side.sqrt()).unsqueeze(1)
+        soft = 0.5 + 0.01 * self.face.box[2]  # teeth edges blur like the lips' do
+        is_teeth = ((top + band - qy) / soft + 0.5).clamp(0, 1) * (band > 0.4)
+        # teeth show in the middle of the mouth, not out to its corners
+        is_teeth = (is_teeth * _smoothstep((side - 0.3) / 0.4)).unsqueeze(1)
+        shade = 0.6 + 0.4 * _smoothstep((qy - top) / band.clamp_min(1e-3))  # under the lip
+        teeth_rgb = self.teeth_rgb * (shade * (0.7 + 0.3 * side)).unsqueeze(1)
         return cavity * (1 - is_teeth) + teeth_rgb * is_teeth
 
     def _assemble(self, roi_T3HW: Tensor, moved_THW: Tensor) -> np.ndarray:
