@@ -165,3 +165,20 @@ def test_photo_memory_flat_over_60s(config, tmp_path):
         argv += ["--audio", str(wav), "--out", str(tmp_path / f"o{seconds}.mp4"), "--quiet"]
         peaks[seconds] = _peak_rss_kb(argv)
     assert peaks[60] <= 1.10 * peaks[6], peaks
+
+
+def test_shipped_motion_weights_are_small_and_trained():
+    """The photo stack's weights ship in the package (no download), load strictly, and
+    are the trained ones (their summary records the held-out fit)."""
+    import json
+
+    from pipeline.module import PACKAGE_WEIGHTS
+
+    folder = PACKAGE_WEIGHTS / "photo"
+    assert sum(p.stat().st_size for p in folder.iterdir()) <= 20 * 2**20
+    summary = json.loads((folder / "train_summary.json").read_text())
+    assert summary["held_out_pearson_r"]["jaw"] >= 0.95, summary
+    engine = Engine.load(load_config("photo"))  # strict keys and shapes
+    assert (
+        sum(p.numel() for p in engine.modules["motion"].model.parameters()) == summary["parameters"]
+    )
