@@ -142,9 +142,21 @@ def render_parallel(cfg, device: str, args: argparse.Namespace) -> int:
     return 0
 
 
+def _diffusion_only(config: str, command: str, instead: str) -> None:
+    from pipeline.config import load_config
+
+    if load_config(config).runtime.stack == "photo":
+        raise FacecastError(
+            f"facecast {command} measures the diffusion stack's DiTs; config {config!r} is "
+            f"the photo stack: {instead}"
+        )
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from pipeline.bench import BenchOptions, run_bench, summary_line, write_results
     from pipeline.config import parse_overrides
+
+    _diffusion_only(args.config, "bench", "use python bench/photo_bench.py")
 
     opts = BenchOptions(
         config=args.config,
@@ -191,6 +203,8 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from pipeline import gate
     from pipeline.compile import compile_engine, pick_sdpa_backends
     from pipeline.startup import start_engine
+
+    _diffusion_only(args.config, "gate", "it has no kernels to swap")
 
     # The baseline is the plain eager engine: started without compile or kernel picks;
     # the change under test is applied on top of it below.
