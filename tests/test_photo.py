@@ -94,7 +94,11 @@ def _bad_photos(d):
     yy, xx = np.mgrid[0:300, 0:400]
     wall = np.stack([yy * 0.5, xx * 0.4, 200 - yy * 0.3], -1).astype(np.uint8)
     data = PORTRAIT.read_bytes()
+    small = cv2.resize(portrait, None, fx=0.35, fy=0.35)
+    far = np.full((1000, 1000, 3), 128, np.uint8)
+    far[400 : 400 + small.shape[0], 400 : 400 + small.shape[1]] = small
     cases = {
+        "tiny face": (cv2.imencode(".png", far)[1].tobytes(), "crop the photo closer"),
         "faceless": (cv2.imencode(".png", wall)[1].tobytes(), "no face found"),
         "two faces": (
             cv2.imencode(".jpg", np.concatenate([portrait, portrait], axis=1))[1].tobytes(),
@@ -126,6 +130,7 @@ def bad_photos(tmp_path_factory):
     "case",
     [
         "faceless",
+        "tiny face",
         "two faces",
         "truncated",
         "corrupt",

@@ -19,6 +19,7 @@ from realtime.server import SERVICE
 
 EXPECTED = {
     "faceless": 422,
+    "tiny face": 422,
     "two faces": 422,
     "truncated": 400,
     "corrupt": 400,
