@@ -74,7 +74,9 @@ def eval_main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", type=Path, help="also write the scores as JSON here")
     p.add_argument(
-        "--strip", type=Path, help="--photo: write an image strip (photo, then 8 frames' faces; .jpg or .png)"
+        "--strip",
+        type=Path,
+        help="--photo: write an image strip (photo, then 8 frames' faces; .jpg or .png)",
     )
     args = p.parse_args(argv)
     if args.photo:
