@@ -85,9 +85,9 @@ class WarpDecoder:
         self.pivot = (x + 0.5 * w, y + 1.25 * h)  # the neck
         lips = torch.tensor(face.lips, device=device) / 255.0
         skin_lum = float(np.mean(face.skin)) / 255.0
-        self.cavity_rgb = (lips * 0.38 + 0.03).view(1, 3, 1, 1)
+        self.cavity_rgb = (lips * 0.45 + 0.03).view(1, 3, 1, 1)
         self.teeth_rgb = (
-            torch.tensor([0.93, 0.90, 0.83], device=device) * min(1.0, 0.35 + 0.7 * skin_lum)
+            torch.tensor([0.95, 0.92, 0.84], device=device) * min(1.0, 0.55 + 0.5 * skin_lum)
         ).view(1, 3, 1, 1)
 
     def _slices(self, x0: float, y0: float, x1: float, y1: float) -> tuple[slice, slice]:
@@ -153,7 +153,8 @@ class WarpDecoder:
         mx, my = self.face.mouth
         w = self.face.box[2]
         mw = self.face.mouth_half_width * (1 + k)
-        gap = jaw * self.jaw_open * w * _lens((qx - mx) / mw)
+        # the opening is an oval inside the lips: it closes before the mouth's corners
+        gap = jaw * self.jaw_open * w * _lens((qx - mx) / (0.85 * mw)).pow(1.5)
         down, up = 0.75 * gap, 0.25 * gap
         reach_lo, reach_up = 0.55 * w, 0.30 * w
         s = torch.where(qy >= my, (qy - down).clamp_min(my), (qy + up).clamp_max(my))
@@ -188,12 +189,12 @@ class WarpDecoder:
         mx = self.face.mouth[0]
         depth = ((qy - top) / gap.clamp_min(1e-3)).clamp(0, 1)  # 0 at the upper lip
         side = _lens((qx - mx) / mw).clamp(0, 1)
-        cavity = self.cavity_rgb * (0.55 + 0.45 * (2 * depth - 1).abs()).unsqueeze(1)
+        cavity = self.cavity_rgb * (0.6 + 0.4 * (2 * depth - 1).abs()).unsqueeze(1)
         band = (teeth * 0.45 * gap).clamp(max=0.06 * self.face.box[2])
         soft = 0.5 + 0.01 * self.face.box[2]  # teeth edges blur like the lips' do
         is_teeth = ((top + band - qy) / soft + 0.5).clamp(0, 1) * (band > 0.4)
         # teeth show in the middle of the mouth, not out to its corners
-        is_teeth = (is_teeth * _smoothstep((side - 0.3) / 0.4)).unsqueeze(1)
+        is_teeth = (is_teeth * _smoothstep((side - 0.55) / 0.35)).unsqueeze(1)
         shade = 0.6 + 0.4 * _smoothstep((qy - top) / band.clamp_min(1e-3))  # under the lip
         teeth_rgb = self.teeth_rgb * (shade * (0.7 + 0.3 * side)).unsqueeze(1)
         return cavity * (1 - is_teeth) + teeth_rgb * is_teeth
