@@ -127,7 +127,7 @@ class Service:
         self.sessions: dict[str, Session] = {}
         self.reserved = 0  # offers being negotiated count against capacity
         self.engine_lock = threading.Lock()  # one generate_ready() at a time per engine
-        self.reference: np.ndarray | None = None
+        self.reference: Any = None  # the server's identity (realtime.server.load_reference)
         self.photos = PhotoStore()  # the page's uploads (realtime/photos.py)
 
     @property
@@ -612,9 +612,10 @@ def kvs_sink_factory(options: KvsOptions) -> SinkFactory:
 # ---- reference image -----------------------------------------------------------------
 
 
-def load_reference(path: str | None, cfg) -> np.ndarray:
-    """The identity image as uint8 (H, W, 3): at the engine's size, or for the photo stack
-    as it is (it frames the photo itself, keeping its aspect)."""
+def load_reference(path: str | None, cfg) -> Any:
+    """The identity image as uint8 (H, W, 3) at the engine's size; for the photo stack the
+    photo checked, framed and measured once (`PreparedPhoto`, video-sized), so sessions
+    neither detect the face again nor carry a large photo to the engine process."""
     from pipeline.media import default_reference
     from pipeline.media import load_reference as load
 
@@ -625,7 +626,11 @@ def load_reference(path: str | None, cfg) -> np.ndarray:
             return _placeholder_reference(width, height)
         path = str(packaged)
     rgb = load(path, cfg)
-    if cfg.runtime.stack != "photo" and rgb.shape[:2] != (height, width):
+    if cfg.runtime.stack == "photo":
+        from pipeline.photo.face import prepare_photo
+
+        return prepare_photo(rgb, width, height, cfg.photo)
+    if rgb.shape[:2] != (height, width):
         frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
         rgb = frame.to_ndarray(width=width, height=height, format="rgb24")
     return rgb
