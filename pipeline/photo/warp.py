@@ -66,11 +66,13 @@ class WarpDecoder:
         self.jaw_open = jaw_open
         self.device = device
         self.photo = framed
+        # the region of interest holds the head's soft ellipse (below) whole, so nothing
+        # outside it moves: 1.6 radii of 0.85 w and 1.05 h around (x + w/2, y + 0.45 h)
         self.roi = _Roi(
-            int(max(0, np.floor(x - 0.95 * w))),
-            int(max(0, np.floor(y - 0.9 * h))),
-            int(min(W, np.ceil(x + 1.95 * w))),
-            int(min(H, np.ceil(y + 2.0 * h))),
+            int(max(0, np.floor(x - 0.9 * w))),
+            int(max(0, np.floor(y - 1.25 * h))),
+            int(min(W, np.ceil(x + 1.9 * w))),
+            int(min(H, np.ceil(y + 2.15 * h))),
         )
         r = self.roi
         crop = framed[r.y0 : r.y1, r.x0 : r.x1]
