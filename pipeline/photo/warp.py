@@ -81,8 +81,16 @@ class WarpDecoder:
         ys = torch.arange(r.y0, r.y1, device=device, dtype=torch.float32) + 0.5
         xs = torch.arange(r.x0, r.x1, device=device, dtype=torch.float32) + 0.5
         self.Y, self.X = torch.meshgrid(ys, xs, indexing="ij")  # pixel centres, (H, W)
+        # The head's motion is smooth (a rigid motion times a soft weight), so it is worked
+        # out on a grid 4x coarser and interpolated: a third of the work at 1280x720.
+        n_y, n_x = -(-len(ys) // 4) + 1, -(-len(xs) // 4) + 1
+        self.Yc, self.Xc = torch.meshgrid(
+            torch.linspace(float(ys[0]), float(ys[-1]), n_y, device=device),
+            torch.linspace(float(xs[0]), float(xs[-1]), n_x, device=device),
+            indexing="ij",
+        )
         cx, cy = x + 0.5 * w, y + 0.45 * h
-        e = torch.sqrt(((self.X - cx) / (0.85 * w)) ** 2 + ((self.Y - cy) / (1.05 * h)) ** 2)
+        e = torch.sqrt(((self.Xc - cx) / (0.85 * w)) ** 2 + ((self.Yc - cy) / (1.05 * h)) ** 2)
         self.head_weight = _smoothstep((1.6 - e) / 0.6)  # 1 on the head, 0 past 1.6 radii
         self.pivot = (x + 0.5 * w, y + 1.25 * h)  # the neck
         lips = torch.tensor(face.lips, device=device) / 255.0
@@ -117,10 +125,13 @@ class WarpDecoder:
         # 1. head: undo a rotation by roll about the neck and a shift, where the head is
         px, py = self.pivot
         cos, sin = torch.cos(roll), torch.sin(roll)
-        dx, dy = X - px - hx * w, Y - py - hy * w
-        wt = self.head_weight
-        qx = X + wt * (px + cos * dx + sin * dy - X)
-        qy = Y + wt * (py - sin * dx + cos * dy - Y)
+        Xc, Yc, wt = self.Xc, self.Yc, self.head_weight
+        dx, dy = Xc - px - hx * w, Yc - py - hy * w
+        d_T2hw = torch.stack(
+            [wt * (px + cos * dx + sin * dy - Xc), wt * (py - sin * dx + cos * dy - Yc)], dim=1
+        )
+        d_T2HW = F.interpolate(d_T2hw, size=X.shape[1:], mode="bilinear", align_corners=True)
+        qx, qy = X + d_T2HW[:, 0], Y + d_T2HW[:, 1]
         sx, sy = qx.clone(), qy.clone()
         alpha = torch.zeros_like(qx)
 
