@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.facecast-installed
 ARGS ?=
 
-.PHONY: setup sysdeps test lint format serve render bench soak clean
+.PHONY: setup sysdeps test test-fast lint typecheck format serve render bench soak clean
 
 setup: $(STAMP)
 
@@ -23,6 +23,13 @@ sysdeps:
 
 test: setup sysdeps
 	$(PY) -m pytest -q $(ARGS)
+
+# Everything but the `slow` and `browser` tests: the loop while editing (under 2 minutes).
+test-fast: setup sysdeps
+	$(PY) -m pytest -q -m "not slow and not browser" $(ARGS)
+
+typecheck: setup
+	$(VENV)/bin/mypy
 
 lint: setup
 	$(VENV)/bin/ruff check facecast pipeline realtime tests bench

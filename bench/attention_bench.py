@@ -155,7 +155,7 @@ class Case:
         print(f"  {name:44s} {ms:8.3f} ms {tflops(flops, ms):7.1f} TFLOP/s", flush=True)
 
 
-def baselines(args, case: Case, res: dict, log: list) -> None:
+def baselines(args, case: Case, res: dict, log: list) -> None:  # noqa: C901 - one flat list of variants, each a few lines, read top to bottom
     """Correctness of every variant's default, then dense SDPA, masked SDPA and Flex timings."""
     q, k, v, ref, kw, L, dev = case.q, case.k, case.v, case.ref, case.kw, case.L, args.device
     t0 = time.time()

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from pipeline.clock import MODEL_RATE, MODEL_SAMPLES_PER_FRAME, model_samples
 from pipeline.config import latent_grid, load_config
 from pipeline.engine import Engine
 from pipeline.parallel import ulysses
@@ -29,7 +30,7 @@ from pipeline.parallel.launch import ParallelOptions, launch, parallelize_engine
 
 
 def speechy_audio(seconds: float) -> np.ndarray:
-    t = np.arange(int(seconds * 16000)) / 16000
+    t = np.arange(model_samples(seconds)) / MODEL_RATE
     env = (np.sin(2 * np.pi * 2.5 * t) > -0.3).astype(np.float32)
     return 0.3 * env * np.sin(2 * np.pi * 170 * t * (1 + 0.1 * np.sin(2 * np.pi * 4 * t)))
 
@@ -148,19 +149,19 @@ def run_session(engine: Engine, seconds: float) -> dict:
     audio = speechy_audio(seconds)
     ref = np.full((720, 1280, 3), 128, np.uint8)
     # warm-up session (kernels, allocator), then the timed one
-    warm = engine.new_session(ref, seed=1)
-    warm.push_audio(audio[: 16000 * 2])
+    warm = engine.new_stream(ref, seed=1)
+    warm.push_audio(audio[: model_samples(2.0)])
     warm.finish()
     warm.close()
     if engine.device.type == "cuda":
         torch.cuda.synchronize(engine.device)
     if dist.is_initialized():
         dist.barrier()
-    session = engine.new_session(ref, seed=0)
+    session = engine.new_stream(ref, seed=0)
     t0 = time.perf_counter()
     first = None
     frames = 0
-    step = 640 * 4  # push 160 ms at a time, as fast as generation takes it
+    step = MODEL_SAMPLES_PER_FRAME * 4  # push 160 ms at a time, as fast as generation takes it
     for i in range(0, audio.size, step):
         session.push_audio(audio[i : i + step])
         for b in session.generate_ready():

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.clock import FPS
+from pipeline.clock import MODEL_SAMPLES_PER_FRAME as SAMPLES_PER_FRAME
 from pipeline.media import ASSETS, load_reference
-from pipeline.models.audio_encoder import SAMPLES_PER_FRAME
 from pipeline.startup import EngineOptions, start_engine
 from pipeline.train.evaluate import held_out_speech
 
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         EngineOptions(config=args.config, device=args.device, threads=args.threads)
     )
     audio = held_out_speech(args.seconds)
-    session = engine.new_session(load_reference(args.reference, engine.cfg))
+    session = engine.new_stream(load_reference(args.reference, engine.cfg))
     times, frames, k = [], 0, 0
     while True:
         need = engine.stream_step(k).audio_frames * SAMPLES_PER_FRAME
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         "startup_seconds": round(report.seconds, 3),
         "frames": frames,
         "engine_fps": round(frames / t_arr.sum(), 1),
-        "real_time_factor": round(frames / 25 / t_arr.sum(), 2),
+        "real_time_factor": round(frames / FPS / t_arr.sum(), 2),
         "step_frames": engine.stream_step(1).frames,
         "step_seconds": {
             "first": round(times[0], 4),
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             "p95": round(float(np.percentile(t_arr[1:], 95)), 4),
             "max": round(float(t_arr[1:].max()), 4),
         },
-        "first_frame_after_s": round(step0.audio_frames / 25 + times[0], 3),
+        "first_frame_after_s": round(step0.audio_frames / FPS + times[0], 3),
         "stage_seconds": {k: round(v, 3) for k, v in session.times.seconds.items()},
         "command": "python bench/photo_bench.py " + " ".join(argv or sys.argv[1:]),
     }

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import aiohttp
 
-from realtime.client import FacecastClient, PcmSource, read_audio, wait_until_ready
+from pipeline.clock import OUTPUT_RATE
+from realtime.client import FacecastClient, PcmSource, read_pcm, wait_until_ready
 
 SECTION = "## Live serving (`bench/serve_bench.py`)"
 
@@ -50,7 +51,7 @@ def metric_values(text: str) -> dict[str, float]:
 
 async def one_call(url: str, pcm, mode: str, seconds: float, speed: float) -> dict:
     source = PcmSource(pcm, speed=speed if mode == "push" else 1.0, loop=mode == "live")
-    length = seconds if mode == "live" else pcm.size / 48_000 / speed + 3.0
+    length = seconds if mode == "live" else pcm.size / OUTPUT_RATE / speed + 3.0
     async with aiohttp.ClientSession() as http:
         before = metric_values(await (await http.get(f"{url}/metrics")).text())
         client = FacecastClient(url, source)
@@ -83,11 +84,11 @@ async def run(args: argparse.Namespace) -> dict:
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "facecast", "serve", "--config", args.config, "--port", str(port)]
     cmd += ["--device", args.device] + (["--compile"] if args.compile else []) + args.serve_arg
-    log = open(args.server_log, "w") if args.server_log else subprocess.DEVNULL
-    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    log = open(args.server_log, "w") if args.server_log else subprocess.DEVNULL  # noqa: ASYNC230 - once, before the run
+    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)  # noqa: ASYNC220 - Popen returns at once; the child runs beside the loop
     try:
         health = await wait_until_ready(url, args.startup_timeout, server)
-        pcm = read_audio(args.wav)
+        pcm = read_pcm(args.wav)
         calls = []
         for mode in args.mode:
             calls.append(await one_call(url, pcm, mode, args.seconds, args.push_speed))

@@ -15,7 +15,7 @@ import json
 import time
 
 from pipeline.bench import speech_like_audio, test_card
-from pipeline.models.audio_encoder import SAMPLES_PER_FRAME
+from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME
 from pipeline.startup import EngineOptions, start_engine
 
 
@@ -32,13 +32,13 @@ def main() -> None:
     )
     print("startup", json.dumps(report.to_dict(), default=str)[:300], engine.step_seconds)
     cfg = engine.cfg
-    audio = speech_like_audio(engine.stream_step(args.steps).audio_frames / 25 + 1)
+    audio = speech_like_audio(engine.stream_step(args.steps).audio_frames / FPS + 1)
     ref = test_card(cfg.video.height, cfg.video.width)
     for s in range(args.sessions):
-        session = engine.new_session(ref, seed=s)
+        session = engine.new_stream(ref, seed=s)
         times = []
         for k in range(args.steps):
-            end = engine.stream_step(k).audio_frames * SAMPLES_PER_FRAME
+            end = engine.stream_step(k).audio_frames * MODEL_SAMPLES_PER_FRAME
             session.push_audio(audio[session.timeline.total : end])
             t = time.perf_counter()
             session.generate_ready()

@@ -43,10 +43,11 @@ import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from pipeline.clock import OUTPUT_RATE
 from realtime.client import wait_until_ready
 
 ROOT = Path(__file__).resolve().parent.parent
-RATE, FRAME = 48_000, 960  # 20 ms of 48 kHz audio per frame, as a microphone sends
+FRAME = OUTPUT_RATE // 50  # 20 ms of 48 kHz audio per frame, as a microphone sends
 STALL_S = 0.2
 SECTION_BEGIN, SECTION_END = "<!-- facecast-soak:begin -->", "<!-- facecast-soak:end -->"
 UTTERANCES = [
@@ -67,7 +68,7 @@ def espeak(text: str) -> np.ndarray:
     wav = subprocess.run(
         ["espeak-ng", "-s", "165", "--stdout", text], check=True, capture_output=True
     ).stdout
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE)
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=OUTPUT_RATE)
     with av.open(io.BytesIO(wav), format="wav") as box:
         parts = [
             f.to_ndarray().reshape(-1) for fr in box.decode(audio=0) for f in resampler.resample(fr)
@@ -80,7 +81,7 @@ def speech_loop() -> np.ndarray:
     """The looped programme: each utterance followed by its pause."""
     parts = []
     for text, pause in zip(UTTERANCES, PAUSES_S, strict=True):
-        parts += [espeak(text), np.zeros(int(pause * RATE), np.int16)]
+        parts += [espeak(text), np.zeros(int(pause * OUTPUT_RATE), np.int16)]
     return np.concatenate(parts)
 
 
@@ -99,15 +100,15 @@ class LoopedMic(MediaStreamTrack):
         if self.readyState != "live":
             raise MediaStreamError
         self._t0 = self._t0 or time.monotonic()
-        delay = self._t0 + self._index * FRAME / RATE - time.monotonic()
+        delay = self._t0 + self._index * FRAME / OUTPUT_RATE - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
         start = self._index * FRAME % (self._pcm.size - FRAME)
         frame = av.AudioFrame.from_ndarray(
             self._pcm[start : start + FRAME].reshape(1, -1), format="s16", layout="mono"
         )
-        frame.sample_rate, frame.pts = RATE, self._index * FRAME
-        frame.time_base = fractions.Fraction(1, RATE)
+        frame.sample_rate, frame.pts = OUTPUT_RATE, self._index * FRAME
+        frame.time_base = fractions.Fraction(1, OUTPUT_RATE)
         self._index += 1
         return frame
 
@@ -286,8 +287,8 @@ async def soak(args: argparse.Namespace, log_path: Path) -> dict:
     command += ["--device", "cpu", "--port", str(port)] + (
         ["--config", args.config] if args.config else []
     )
-    with open(log_path, "wb") as server_log:
-        proc = subprocess.Popen(command, cwd=ROOT, stdout=server_log, stderr=subprocess.STDOUT)
+    with open(log_path, "wb") as server_log:  # noqa: ASYNC230 - once, before the call
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=server_log, stderr=subprocess.STDOUT)  # noqa: ASYNC220 - Popen returns at once; the child runs beside the loop
     try:
         await wait_until_ready(url, process=proc)
         return await measure(args, url, proc)

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.models.audio_encoder import SAMPLE_RATE
+from pipeline.clock import MODEL_RATE
 
 log = logging.getLogger("facecast.bench")
 
@@ -75,10 +75,10 @@ def speech_like_audio(seconds: float, seed: int = 0) -> np.ndarray:
     """Syllable-rate (~4 Hz) bursts of a voiced source (110–220 Hz harmonics with formant-like
     peaks) and some noise, with pauses: what a speech front end sees, without any speech file."""
     rng = np.random.default_rng(seed)
-    n = int(seconds * SAMPLE_RATE)
-    t = np.arange(n) / SAMPLE_RATE
+    n = int(seconds * MODEL_RATE)
+    t = np.arange(n) / MODEL_RATE
     pitch = 150 + 40 * np.sin(2 * np.pi * 0.7 * t)
-    phase = 2 * np.pi * np.cumsum(pitch) / SAMPLE_RATE
+    phase = 2 * np.pi * np.cumsum(pitch) / MODEL_RATE
     voiced = sum(np.sin(k * phase) / k for k in range(1, 12))
     formants = 1 + 0.5 * np.sin(2 * np.pi * 3.1 * t) * np.sin(phase * 4)
     envelope = np.clip(np.sin(2 * np.pi * 4.0 * t + rng.uniform(0, 6)), 0, None) ** 2
@@ -275,7 +275,7 @@ def run_bench(opts: BenchOptions) -> dict:
     audio = speech_like_audio(steps * chunk_seconds + 2.0, opts.seed)
 
     t = time.perf_counter()
-    session = engine.new_session(test_card(cfg.video.height, cfg.video.width), seed=opts.seed)
+    session = engine.new_stream(test_card(cfg.video.height, cfg.video.width), seed=opts.seed)
     clock.sync()
     init_s = time.perf_counter() - t
     recorder.install(session)
@@ -315,7 +315,7 @@ def run_bench(opts: BenchOptions) -> dict:
             "frames": frames_per_step[0],
             "by_stage": {s: v[0] for s, v in stage_pipeline.items()},
             "first_chunk_audio_seconds": session.context.audio_window(session.plan.n_chunk(0))[1]
-            / SAMPLE_RATE,
+            / MODEL_RATE,
         },
         "steady": {
             "chunks": len(steady),

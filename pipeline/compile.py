@@ -109,15 +109,6 @@ def pick_sdpa_backends(engine) -> dict[tuple[int, ...], dict]:
     return report
 
 
-def set_attention_backend(engine, backend: str) -> None:
-    """Switch the SR DiT's frame-window attention backend in place (sdpa, flex, facecast)."""
-    engine.cfg.runtime.attention = backend
-    for name in ("a2v", "sr"):
-        for module in engine.modules[name].model.modules():
-            if isinstance(module, Attention):
-                module.backend = backend
-
-
 def prepare(engine, compile_blocks: bool = False, sdpa_pick: bool = True) -> dict:
     """Everything start-up does before serving: pick kernels, compile, warm up. Timed."""
     out: dict = {}

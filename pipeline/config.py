@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.clock import FPS
 from pipeline.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -32,11 +33,11 @@ STACKS = ("diffusion", "photo")
 class VideoConfig:
     width: int = 128
     height: int = 128
-    fps: int = 25
+    fps: int = FPS
 
     def validate(self) -> None:
         _check(
-            self.fps == 25, "video.fps", "must be 25 (the engine's audio/video clock assumes it)"
+            self.fps == FPS, "video.fps", "must be 25 (the engine's audio/video clock assumes it)"
         )
         _check(16 <= self.width <= 4096, "video.width", "must be in [16, 4096]")
         _check(16 <= self.height <= 4096, "video.height", "must be in [16, 4096]")

@@ -17,24 +17,20 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
-from pipeline.models.a2v_dit import A2VDiT
-from pipeline.models.audio_encoder import SAMPLES_PER_FRAME, AudioEncoder
-from pipeline.models.sr_dit import SRDiT
-from pipeline.models.vae import VAE, Cache
-from pipeline.module import DTYPES, Module, build_seeded, resolve_weights_dir
-from pipeline.offload import (
-    OffloadConfig,
-    OffloadManager,
-    dit_weight_bytes,
-    materialize_blockwise,
-    offload_engine,
-)
+from pipeline.errors import ConfigError
+from pipeline.models.build import build_models, module_dtype
+from pipeline.models.vae import Cache
+from pipeline.module import Module, resolve_weights_dir
+from pipeline.offload import OffloadManager
+from pipeline.placement import Placement, apply_placement, build_blockwise
 from pipeline.schedule import Chunk, ChunkPlan, StreamStep
 from pipeline.stages.a2v import A2VStage
 from pipeline.stages.context import ContextStage
@@ -42,6 +38,10 @@ from pipeline.stages.decode import DecodeStage
 from pipeline.stages.init import InitStage, ReferenceCond
 from pipeline.stages.sr import SRStage
 from pipeline.timeline import AudioTimeline
+
+if TYPE_CHECKING:
+    from pipeline.photo.engine import PhotoEngine
+    from pipeline.startup import StartupReport
 
 log = logging.getLogger("facecast.engine")
 
@@ -62,23 +62,16 @@ class StageTimes:
         self.seconds[stage] = self.seconds.get(stage, 0.0) + dt
 
 
-def build_models(
-    cfg: FacecastConfig,
-    device: torch.device | str = "cpu",
-    only: tuple[str, ...] = ("vae", "audio", "a2v", "sr"),
-) -> dict:
-    """The models of a config, randomly initialised from `runtime.init_seed`."""
-    seed = cfg.runtime.init_seed
-    a, r = cfg.runtime.attention, cfg.vae.temporal_ratio
-    C = cfg.vae.latent_channels
-    factories = {
-        "vae": lambda: VAE(cfg.vae),
-        "audio": lambda: AudioEncoder(cfg.audio),
-        "a2v": lambda: A2VDiT(cfg.a2v, C, cfg.audio.out_dim, r, a),
-        "sr": lambda: SRDiT(cfg.sr, C, cfg.a2v.downscale, a),
-    }
-    offsets = {"vae": 1, "audio": 2, "a2v": 3, "sr": 4}
-    return {name: build_seeded(factories[name], seed + offsets[name], device) for name in only}
+def load_engine(
+    cfg: FacecastConfig, device: str = "cpu", placement: Placement | None = None
+) -> Engine | PhotoEngine:
+    """The engine of a config: `Engine` for the diffusion stack, or the photo stack's
+    `pipeline.photo.engine.PhotoEngine` (the same streaming seam, `pipeline.stream`)."""
+    if cfg.runtime.stack == "photo":
+        from pipeline.photo.engine import PhotoEngine
+
+        return PhotoEngine.load(cfg, device)
+    return Engine.load(cfg, device, placement)
 
 
 class Engine:
@@ -89,66 +82,39 @@ class Engine:
         self.modules = modules
         self.device = modules["vae"].device
         self.offloader: OffloadManager | None = None  # set when DiT blocks are offloaded
+        # called with a model's name at the stage boundary before it runs (offload prefetch)
+        self.stage_hooks: list[Callable[[str], None]] = []
         self.warmup_seconds: float | None = None
         # Wall seconds of one warm `generate_ready()` step, measured by `warmup()`:
         # {"first": step 0, "steady": the slowest later step}. Serving plans playout on it.
         self.step_seconds: dict[str, float] | None = None
-        self.startup = None  # pipeline.startup.StartupReport, once started that way
+        self.startup: StartupReport | None = None  # once started by `start_engine`
 
     @classmethod
     def load(
-        cls,
-        cfg: FacecastConfig,
-        device: str = "cpu",
-        offload: OffloadConfig | bool | None = None,
-        memory_cap_bytes: int | None = None,
+        cls, cfg: FacecastConfig, device: str = "cpu", placement: Placement | None = None
     ) -> Engine:
-        """Build (or load) the models on `device`.
-
-        offload: an OffloadConfig or True keeps the DiT blocks in pinned host memory and
-        streams them in (`pipeline.offload`); False never does; None decides: on only when
-        the DiTs' weights would take more than 70% of the GPU memory there is (or the cap).
-        Random-weight configs too large to build whole are built block by block on the GPU.
-        A config with `runtime.stack: photo` gets the photo stack's engine
-        (`pipeline.photo.engine.PhotoEngine`: the same streaming session API).
-        """
-        if cfg.runtime.stack == "photo":
-            from pipeline.photo.engine import PhotoEngine
-
-            return PhotoEngine.load(cfg, device)
+        """Build (or load) the models on `device`, placed as `placement` plans: by default
+        every weight resident; `pipeline.placement.plan_placement` plans for a GPU. For any
+        config, photo stack included, use `load_engine`."""
+        if cfg.runtime.stack != "diffusion":
+            raise ConfigError(
+                f"config {cfg.name!r} is the {cfg.runtime.stack} stack: load it with "
+                "pipeline.engine.load_engine"
+            )
         dev = torch.device(device)
-        dtype = DTYPES[cfg.runtime.dtype]
-        weights = resolve_weights_dir(cfg.runtime.weights) if cfg.runtime.weights else None
-        room = _gpu_room(dev, memory_cap_bytes)
-        dit_bytes = dit_weight_bytes(cfg, torch.finfo(dtype).bits // 8) if room else 0
-        if offload is None:
-            offload = bool(room) and dit_bytes > 0.7 * room
-        offload_cfg = OffloadConfig() if offload is True else (offload or None)
-        blockwise = room is not None and weights is None and 2 * dit_bytes > 0.5 * room
-        models = build_models(cfg, dev if not blockwise else "meta")
-        if blockwise:
-            models.update(build_models(cfg, dev, only=("vae", "audio")))
-        if offload_cfg and offload_cfg.budget_gb is None and room and memory_cap_bytes:
-            # under a cap, blocks may stay resident in 60% of it (one DiT, if it fits); the
-            # rest is activations, masks and the small models
-            offload_cfg.budget_gb = 0.6 * room / 1e9
-        manager = OffloadManager(dev, offload_cfg) if offload_cfg and blockwise else None
-        modules = {}
-        for name, model in models.items():
-            # the audio front end (STFT, mel) stays fp32; the rest runs in the config's dtype
-            mod_dtype = torch.float32 if name == "audio" else dtype
-            module = Module(name, model, mod_dtype, dev)
-            if blockwise and name in ("a2v", "sr"):
-                seed = cfg.runtime.init_seed + (3 if name == "a2v" else 4)
-                materialize_blockwise(model, dev, mod_dtype, seed, manager, name)
-            else:
-                module.load(weights).place()
-            modules[name] = module
+        placement = placement or Placement()
+        manager = None
+        if placement.blockwise:
+            modules, manager = build_blockwise(cfg, dev, placement)
+        else:
+            weights = resolve_weights_dir(cfg.runtime.weights) if cfg.runtime.weights else None
+            modules = {
+                name: Module(name, model, module_dtype(cfg, name), dev).load(weights).place()
+                for name, model in build_models(cfg, dev).items()
+            }
         engine = cls(cfg, modules)
-        if manager is not None:
-            engine.offloader = manager
-        elif offload_cfg:
-            offload_engine(engine, offload_cfg)
+        apply_placement(engine, placement, manager)
         return engine
 
     def warmup(self, seed: int = 0) -> float:
@@ -170,13 +136,14 @@ class Engine:
 
     def _warm_session(self, seed: int, timed: bool) -> dict[str, float]:
         steps = 6
+        spf = MODEL_SAMPLES_PER_FRAME
         frames = self.stream_step(steps - 1).audio_frames
-        audio = (0.1 * np.sin(np.arange(frames * SAMPLES_PER_FRAME) * 0.07)).astype(np.float32)
+        audio = (0.1 * np.sin(np.arange(frames * spf) * 0.07)).astype(np.float32)
         h, w = self.cfg.video.height, self.cfg.video.width
-        session = self.new_session(np.full((h, w, 3), 127, np.uint8), seed=seed)
+        session = self.new_stream(np.full((h, w, 3), 127, np.uint8), seed=seed)
         seconds = []
         for k in range(steps if timed else 1):
-            end = len(audio) if not timed else self.stream_step(k).audio_frames * SAMPLES_PER_FRAME
+            end = len(audio) if not timed else self.stream_step(k).audio_frames * spf
             session.push_audio(audio[session.timeline.total : end])
             t = time.perf_counter()
             session.generate_ready()  # returns frames on the host: the GPU work is done
@@ -190,24 +157,16 @@ class Engine:
         later = sorted(seconds[1:]) or seconds
         return {"first": seconds[0], "steady": later[len(later) // 2]}
 
-    def new_session(
+    def new_stream(
         self,
         reference_rgb: np.ndarray,
         seed: int = 0,
         sinks: list[Callable[[FrameBatch], None]] | None = None,
-    ) -> Session:
-        return Session(self, reference_rgb, seed, sinks or [])
+    ) -> Stream:
+        return Stream(self, reference_rgb, seed, sinks or [])
 
 
-def _gpu_room(device: torch.device, cap: int | None) -> int | None:
-    """Bytes of GPU memory the engine may use on a CUDA device; None on the CPU."""
-    if device.type != "cuda":
-        return None
-    free, _ = torch.cuda.mem_get_info(device)
-    return min(free, cap) if cap else free
-
-
-class Session:
+class Stream:
     """One open-ended stream: push audio, collect frames in order, each exactly once."""
 
     def __init__(
@@ -227,7 +186,7 @@ class Session:
         self.context = ContextStage(m["audio"], cfg, seed, dtype=m["a2v"].dtype)
         self.a2v = A2VStage(m["a2v"], cfg.sampler)
         self.sr = SRStage(m["sr"], seed)
-        self.offloader = engine.offloader
+        self.stage_hooks = engine.stage_hooks
         self.decode = DecodeStage(m["vae"], cfg.video.width, cfg.video.height)
         self.times = StageTimes()
         self.timeline = AudioTimeline()
@@ -268,10 +227,10 @@ class Session:
         return out
 
     def finish(self) -> list[FrameBatch]:
-        """End of stream: generate up to round(seconds * 25) frames and emit the rest."""
+        """End of stream: generate up to round(seconds * FPS) frames and emit the rest."""
         if self.total_frames is not None:
             return []
-        self.total_frames = round(self.timeline.total / SAMPLES_PER_FRAME)
+        self.total_frames = round(self.timeline.total / MODEL_SAMPLES_PER_FRAME)
         needed = -(-self.total_frames // self.r)
         out: list[FrameBatch] = []
         while self.next_n == 0 or self.plan.n_end(self.next_n - 1) < needed:
@@ -320,9 +279,14 @@ class Session:
         ctx = self.context.run(self.timeline, chunk, self.latents)
         self.times.add("context", time.perf_counter() - t)
         t = time.perf_counter()
-        lat = self.a2v.run(ctx, self.ref)
+        lat = self.a2v.run(ctx, self._reference())
         self.times.add("a2v", time.perf_counter() - t)
         return lat
+
+    def _reference(self) -> ReferenceCond:
+        if self.ref is None:
+            raise RuntimeError("the session is closed")
+        return self.ref
 
     def _emit(self, begin: int, end: int, next_model: str | None = None) -> list[FrameBatch]:
         if end <= begin:
@@ -331,10 +295,10 @@ class Session:
         return self._emit_latents(lat, begin, next_model)
 
     def _hand_over(self, model: str) -> None:
-        """With offload, start the copies of `model`'s first blocks now, behind the work
-        already queued, so its first block does not wait (a no-op when resident)."""
-        if self.offloader is not None:
-            self.offloader.prefetch_stack(model)
+        """`model` runs next: its stage hooks start now, behind the work already queued (with
+        offload, the copies of its first blocks, so that its first block does not wait)."""
+        for hook in self.stage_hooks:
+            hook(model)
 
     def _emit_latents(
         self, low: Tensor, begin: int, next_model: str | None = None
@@ -347,7 +311,7 @@ class Session:
         t = time.perf_counter()
         ctx_n = 0 if self.sr_context is None else self.sr_context.shape[2]
         seq = low if self.sr_context is None else torch.cat([self.sr_context, low], dim=2)
-        full = self.sr.run(seq, ctx_n, self.ref, self.segments)
+        full = self.sr.run(seq, ctx_n, self._reference(), self.segments)
         w = self.cfg.sr.window
         self.sr_context = seq[:, :, seq.shape[2] - min(w, seq.shape[2]) :] if w else None
         self.times.add("sr", time.perf_counter() - t)

@@ -56,7 +56,7 @@ class GateReport:
 def render_fixed(engine, seconds: float = 2.0, seed: int = 0) -> np.ndarray:
     """The gate's fixed input through one session: uint8 frames (N, H, W, 3)."""
     v = engine.cfg.video
-    session = engine.new_session(test_card(v.height, v.width), seed=seed)
+    session = engine.new_stream(test_card(v.height, v.width), seed=seed)
     try:
         session.push_audio(speech_like_audio(seconds, seed=1234))
         batches = session.generate_ready() + session.finish()

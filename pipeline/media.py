@@ -17,10 +17,9 @@ from pathlib import Path
 import av
 import numpy as np
 
+from pipeline.clock import FPS, MODEL_RATE, OUTPUT_RATE
 from pipeline.errors import MediaError
 
-MODEL_RATE = 16_000
-OUTPUT_RATE = 48_000
 ASSETS = Path(__file__).resolve().parent / "assets"
 
 
@@ -59,6 +58,75 @@ def load_image(path: str | Path) -> np.ndarray:
         raise
     except (av.FFmpegError, StopIteration, ValueError, OSError) as exc:
         raise MediaError(f"cannot read reference image {path}: {exc}") from None
+
+
+def write_png(path: str | Path, rgb: np.ndarray) -> Path:
+    """uint8 (H, W, 3) RGB → a PNG file (FFmpeg's encoder: the same image, the same bytes)."""
+    img = np.ascontiguousarray(rgb, dtype=np.uint8)
+    if img.ndim != 3 or img.shape[2] != 3:
+        raise ValueError(f"expected an (H, W, 3) RGB image, got shape {img.shape}")
+    codec = av.CodecContext.create("png", "w")
+    codec.width, codec.height, codec.pix_fmt = img.shape[1], img.shape[0], "rgb24"
+    packets = codec.encode(av.VideoFrame.from_ndarray(img, format="rgb24")) + codec.encode(None)
+    Path(path).write_bytes(b"".join(bytes(p) for p in packets))
+    return Path(path)
+
+
+def read_audio(path: str | Path, rate: int = MODEL_RATE) -> np.ndarray:
+    """Any audio file FFmpeg reads (any rate, any channels) → float32 mono at `rate`."""
+    path = Path(path)
+    if not path.is_file():
+        raise MediaError(f"audio file not found: {path}")
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.audio:
+                raise MediaError(f"{path} has no audio stream")
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+            parts = []
+            for frame in container.decode(audio=0):
+                frame.pts = None  # the resampler keeps its own continuous clock
+                parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
+            parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+    except av.FFmpegError as exc:
+        raise MediaError(f"cannot read audio {path}: {exc}") from None
+    return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+
+
+def resample(samples: np.ndarray, rate_in: int, rate_out: int = MODEL_RATE) -> np.ndarray:
+    """float32 mono from `rate_in` to `rate_out` (libswresample: output 0 is input 0)."""
+    x = np.ascontiguousarray(np.asarray(samples, np.float32).reshape(1, -1))
+    if rate_in == rate_out or x.size == 0:
+        return x.reshape(-1).copy()
+    frame = av.AudioFrame.from_ndarray(x, format="flt", layout="mono")
+    frame.sample_rate = rate_in
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=rate_out)
+    parts = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
+    parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
+    return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
+
+
+def to_pcm16(samples: np.ndarray) -> np.ndarray:
+    """float PCM (NaN, inf and clipping tolerated) → int16."""
+    x = np.nan_to_num(np.asarray(samples, np.float32), nan=0.0, posinf=1.0, neginf=-1.0)
+    return (np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16)
+
+
+def write_wav(path: str | Path, samples: np.ndarray, rate: int = MODEL_RATE) -> Path:
+    """Mono or (n, channels) PCM, int16 or float in [-1, 1] → a 16-bit PCM WAV file."""
+    pcm = np.asarray(samples)
+    pcm = pcm if pcm.dtype == np.int16 else to_pcm16(pcm)
+    channels = 1 if pcm.ndim == 1 else pcm.shape[1]
+    with av.open(str(path), "w", format="wav") as container:
+        stream = container.add_stream("pcm_s16le", rate=rate)
+        stream.layout = "mono" if channels == 1 else "stereo"
+        if pcm.size:
+            frame = av.AudioFrame.from_ndarray(
+                np.ascontiguousarray(pcm.reshape(1, -1)), format="s16", layout=stream.layout.name
+            )
+            frame.sample_rate = rate
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    return Path(path)
 
 
 @dataclass
@@ -112,7 +180,7 @@ def _block(model_parts: list[np.ndarray], output_parts: list[np.ndarray]) -> Aud
 class Mp4Writer:
     """H.264 + AAC MP4 at 25 fps, written to `<out>.partial` and renamed on `close()`."""
 
-    def __init__(self, path: str | Path, width: int, height: int, fps: int = 25) -> None:
+    def __init__(self, path: str | Path, width: int, height: int, fps: int = FPS) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = self.path.with_name(f".{self.path.name}.partial")
@@ -123,15 +191,22 @@ class Mp4Writer:
         self.video.options = {"crf": "20", "preset": "veryfast"}
         self.audio = self.container.add_stream("aac", rate=OUTPUT_RATE)
         self.audio.layout = "mono"
-        self.frames = 0
+        self.frames = 0  # frames written
+        self.next_index = 0  # the frame index (pts) the next frame takes by default
         self.samples = 0
 
-    def write_frames(self, frames: np.ndarray) -> None:
+    def write_frames(self, frames: np.ndarray, start: int | None = None) -> None:
+        """Frames in order; `start` places the first at that frame index (a recording with
+        frames lost on the way leaves the gaps). A frame at or before the last is skipped."""
+        index = self.next_index if start is None else start
         for rgb in frames:
-            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
-            frame.pts = self.frames
-            self.frames += 1
-            self.container.mux(self.video.encode(frame))
+            if index >= self.next_index:
+                frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
+                frame.pts = index
+                self.frames += 1
+                self.next_index = index + 1
+                self.container.mux(self.video.encode(frame))
+            index += 1
 
     def write_audio(self, samples_48k: np.ndarray) -> None:
         if samples_48k.size == 0:

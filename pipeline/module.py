@@ -10,6 +10,7 @@ points at a folder shipped inside the `pipeline` package (`pipeline/assets/weigh
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import torch
 from safetensors import SafetensorError
@@ -89,22 +90,26 @@ def build_seeded(factory, seed: int, device: torch.device | str = "cpu") -> nn.M
         return factory()
 
 
-class Module:
-    """A named model with its weights source, dtype and device. Stages call `.model`."""
+M = TypeVar("M", bound=nn.Module)
 
-    def __init__(self, name: str, model: nn.Module, dtype: torch.dtype, device: torch.device):
+
+class Module(Generic[M]):
+    """A named model with its weights source, dtype and device. Stages call `.model`
+    (typed: a stage declares `Module[VAE]` and gets a `VAE`)."""
+
+    def __init__(self, name: str, model: M, dtype: torch.dtype, device: torch.device):
         self.name = name
         self.model = model.eval().requires_grad_(False)
         self.dtype = dtype
         self.device = device
 
-    def load(self, weights_dir: Path | None) -> Module:
+    def load(self, weights_dir: Path | None) -> Module[M]:
         """Load `<weights_dir>/<name>.safetensors`; with no folder, keep the seeded init."""
         if weights_dir is not None:
             load_checkpoint(self.model, weights_dir / f"{self.name}.safetensors")
         return self
 
-    def place(self) -> Module:
+    def place(self) -> Module[M]:
         self.model.to(device=self.device, dtype=self.dtype)
         return self
 

@@ -145,7 +145,7 @@ class OffloadManager:
                     self._issue_copy(b)
                 self._bind(b)
                 b.device_buf = None  # the parameters now own the memory
-        if self.is_cuda:
+        if self.copy_stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.copy_stream)
         self.stacks.clear()
         self.resident.clear()
@@ -201,12 +201,14 @@ class OffloadManager:
             if self.cfg.record_stalls:
                 after.record(compute)
                 self.stats.stalls.append(StallRecord(block.stack, block.index, before, after))
+            assert block.device_buf is not None, "a copy was issued for this block"
             block.device_buf.record_stream(compute)
             block.ready = None
         self._bind(block)
 
     def _bind(self, block: _Block) -> None:
         buf = block.device_buf
+        assert buf is not None, "a block is bound only once its copy is issued"
         for p, offset, n in block.params:
             p.data = buf[offset : offset + n].view_as(p)
 
@@ -260,26 +262,7 @@ class OffloadManager:
         return sum(b.nbytes for s in self.stacks.values() for b in s)
 
 
-def offload_engine(engine, cfg: OffloadConfig | None = None) -> OffloadManager:
-    """Offload the two DiTs' block stacks of an engine (the bulk of its weights)."""
-    manager = OffloadManager(engine.device, cfg)
-    for name in ("a2v", "sr"):
-        manager.attach(name, engine.modules[name].model.transformer.blocks)
-    if manager.is_cuda:
-        torch.cuda.empty_cache()  # the blocks' former GPU copies
-    engine.offloader = manager
-    return manager
-
-
 # -- building models that do not fit ----------------------------------------------------------
-def dit_weight_bytes(cfg, bytes_per_param: int = 2) -> int:
-    """Parameter bytes of the two DiTs of a config, counted on the meta device (no memory)."""
-    from pipeline.engine import build_models
-
-    models = build_models(cfg, "meta", only=("a2v", "sr"))
-    return bytes_per_param * sum(p.numel() for m in models.values() for p in m.parameters())
-
-
 def materialize_blockwise(
     model: nn.Module,
     device: torch.device,
@@ -295,8 +278,10 @@ def materialize_blockwise(
     next one is made. For speed benchmarks of configs too large to build whole; the values
     differ from `build_models`' CPU-seeded init (same distributions).
     """
-    blocks = model.transformer.blocks
-    model.transformer.blocks = nn.ModuleList()
+    transformer = model.get_submodule("transformer")
+    blocks = transformer.get_submodule("blocks")
+    assert isinstance(blocks, nn.ModuleList)
+    transformer.blocks = nn.ModuleList()
     model.to_empty(device=device)
     _init_random(model, seed)
     model.to(dtype)
@@ -306,7 +291,7 @@ def materialize_blockwise(
         block.to(dtype)
         if manager is not None:
             manager.add_block(stack, i, block)
-    model.transformer.blocks = blocks
+    transformer.blocks = blocks
     if manager is not None:
         manager.hook_stack(stack, blocks)
     return model
@@ -317,8 +302,9 @@ def _init_random(module: nn.Module, seed: int) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for m in module.modules():
-            if hasattr(m, "reset_parameters"):
-                m.reset_parameters()
+            reset = getattr(m, "reset_parameters", None)
+            if callable(reset):
+                reset()
                 continue
             for name, p in m.named_parameters(recurse=False):
                 if "modulation" in name:

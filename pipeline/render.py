@@ -13,6 +13,7 @@ from pathlib import Path
 import av
 from tqdm import tqdm
 
+from pipeline.clock import FPS, MODEL_RATE
 from pipeline.engine import Engine, FrameBatch
 from pipeline.errors import MediaError
 from pipeline.media import Mp4Writer, iter_audio, load_reference
@@ -29,7 +30,7 @@ class RenderResult:
 def estimate_frames(audio_path: str | Path) -> int | None:
     try:
         with av.open(str(audio_path)) as c:
-            return round(c.duration / av.time_base * 25) if c.duration else None
+            return round(c.duration / av.time_base * FPS) if c.duration else None
     except (av.FFmpegError, OSError):
         return None
 
@@ -44,7 +45,7 @@ def render_file(
 ) -> RenderResult:
     image = load_reference(reference, engine.cfg)
     v = engine.cfg.video
-    session = engine.new_session(image, seed=seed)  # finds the face: fails before any file
+    session = engine.new_stream(image, seed=seed)  # finds the face: fails before any file
     writer = Mp4Writer(out, v.width, v.height, v.fps)
     bar = tqdm(
         total=estimate_frames(audio), unit="frame", disable=not progress, desc="render", leave=False
@@ -72,4 +73,4 @@ def render_file(
     finally:
         bar.close()
         session.close()
-    return RenderResult(Path(out), writer.frames, model_samples / 16_000, session.times.seconds)
+    return RenderResult(Path(out), writer.frames, model_samples / MODEL_RATE, session.times.seconds)

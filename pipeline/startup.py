@@ -75,8 +75,9 @@ class StartupReport:
 def start_engine(opts: EngineOptions):
     """Load the engine `opts` describe and make it ready for work; returns (engine, report)."""
     from pipeline.compile import compile_engine, prepare
-    from pipeline.engine import Engine
+    from pipeline.engine import load_engine
     from pipeline.offload import OffloadConfig
+    from pipeline.placement import plan_placement
 
     opts.validate()
     if opts.threads is not None:
@@ -99,7 +100,7 @@ def start_engine(opts: EngineOptions):
             record_stalls=opts.record_stalls,
         )
         if opts.offload
-        else opts.offload  # False: resident; None: the engine decides
+        else opts.offload  # False: resident; None: the plan decides
     )
     if cfg.runtime.stack == "photo" and (
         opts.compile or opts.offload or opts.precision != "default"
@@ -108,7 +109,8 @@ def start_engine(opts: EngineOptions):
             f"config {cfg.name!r} is the photo stack: --compile, --offload and --precision "
             "apply to the diffusion stack's DiTs only"
         )
-    engine = Engine.load(cfg, str(device), offload=offload, memory_cap_bytes=cap)
+    placement = plan_placement(cfg, device, offload, memory_cap_bytes=cap)
+    engine = load_engine(cfg, str(device), placement)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     report = StartupReport(load_seconds=time.perf_counter() - t)

@@ -17,8 +17,8 @@ from collections import deque
 import av
 import numpy as np
 
-RATE_IN = 48_000
-RATE_MODEL = 16_000
+from pipeline.clock import MODEL_RATE, OUTPUT_RATE
+
 log = logging.getLogger(__name__)
 
 
@@ -26,8 +26,8 @@ class InputResampler:
     """Decoded frames (any rate/layout/format) → mono s16 48 kHz and mono float32 16 kHz."""
 
     def __init__(self) -> None:
-        self._to48 = av.AudioResampler(format="s16", layout="mono", rate=RATE_IN)
-        self._to16 = av.AudioResampler(format="flt", layout="mono", rate=RATE_MODEL)
+        self._to48 = av.AudioResampler(format="s16", layout="mono", rate=OUTPUT_RATE)
+        self._to16 = av.AudioResampler(format="flt", layout="mono", rate=MODEL_RATE)
 
     def mono48(self, frame: av.AudioFrame) -> np.ndarray:
         """Downmix/resample one decoded frame; int16 (n,) at 48 kHz."""
@@ -39,7 +39,7 @@ class InputResampler:
         if pcm48.size == 0:
             return np.zeros(0, np.float32)
         frame = av.AudioFrame.from_ndarray(pcm48.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = RATE_IN
+        frame.sample_rate = OUTPUT_RATE
         out = [f.to_ndarray().reshape(-1) for f in self._to16.resample(frame)]
         pcm16 = np.concatenate(out).astype(np.float32) if out else np.zeros(0, np.float32)
         # s16 input cannot carry NaN, but a misbehaving filter must never reach the model.
@@ -52,13 +52,7 @@ def _concat_s16(frames: list[av.AudioFrame]) -> np.ndarray:
     return np.concatenate([f.to_ndarray().reshape(-1) for f in frames]).astype(np.int16)
 
 
-def float_to_s16(samples: np.ndarray) -> np.ndarray:
-    """float PCM (NaN, inf and clipping tolerated) → int16."""
-    x = np.nan_to_num(np.asarray(samples, np.float32), nan=0.0, posinf=1.0, neginf=-1.0)
-    return (np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16)
-
-
-class AudioTimeline:
+class PlaybackTimeline:
     """The 48 kHz mono playout buffer of one session: append, read by position, mute, cut.
 
     Only samples at or after `base` are kept; the audio track calls `release_before` as it
@@ -69,7 +63,7 @@ class AudioTimeline:
         self._chunks: deque[np.ndarray] = deque()
         self.base = 0  # position of the first kept sample
         self.head = 0  # position one past the last sample
-        self._max_ahead = int(max_ahead_s * RATE_IN)
+        self._max_ahead = int(max_ahead_s * OUTPUT_RATE)
         self._muted: list[tuple[int, int]] = []
 
     def append(self, pcm48: np.ndarray) -> int:

@@ -36,13 +36,17 @@ import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from realtime.audio_in import float_to_s16
+from pipeline.clock import MODEL_RATE, OUTPUT_RATE, VIDEO_CLOCK, VIDEO_TICKS_PER_FRAME
+from pipeline.media import Mp4Writer, read_audio, resample, to_pcm16
 from realtime.teardown import release_peer_connection
 
-RATE = 48_000
 FRAME = 960  # 20 ms
-FPS = 25
 log = logging.getLogger(__name__)
+
+
+def read_pcm(path: str | Path) -> np.ndarray:
+    """Any audio file → what a microphone sends: mono int16 at the playout rate."""
+    return to_pcm16(read_audio(path, OUTPUT_RATE))
 
 
 class PcmSource(MediaStreamTrack):
@@ -62,7 +66,8 @@ class PcmSource(MediaStreamTrack):
         if speed <= 0:
             raise ValueError("speed must be > 0")
         self.speed = speed
-        self._loop = np.asarray(pcm, np.int16).reshape(-1) if loop and pcm is not None else None
+        # (not `_loop`: aiortc's tracks keep their event loop under that name)
+        self._clip = np.asarray(pcm, np.int16).reshape(-1) if loop and pcm is not None else None
         self._buf = np.zeros(0, np.int16)
         self.sent = np.zeros(0, np.int16)  # everything sent, for alignment
         self.sent_at: list[float] = []  # when each 20 ms frame of it was sent
@@ -76,15 +81,15 @@ class PcmSource(MediaStreamTrack):
 
     @classmethod
     def from_wav(cls, path: str | Path, speed: float = 1.0, loop: bool = False) -> PcmSource:
-        return cls(read_audio(path), speed, loop)
+        return cls(read_pcm(path), speed, loop)
 
-    def push(self, pcm: np.ndarray, rate: int = RATE) -> None:
+    def push(self, pcm: np.ndarray, rate: int = OUTPUT_RATE) -> None:
         """Queue mono PCM (int16, or float in [-1, 1]; NaN/clipping tolerated)."""
         pcm = np.asarray(pcm).reshape(-1)
+        if rate != OUTPUT_RATE:
+            pcm = resample(pcm / 32768.0 if pcm.dtype == np.int16 else pcm, rate, OUTPUT_RATE)
         if pcm.dtype != np.int16:
-            pcm = float_to_s16(pcm)
-        if rate != RATE:
-            pcm = resample_s16(pcm, rate)
+            pcm = to_pcm16(pcm)
         self._buf = np.concatenate([self._buf, pcm])
         self.ended_at = None
 
@@ -100,10 +105,10 @@ class PcmSource(MediaStreamTrack):
             self._t0 = self.started_at = self._deadline = now
         if self._deadline > now:
             await asyncio.sleep(self._deadline - now)
-        if self._loop is not None and self._buf.size < FRAME:  # the clip again, seamlessly
-            self._buf = np.concatenate([self._buf, self._loop])
+        if self._clip is not None and self._buf.size < FRAME:  # the clip again, seamlessly
+            self._buf = np.concatenate([self._buf, self._clip])
         # queued audio goes at `speed`; the silence after it at real time, like a mic
-        self._deadline += FRAME / RATE / (self.speed if self._buf.size else 1.0)
+        self._deadline += FRAME / OUTPUT_RATE / (self.speed if self._buf.size else 1.0)
         self.sent_at.append(time.monotonic())
         chunk, self._buf = self._buf[:FRAME], self._buf[FRAME:]
         if chunk.size < FRAME:
@@ -112,9 +117,9 @@ class PcmSource(MediaStreamTrack):
             chunk = np.concatenate([chunk, np.zeros(FRAME - chunk.size, np.int16)])
         self.sent = np.concatenate([self.sent, chunk])
         frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = RATE
+        frame.sample_rate = OUTPUT_RATE
         frame.pts = self._index * FRAME
-        frame.time_base = fractions.Fraction(1, RATE)
+        frame.time_base = fractions.Fraction(1, OUTPUT_RATE)
         self._index += 1
         return frame
 
@@ -167,9 +172,10 @@ class FacecastClient:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self._channel = self.pc.createDataChannel("facecast")
         self._tasks: list[asyncio.Task] = []
-        self._writer = Mp4Writer(record_to) if record_to else None
+        self._writer = CallRecorder(record_to) if record_to else None
         self._new_frame = asyncio.Condition()
         self._new_event = asyncio.Condition()
+        self._notifiers: set[asyncio.Task] = set()  # held until done (the loop keeps weak refs)
         self._interrupts: asyncio.Queue[int] = asyncio.Queue(maxsize=16)
 
     async def __aenter__(self) -> FacecastClient:
@@ -211,6 +217,7 @@ class FacecastClient:
         try:
             while True:
                 frame = await track.recv()
+                assert isinstance(frame, av.VideoFrame) and frame.pts is not None
                 now = time.monotonic()
                 rec = self.received
                 rec.video_pts.append(int(frame.pts))
@@ -226,10 +233,11 @@ class FacecastClient:
             pass
 
     async def _consume_audio(self, track: MediaStreamTrack) -> None:
-        resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE)
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=OUTPUT_RATE)
         try:
             while True:
                 frame = await track.recv()
+                assert isinstance(frame, av.AudioFrame) and frame.pts is not None
                 pts = int(frame.pts)
                 frame.pts = None
                 pcm = np.concatenate(
@@ -254,7 +262,9 @@ class FacecastClient:
         self.events.append(msg)
         if msg.get("type") == "interrupted" and not self._interrupts.full():
             self._interrupts.put_nowait(int(msg["played_ms"]))
-        asyncio.ensure_future(self._notify_event())
+        task = asyncio.ensure_future(self._notify_event())
+        self._notifiers.add(task)
+        task.add_done_callback(self._notifiers.discard)
 
     async def _notify_event(self) -> None:
         async with self._new_event:
@@ -318,7 +328,7 @@ class FacecastClient:
         if len(rec.video_arrival) > 1:
             span = rec.video_arrival[-1] - rec.video_arrival[0]
             out["fps"] = round((len(rec.video_arrival) - 1) / span, 2)
-            pts_span = (rec.video_pts[-1] - rec.video_pts[0]) / 90_000
+            pts_span = (rec.video_pts[-1] - rec.video_pts[0]) / VIDEO_CLOCK
             out["fps_pts"] = round((len(rec.video_pts) - 1) / pts_span, 2) if pts_span else None
         timeline = as_timeline(self.source.sent, self.events)
         offset = av_offset_ms(rec, timeline)
@@ -342,7 +352,7 @@ class FacecastClient:
         if not rec.audio_pts or src.started_at is None:
             return {}
         inserted = [
-            (int(e["at_ms"] * RATE // 1000), int(e["added_ms"] * RATE // 1000))
+            (int(e["at_ms"] * OUTPUT_RATE // 1000), int(e["added_ms"] * OUTPUT_RATE // 1000))
             for e in self.events
             if e.get("type") == "delay_grown"
         ]
@@ -392,9 +402,9 @@ def as_timeline(sent: np.ndarray, events: list[dict]) -> np.ndarray:
     for event in events:
         if event.get("type") != "delay_grown":
             continue
-        at = int(event["at_ms"] * RATE // 1000) - shift  # in sent-audio samples
-        parts += [sent[done:at], np.zeros(int(event["added_ms"] * RATE // 1000), sent.dtype)]
-        done, shift = max(done, at), shift + int(event["added_ms"] * RATE // 1000)
+        at = int(event["at_ms"] * OUTPUT_RATE // 1000) - shift  # in sent-audio samples
+        parts += [sent[done:at], np.zeros(int(event["added_ms"] * OUTPUT_RATE // 1000), sent.dtype)]
+        done, shift = max(done, at), shift + int(event["added_ms"] * OUTPUT_RATE // 1000)
     return np.concatenate([*parts, sent[done:]])
 
 
@@ -408,12 +418,12 @@ def av_offset_ms(rec: Received, timeline: np.ndarray, max_lag_s: float = 1.0) ->
     got = rec.audio_timeline().astype(np.float32)
     ref = timeline.astype(np.float32)
     n = min(got.size, ref.size)
-    if n < RATE or not rec.video_pts or np.abs(ref[:n]).max() == 0 or np.abs(got).max() == 0:
+    if n < OUTPUT_RATE or not rec.video_pts or np.abs(ref[:n]).max() == 0 or np.abs(got).max() == 0:
         return None
     # Both timelines start at their stream's first packet; video pts 0 is frame 0.
-    lag = _best_lag(got[:n], ref[:n], int(max_lag_s * RATE))
-    video_origin = rec.video_pts[0] / 90_000  # nonzero only if frame 0 was lost
-    return lag / RATE * 1000 - video_origin * 1000
+    lag = _best_lag(got[:n], ref[:n], int(max_lag_s * OUTPUT_RATE))
+    video_origin = rec.video_pts[0] / VIDEO_CLOCK  # nonzero only if frame 0 was lost
+    return lag / OUTPUT_RATE * 1000 - video_origin * 1000
 
 
 def _best_lag(got: np.ndarray, ref: np.ndarray, max_lag: int) -> int:
@@ -428,86 +438,41 @@ def arrival_skew_ms(rec: Received) -> float | None:
     """Median (arrival − pts time) of video minus that of audio: how far apart they arrive."""
     if not rec.video_pts or not rec.audio_pts:
         return None
-    v = np.median(np.array(rec.video_arrival) - np.array(rec.video_pts) / 90_000)
+    v = np.median(np.array(rec.video_arrival) - np.array(rec.video_pts) / VIDEO_CLOCK)
     a0 = rec.audio_pts[0]
-    a = np.median(np.array(rec.audio_arrival) - (np.array(rec.audio_pts) - a0) / RATE)
+    a = np.median(np.array(rec.audio_arrival) - (np.array(rec.audio_pts) - a0) / OUTPUT_RATE)
     return round(float(v - a) * 1000, 1)
 
 
-class Mp4Writer:
-    """Records the call to MP4 (H.264 + AAC) by pts. Thread-safe: the video and audio
-    consumers call it from worker threads, and one container must not be muxed into
-    from two threads at once."""
+class CallRecorder:
+    """Records the call to MP4 (`pipeline.media.Mp4Writer`), video placed by its RTP
+    timestamps. Thread-safe: the video and audio consumers call it from worker threads,
+    and one container must not be muxed into from two threads at once. The file is opened
+    at the first frame (its size); audio before it is not recorded."""
 
     def __init__(self, path: str | Path) -> None:
+        self._path = path
         self._lock = threading.Lock()
-        self._last_pts = -1
-        self._box = av.open(str(path), "w")
-        self._v: av.VideoStream | None = None
-        self._a = self._box.add_stream("aac", rate=RATE, layout="mono")
-        self._a_resampler = av.AudioResampler(format="fltp", layout="mono", rate=RATE)
-        self._v0: int | None = None
+        self._writer: Mp4Writer | None = None
+        self._v0 = 0
 
     def video(self, rgb: np.ndarray, pts: int) -> None:
         with self._lock:
-            if pts > self._last_pts:  # a repeated or reordered frame would break the muxer
-                self._last_pts = pts
-                self._video(rgb, pts)
-
-    def _video(self, rgb: np.ndarray, pts: int) -> None:
-        if self._v is None:
-            self._v = self._box.add_stream("libx264", rate=FPS)
-            self._v.width, self._v.height = rgb.shape[1], rgb.shape[0]
-            self._v.pix_fmt = "yuv420p"
-            self._v.time_base = fractions.Fraction(1, 90_000)
-        self._v0 = pts if self._v0 is None else self._v0
-        frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
-        frame.pts = pts - self._v0
-        frame.time_base = fractions.Fraction(1, 90_000)
-        self._box.mux(self._v.encode(frame))
+            if self._writer is None:
+                self._writer = Mp4Writer(self._path, rgb.shape[1], rgb.shape[0])
+                self._v0 = pts
+            index = round((pts - self._v0) / VIDEO_TICKS_PER_FRAME)
+            self._writer.write_frames(rgb[None], start=index)
 
     def audio(self, pcm: np.ndarray, pts: int) -> None:
         with self._lock:
-            self._audio(pcm)
-
-    def _audio(self, pcm: np.ndarray) -> None:
-        if self._v is None:  # the MP4 header needs the video stream first
-            return
-        frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = RATE
-        frame.pts = None
-        for f in self._a_resampler.resample(frame):
-            self._box.mux(self._a.encode(f))
+            if self._writer is not None:
+                self._writer.write_audio(pcm.astype(np.float32) / 32768.0)
 
     def close(self) -> None:
         with self._lock:
-            self._close()
-
-    def _close(self) -> None:
-        if self._v is not None:
-            self._box.mux(self._v.encode(None))
-        self._box.mux(self._a.encode(None))
-        self._box.close()
-
-
-def read_audio(path: str | Path) -> np.ndarray:
-    """Any audio file → mono int16 at 48 kHz (PyAV)."""
-    with av.open(str(path)) as box:
-        resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE)
-        out = [
-            f.to_ndarray().reshape(-1) for fr in box.decode(audio=0) for f in resampler.resample(fr)
-        ]
-        out += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
-    return np.concatenate(out).astype(np.int16) if out else np.zeros(0, np.int16)
-
-
-def resample_s16(pcm: np.ndarray, rate: int) -> np.ndarray:
-    frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
-    frame.sample_rate = rate
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE)
-    out = [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
-    out += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
-    return np.concatenate(out).astype(np.int16) if out else np.zeros(0, np.int16)
+            if self._writer is not None:
+                self._writer.close()
 
 
 # ---- command line --------------------------------------------------------------------
@@ -515,12 +480,12 @@ def resample_s16(pcm: np.ndarray, rate: int) -> np.ndarray:
 
 async def run(args: argparse.Namespace) -> dict:
     if args.wav:
-        pcm = read_audio(args.wav)
+        pcm = await asyncio.to_thread(read_pcm, args.wav)
     else:
-        raw = np.frombuffer(Path(args.pcm).read_bytes(), np.int16)
-        pcm = resample_s16(raw, args.pcm_rate)
+        raw = np.frombuffer(await asyncio.to_thread(Path(args.pcm).read_bytes), np.int16)
+        pcm = to_pcm16(resample(raw / 32768.0, args.pcm_rate, OUTPUT_RATE))
     source = PcmSource(pcm, speed=args.speed, loop=args.loop)
-    seconds = args.seconds or (pcm.size / RATE + 3.0)
+    seconds = args.seconds or (pcm.size / OUTPUT_RATE + 3.0)
     client = FacecastClient(args.url, source, token=args.token, record_to=args.out)
     await client.connect()
     try:
@@ -545,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--wav", help="audio file to send (any format PyAV reads)")
     src.add_argument("--pcm", help="raw s16le mono PCM file to send")
-    parser.add_argument("--pcm-rate", type=int, default=16_000)
+    parser.add_argument("--pcm-rate", type=int, default=MODEL_RATE)
     parser.add_argument("--speed", type=float, default=1.0, help=">1 sends faster than real time")
     parser.add_argument(
         "--seconds", type=float, default=0, help="call length (default: audio + 3 s)"

@@ -6,7 +6,7 @@ and the VAD; under load, most visibly when an agent pushes audio five times fast
 real time, a step then takes up to twice its time. `EngineProcess` starts the engine in a
 spawned child (`pipeline.startup.start_engine`: load, compile, warm-up) and offers what the
 server's sessions use of an `Engine`: `cfg`, `stream_step`, `step_seconds`, `device`,
-`new_session`. Calls cross one pipe (serialised, like the engine itself); frames come back
+`new_stream`. Calls cross one pipe (serialised, like the engine itself); frames come back
 through a shared-memory buffer per session, so a 720p step's 44 MB are copied once.
 
 A failure inside the child is raised in the caller as `EngineProcessError`; the child
@@ -37,7 +37,7 @@ class EngineProcessError(RuntimeError):
 
 
 class EngineProcess:
-    """A started engine in a child process; `new_session` gives proxies of its sessions."""
+    """A started engine in a child process; `new_stream` gives proxies of its sessions."""
 
     def __init__(self, options: EngineOptions) -> None:
         ctx = mp.get_context("spawn")  # CUDA cannot be forked; a clean interpreter anyway
@@ -60,13 +60,13 @@ class EngineProcess:
         cfg = self.cfg
         return self._plan.step(k, cfg.frames_per_latent, cfg.lookahead_frames)
 
-    def new_session(self, reference_rgb: np.ndarray, seed: int = 0) -> RemoteSession:
+    def new_stream(self, reference_rgb: np.ndarray, seed: int = 0) -> RemoteStream:
         with self._lock:
             self._next_id += 1
             sid = self._next_id
         cfg = self.cfg
         frames = 2 * max(self.stream_step(0).frames, self.stream_step(1).frames)
-        return RemoteSession(self, sid, reference_rgb, seed, frames, cfg.video)
+        return RemoteStream(self, sid, reference_rgb, seed, frames, cfg.video)
 
     def gpu_memory_peak(self) -> int | None:
         return self.call("memory") if self.device.type == "cuda" else None
@@ -109,9 +109,9 @@ class EngineProcess:
         return value
 
 
-class RemoteSession:
-    """An engine session living in the engine process (the `pipeline.engine.Session` API
-    the realtime worker uses: push_audio, samples_needed, generate_ready, close)."""
+class RemoteStream:
+    """A stream living in the engine process: `pipeline.stream.AvatarStream` over the pipe,
+    frames back through shared memory."""
 
     def __init__(
         self,
@@ -138,8 +138,15 @@ class RemoteSession:
         return self._needed
 
     def generate_ready(self) -> list[FrameBatch]:
-        batches, self._needed = self._host.call("generate", self.id)
-        out, offset = [], 0
+        return self._frames(*self._host.call("generate", self.id))
+
+    def finish(self) -> list[FrameBatch]:
+        return self._frames(*self._host.call("finish", self.id))
+
+    def _frames(self, batches: list, needed: int) -> list[FrameBatch]:
+        self._needed = needed
+        out: list[FrameBatch] = []
+        offset = 0
         for start, count, pickled in batches:
             if pickled is not None:  # more than the buffer holds (never in serving)
                 out.append(FrameBatch(start, pickled))
@@ -204,7 +211,7 @@ def _handle(engine, sessions: dict, op: str, args: list):
         return torch.cuda.max_memory_allocated(engine.device)
     if op == "open":
         sid, reference, seed, shm_name, max_frames = args
-        session = engine.new_session(reference, seed=seed)
+        session = engine.new_stream(reference, seed=seed)
         # the server owns and unlinks the buffer (a spawned child shares its resource
         # tracker, so attaching here registers nothing new)
         sessions[sid] = (session, SharedMemory(name=shm_name), max_frames)
@@ -213,9 +220,11 @@ def _handle(engine, sessions: dict, op: str, args: list):
     if op == "push":
         session.push_audio(args[1])
         return session.samples_needed()
-    if op == "generate":
-        layout, offset, room = [], 0, max_frames
-        for batch in session.generate_ready():
+    if op in ("generate", "finish"):
+        made = session.generate_ready() if op == "generate" else session.finish()
+        layout: list[tuple[int, int, np.ndarray | None]] = []
+        offset, room = 0, max_frames
+        for batch in made:
             frames = np.ascontiguousarray(batch.frames)
             if len(frames) > room:
                 layout.append((batch.start, len(frames), frames))

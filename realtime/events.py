@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from realtime.audio_in import RATE_IN
+from pipeline.clock import OUTPUT_RATE
 from realtime.errors import BadRequest
 
 CLIENT_MESSAGES = ("interrupt", "ping")
@@ -38,7 +38,7 @@ def parse_client_message(raw: str | bytes) -> dict:
 
 
 def ms(samples: int) -> int:
-    return int(round(samples * 1000 / RATE_IN))
+    return int(round(samples * 1000 / OUTPUT_RATE))
 
 
 @dataclass

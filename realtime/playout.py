@@ -25,9 +25,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipeline.clock import FPS, FRAME_SECONDS
 from pipeline.schedule import StreamStep
 
-FPS = 25
 # Step time in serve over step time at warm-up, by (device, engine in its own process),
 # and the spread of step times (a fraction of a step, added to the margin), all measured
 # (bench/RESULTS.md). The demo on 2 cores, in the server's process: 0.33-0.38 s a step
@@ -76,7 +76,7 @@ def plan_playout(
     rate: float = 1.0,
     margin_s: float = 0.1,
     start_s: float = 0.0,
-    preroll_step_s: float = 1 / FPS,
+    preroll_step_s: float = FRAME_SECONDS,
 ) -> PlayoutBudget:
     """The budget for a schedule (`step(k)`, e.g. `Engine.stream_step`), measured step times
     and an input at `rate` (1: a microphone) whose first audio is held until `start_s`.

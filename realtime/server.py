@@ -44,7 +44,9 @@ from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSession
 from aiortc.codecs import CODECS
 from aiortc.sdp import SessionDescription
 
+from pipeline.clock import FPS
 from pipeline.startup import EngineOptions, start_engine
+from pipeline.stream import AvatarStream, StreamingEngine
 from realtime.dtls import allow_rsa_peers
 from realtime.edge import run_app
 from realtime.engine_process import EngineProcess
@@ -78,8 +80,8 @@ from realtime.security import (
     same_origin_guard,
     security_from_args,
 )
-from realtime.session import Session, SessionConfig
-from realtime.tracks import FPS, MediaSink
+from realtime.session import PeerSession, SessionConfig
+from realtime.tracks import MediaSink
 from realtime.vad import VoiceActivityDetector
 
 WEBCLIENT = Path(__file__).resolve().parent.parent / "webclient"
@@ -107,14 +109,17 @@ class ServerConfig:
 
 # Called for each new session; returns a started sink (or None) that receives the output
 # frames and audio, e.g. `realtime.kvs.KvsMirror`. The session closes it when it ends.
-SinkFactory = Callable[[Session], Awaitable[MediaSink | None]]
+SinkFactory = Callable[[PeerSession], Awaitable[MediaSink | None]]
 
 
 class Service:
     """Everything one app instance owns: engine, sessions, metrics. Stored on the app."""
 
     def __init__(
-        self, config: ServerConfig, engine: Any, sink_factories: Sequence[SinkFactory] = ()
+        self,
+        config: ServerConfig,
+        engine: StreamingEngine | None,
+        sink_factories: Sequence[SinkFactory] = (),
     ) -> None:
         self.config = config
         self.engine = engine  # None until `start_engine` has it warm
@@ -124,7 +129,7 @@ class Service:
         self.metrics = RealtimeMetrics()
         if engine is not None:
             self._mark_ready(engine)
-        self.sessions: dict[str, Session] = {}
+        self.sessions: dict[str, PeerSession] = {}
         self.reserved = 0  # offers being negotiated count against capacity
         self.engine_lock = threading.Lock()  # one generate_ready() at a time per engine
         self.reference: Any = None  # the server's identity (realtime.server.load_reference)
@@ -158,7 +163,7 @@ class Service:
             return
         self._mark_ready(engine)
 
-    def _mark_ready(self, engine: Any) -> None:
+    def _mark_ready(self, engine: StreamingEngine) -> None:
         report = getattr(engine, "startup", None)
         seconds = report.seconds if report is not None else 0.0
         self.startup_seconds = seconds
@@ -166,19 +171,25 @@ class Service:
         self.metrics.ready.set(1)
         self.engine = engine
 
+    def warm_engine(self) -> StreamingEngine:
+        if self.engine is None:
+            raise EngineStarting("the engine is starting; try again shortly")
+        return self.engine
+
     def video_size(self) -> tuple[int, int]:
-        video = self.engine.cfg.video
+        video = self.warm_engine().cfg.video
         return int(video.width), int(video.height)
 
-    def open_engine_session(self, seed: int, photo: Any = None) -> Any:
-        """An engine session of the server's reference, or of the offer's own photo."""
+    def open_engine_stream(self, seed: int, photo: Any = None) -> AvatarStream:
+        """An engine stream of the server's reference, or of the offer's own photo."""
+        engine = self.warm_engine()
         if photo is not None:
-            return self.engine.new_session(photo, seed=seed)
+            return engine.new_stream(photo, seed=seed)
         if self.reference is None:
-            self.reference = load_reference(self.config.reference, self.engine.cfg)
-        return self.engine.new_session(self.reference, seed=seed)
+            self.reference = load_reference(self.config.reference, engine.cfg)
+        return engine.new_stream(self.reference, seed=seed)
 
-    async def on_session_closed(self, session: Session) -> None:
+    async def on_session_closed(self, session: PeerSession) -> None:
         if self.sessions.pop(session.id, None) is not None:
             self.metrics.active_sessions.set(len(self.sessions))
 
@@ -187,7 +198,9 @@ SERVICE = web.AppKey("facecast", Service)
 
 
 def build_app(
-    config: ServerConfig, engine: Any, sink_factories: Sequence[SinkFactory] = ()
+    config: ServerConfig,
+    engine: StreamingEngine | None,
+    sink_factories: Sequence[SinkFactory] = (),
 ) -> web.Application:
     """The app around a loaded engine; `sink_factories` attach mirrors to each session."""
     allow_rsa_peers()  # GStreamer's webrtcbin has an RSA certificate (realtime/dtls.py)
@@ -325,7 +338,7 @@ def require_engine(service: Service) -> None:
 
 async def open_session(
     service: Service, request: OfferRequest, require_video: bool = True
-) -> Session:
+) -> PeerSession:
     """A new live session for `request`, if a slot is free (POST /offer and POST /whip).
 
     `require_video=False` accepts an offer with no video section (a WHIP client that only
@@ -342,15 +355,15 @@ async def open_session(
         service.reserved -= 1
 
 
-async def _negotiate(service: Service, request: OfferRequest, require_video: bool) -> Session:
+async def _negotiate(service: Service, request: OfferRequest, require_video: bool) -> PeerSession:
     offer = request.description
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # loopback/LAN: no STUN
     session_config = SessionConfig(**{**service.config.session.__dict__, "seed": request.seed})
     vad = await asyncio.to_thread(VoiceActivityDetector)  # loads its model: off the loop
-    session = Session(
+    session = PeerSession(
         secrets.token_urlsafe(18),
         pc,
-        lambda seed: service.open_engine_session(seed, request.photo),
+        lambda seed: service.open_engine_stream(seed, request.photo),
         service.video_size(),
         session_config,
         service.metrics,
@@ -527,7 +540,7 @@ def _parse_offer(body: dict, kvs: bool) -> OfferRequest:
     return OfferRequest(RTCSessionDescription(sdp=sdp, type="offer"), seed, stream)
 
 
-def _session(request: web.Request) -> Session:
+def _session(request: web.Request) -> PeerSession:
     sid = request.match_info["id"]
     session = request.app[SERVICE].sessions.get(sid)
     if session is None:
@@ -599,7 +612,7 @@ def kvs_sink_factory(options: KvsOptions) -> SinkFactory:
     options.validate(FPS)  # fail at start-up, not at the first call
     namer = StreamNamer(options.stream)
 
-    async def attach(session: Session) -> MediaSink:
+    async def attach(session: PeerSession) -> MediaSink:
         name = namer.next_name(session.offer_options.get("kvs_stream"))
         width, height = session.video_size
         mirror = KvsMirror(options, name, width, height, fps=FPS, registry=session.metrics.registry)

@@ -2,7 +2,7 @@
 
 Flow of one session (all on the event loop except the engine, which has its own thread):
 
-    peer audio track ──recv──▶ InputResampler ──48k──▶ AudioTimeline ──▶ AvatarAudioTrack
+    peer audio track ──recv──▶ InputResampler ──48k──▶ PlaybackTimeline ──▶ AvatarAudioTrack
                                        └─16k─▶ VadThread (events)
                                        └─16k─▶ GenerationWorker ──▶ FrameQueue ──▶ AvatarVideoTrack
 
@@ -28,23 +28,24 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+import av
 import numpy as np
 from aiortc import RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from realtime.audio_in import RATE_IN, AudioTimeline, InputResampler
+from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME, OUTPUT_RATE, OUTPUT_SAMPLES_PER_FRAME
+from pipeline.stream import AvatarStream
+from realtime.audio_in import InputResampler, PlaybackTimeline
 from realtime.errors import RealtimeError, SessionClosed
 from realtime.events import PlaybackTracker, message, parse_client_message
 from realtime.metrics import RealtimeMetrics
 from realtime.playout import EngineTiming, PlayoutBudget, plan_playout
 from realtime.teardown import release_peer_connection
 from realtime.tracks import (
-    FPS,
-    SAMPLES_PER_FRAME,
     AvatarAudioTrack,
     AvatarVideoTrack,
     FrameQueue,
@@ -52,14 +53,14 @@ from realtime.tracks import (
     PlayoutClock,
 )
 from realtime.vad import VadEvent, VadThread, VoiceActivityDetector
-from realtime.worker import SAMPLES_PER_FRAME_16K, ChunkStats, GenerationWorker
+from realtime.worker import ChunkStats, GenerationWorker
 
 log = logging.getLogger(__name__)
 PROBE_S = 0.1  # the first audio is held this long to tell a microphone from a push
 # Inserted silence comes in 160 ms steps: whole video frames (40 ms) and whole VAD windows
 # (32 ms), so neither the frames' audio nor the VAD's window phase shifts (silero's speech
 # edges move by up to 0.1 s with the phase).
-INSERT_STEP = 160 * RATE_IN // 1000
+INSERT_STEP = 160 * OUTPUT_RATE // 1000
 
 
 @dataclass
@@ -84,18 +85,18 @@ class SessionConfig:
     seed: int = 0
 
 
-class Session:
+class PeerSession:
     """A live peer. Create, `attach` to the negotiated peer connection, then `close`."""
 
     def __init__(
         self,
         session_id: str,
         pc: RTCPeerConnection,
-        open_engine_session: Callable[[int], Any],
+        open_engine_stream: Callable[[int], AvatarStream],
         video_size: tuple[int, int],
         config: SessionConfig,
         metrics: RealtimeMetrics,
-        on_closed: Callable[[Session], Awaitable[None]],
+        on_closed: Callable[[PeerSession], Awaitable[None]],
         vad: VoiceActivityDetector,
         timing: EngineTiming,
         engine_lock: threading.Lock | None = None,
@@ -124,7 +125,7 @@ class Session:
         self._closing: asyncio.Task | None = None
 
         self.clock = PlayoutClock()
-        self.timeline = AudioTimeline(config.max_input_ahead_s)
+        self.timeline = PlaybackTimeline(config.max_input_ahead_s)
         self._resampler = InputResampler()
         self.vad = VadThread(vad, self._loop, self._on_vad, name=f"vad-{session_id[:8]}")
         self.playback = PlaybackTracker(self._send)
@@ -149,7 +150,7 @@ class Session:
         lead = max(1, int(config.lead_s * FPS))
         self.frames = FrameQueue(lead, capacity=lead + 10 * FPS)
         self.worker = GenerationWorker(
-            lambda: open_engine_session(config.seed),
+            lambda: open_engine_stream(config.seed),
             self.frames,
             self.clock,
             self._loop,
@@ -249,7 +250,7 @@ class Session:
     def tasks(self) -> set[asyncio.Task]:
         return set(self._tasks)
 
-    def _spawn(self, coro: Awaitable, name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
         task = self._loop.create_task(coro, name=f"{name}-{self.id[:8]}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -268,6 +269,7 @@ class Session:
         try:
             while True:
                 frame = await track.recv()
+                assert isinstance(frame, av.AudioFrame), "an audio track yields audio frames"
                 self._last_rx = time.monotonic()
                 if self._first_audio is None:
                     self._first_audio = self._last_rx
@@ -341,10 +343,10 @@ class Session:
                     return
                 continue
             elapsed = time.monotonic() - self._first_audio + self._inserted_s
-            behind = elapsed - self.timeline.head / RATE_IN
+            behind = elapsed - self.timeline.head / OUTPUT_RATE
             quiet = (last or 0.0) > self.config.fill_after_s
             if (quiet and behind > self.config.fill_margin_s) or behind > self.config.fill_drift_s:
-                pad = int((behind - self.config.fill_margin_s) * RATE_IN)
+                pad = int((behind - self.config.fill_margin_s) * OUTPUT_RATE)
                 self._ingest(np.zeros(pad, np.int16))
 
     def _last_audio_age(self) -> float | None:
@@ -378,7 +380,7 @@ class Session:
             rate,
             margin,
             start_s=PROBE_S,
-            preroll_step_s=INSERT_STEP / RATE_IN,
+            preroll_step_s=INSERT_STEP / OUTPUT_RATE,
         )
 
     def _probe(self, pcm48: np.ndarray, arrived: float) -> None:
@@ -391,7 +393,7 @@ class Session:
         timeline its pre-roll (the step-0 audio exists at once: the first frame leaves a
         step's time after the probe, and speech keeps the planned delay)."""
         assert self._first_audio is not None
-        held = sum(p.size for p, _ in self._held) / RATE_IN
+        held = sum(p.size for p, _ in self._held) / OUTPUT_RATE
         rate = held / max(PROBE_S, time.monotonic() - self._first_audio)
         pushed = rate > 1.5  # an agent's audio, faster than real time
         self.budget = budget = self._plan(min(rate, 10.0) if pushed else 1.0)
@@ -400,9 +402,9 @@ class Session:
             budget = PlayoutBudget(fixed, fixed, 0.0, budget.keeps_up)
         self._planned_delay = budget.first_frame
         if budget.preroll:
-            samples = round(budget.preroll * RATE_IN / INSERT_STEP) * INSERT_STEP
+            samples = round(budget.preroll * OUTPUT_RATE / INSERT_STEP) * INSERT_STEP
             if samples:
-                self._preroll_s = samples / RATE_IN
+                self._preroll_s = samples / OUTPUT_RATE
                 self._inserted_s += self._preroll_s
                 self._ingest(np.zeros(samples, np.int16))
                 self._send_delay_grown(0, samples, budget.delay)
@@ -441,15 +443,15 @@ class Session:
         if time.monotonic() - self._last_speech_start < 0.5:
             return  # a speech start may still be on its way from the VAD thread
         # the delay the newest peer audio will see: its timeline slot minus its arrival
-        current = t0 + self.timeline.head / RATE_IN - last_rx
+        current = t0 + self.timeline.head / OUTPUT_RATE - last_rx
         missing = target - current
         if missing > 0.02:
-            samples = math.ceil(missing * RATE_IN / INSERT_STEP) * INSERT_STEP
+            samples = math.ceil(missing * OUTPUT_RATE / INSERT_STEP) * INSERT_STEP
             at = self.timeline.head
-            self._inserted_s += samples / RATE_IN
-            self._grown_s += samples / RATE_IN
+            self._inserted_s += samples / OUTPUT_RATE
+            self._grown_s += samples / OUTPUT_RATE
             self._ingest(np.zeros(samples, np.int16))
-            delay = current + samples / RATE_IN
+            delay = current + samples / OUTPUT_RATE
             self.metrics.playout_delay.observe(delay)
             self._send_delay_grown(at, samples, delay)
         self._delay_target = None
@@ -459,8 +461,8 @@ class Session:
         self._send(
             message(
                 "delay_grown",
-                at_ms=round(at * 1000 / RATE_IN),
-                added_ms=round(samples * 1000 / RATE_IN),
+                at_ms=round(at * 1000 / OUTPUT_RATE),
+                added_ms=round(samples * 1000 / OUTPUT_RATE),
                 delay_ms=round(delay * 1000),
             )
         )
@@ -480,7 +482,7 @@ class Session:
             self.metrics.ttff.observe(self.ttff_s)
         # the frame shows timeline audio [index, index + 1) frames; its middle sample's
         # arrival starts the frame's speech-to-lips latency
-        middle = index * SAMPLES_PER_FRAME + SAMPLES_PER_FRAME // 2
+        middle = index * OUTPUT_SAMPLES_PER_FRAME + OUTPUT_SAMPLES_PER_FRAME // 2
         while len(self._arrivals) > 1 and self._arrivals[0][0] <= middle:
             self._arrivals.popleft()
         if not fresh or not self._arrivals:
@@ -514,10 +516,10 @@ class Session:
         played_ms = self.playback.interrupt()
         self.frames.truncate(cut)
         new_audio = self.worker.rebase(cut)
-        self.timeline.cut_at(new_audio * SAMPLES_PER_FRAME)
-        self.timeline.mute(self.audio.position, new_audio * SAMPLES_PER_FRAME)
+        self.timeline.cut_at(new_audio * OUTPUT_SAMPLES_PER_FRAME)
+        self.timeline.mute(self.audio.position, new_audio * OUTPUT_SAMPLES_PER_FRAME)
         self.last_interrupt = (now, cut, new_audio)
-        stop = self.vad.reset_at(new_audio * SAMPLES_PER_FRAME_16K)
+        stop = self.vad.reset_at(new_audio * MODEL_SAMPLES_PER_FRAME)
         if stop is not None:
             self.metrics.vad_transitions.labels(stop.kind).inc()
             self._send(message(stop.kind, at_ms=round(stop.ms), interrupted=True))

@@ -14,7 +14,7 @@ bound methods of itself to its ICE gatherer, ICE transports and DTLS transports
 (`statechange`) and to its SCTP transport (`datachannel`). `RTCPeerConnection.close()`
 removes only the listeners on the connection itself, so `release_peer_connection` removes
 the rest once the connection is closed; no event can fire on a closed transport anyway.
-`Session._release` and `FacecastClient.close` break the cycles of our own objects.
+`PeerSession._release` and `FacecastClient.close` break the cycles of our own objects.
 
 A few small cycles are left to the collector, none holding media, codecs or threads: a
 closed asyncio socket transport (its read callback is a bound method of itself), aioice's

@@ -27,14 +27,17 @@ import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from realtime.audio_in import RATE_IN, AudioTimeline
+from pipeline.clock import (
+    FPS,
+    FRAME_SECONDS,
+    OUTPUT_RATE,
+    VIDEO_CLOCK,
+    VIDEO_TICKS_PER_FRAME,
+)
+from realtime.audio_in import PlaybackTimeline
 from realtime.metrics import RealtimeMetrics
 
-FPS = 25
-VIDEO_CLOCK = 90_000
-VIDEO_TICKS = VIDEO_CLOCK // FPS  # 3600
 AUDIO_SAMPLES = 960  # 20 ms at 48 kHz
-SAMPLES_PER_FRAME = RATE_IN // FPS  # 1920 timeline samples per video frame
 MAX_CATCHUP_FRAMES = 5  # a stall up to 200 ms is sent as a burst; longer ones skip
 log = logging.getLogger(__name__)
 
@@ -193,14 +196,14 @@ class AvatarVideoTrack(_PacedTrack):
         behind = int((time.monotonic() - t0) * FPS) - self._index
         if behind > MAX_CATCHUP_FRAMES:
             self._index += behind - 1
-        index = await self._wait_deadline(1 / FPS)
+        index = await self._wait_deadline(FRAME_SECONDS)
         try:
             rgb = self._next_rgb(index)
         except Exception:
             log.exception("session %s: video frame %d failed; repeating last", self._sid, index)
             rgb = self._last
         frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
-        frame.pts = index * VIDEO_TICKS
+        frame.pts = index * VIDEO_TICKS_PER_FRAME
         frame.time_base = fractions.Fraction(1, VIDEO_CLOCK)
         return frame
 
@@ -213,7 +216,7 @@ class AvatarVideoTrack(_PacedTrack):
             self.dropped += dropped
             self._metrics.frames_dropped.inc(dropped)
         fresh = rgb is not None and _valid(rgb, self._size)
-        if not fresh:
+        if rgb is None or not fresh:
             if rgb is not None:
                 log.warning("session %s: frame %d has bad shape/dtype", self._sid, index)
             self.repeated += 1
@@ -235,7 +238,7 @@ class AvatarAudioTrack(_PacedTrack):
     def __init__(
         self,
         clock: PlayoutClock,
-        timeline: AudioTimeline,
+        timeline: PlaybackTimeline,
         sinks: list[MediaSink],
         session_id: str,
         on_played: Callable[[int], None],
@@ -252,7 +255,7 @@ class AvatarAudioTrack(_PacedTrack):
     async def recv(self) -> av.AudioFrame:
         # Audio never skips: the Opus encoder stamps RTP by sample count, so a skipped
         # frame would shift all later audio against the video.
-        index = await self._wait_deadline(AUDIO_SAMPLES / RATE_IN)
+        index = await self._wait_deadline(AUDIO_SAMPLES / OUTPUT_RATE)
         start = index * AUDIO_SAMPLES
         try:
             pcm = self._timeline.read(start, AUDIO_SAMPLES)
@@ -261,9 +264,9 @@ class AvatarAudioTrack(_PacedTrack):
             log.exception("session %s: audio frame %d failed; sending silence", self._sid, index)
             pcm = np.zeros(AUDIO_SAMPLES, np.int16)
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = RATE_IN
+        frame.sample_rate = OUTPUT_RATE
         frame.pts = start
-        frame.time_base = fractions.Fraction(1, RATE_IN)
+        frame.time_base = fractions.Fraction(1, OUTPUT_RATE)
         self.position = start + AUDIO_SAMPLES
         for sink in self._sinks:
             _safe(self._sid, sink.put_audio, pcm, start)

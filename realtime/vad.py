@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pipeline.clock import MODEL_RATE
+
 # Importing silero_vad sets torch's process-wide thread count to 1, which would leave the
 # engine (same process) on one core: keep the count we had.
 _threads = torch.get_num_threads()
@@ -28,7 +30,6 @@ torch.set_num_threads(_threads)
 
 log = logging.getLogger(__name__)
 WINDOW = 512  # silero-vad's only supported window at 16 kHz (32 ms)
-RATE = 16_000
 
 
 @dataclass
@@ -49,7 +50,7 @@ class VadEvent:
 
     @property
     def ms(self) -> float:
-        return self.sample * 1000.0 / RATE
+        return self.sample * 1000.0 / MODEL_RATE
 
 
 class VoiceActivityDetector:
@@ -93,7 +94,7 @@ class VoiceActivityDetector:
 
     def _prob(self, window: np.ndarray) -> float:
         with torch.inference_mode():
-            return float(self._model(torch.from_numpy(window), RATE))
+            return float(self._model(torch.from_numpy(window), MODEL_RATE))
 
     def _step(self, prob: float) -> VadEvent | None:
         cfg = self.config
@@ -105,12 +106,12 @@ class VoiceActivityDetector:
             self._candidate = self._pos
         self._count += 1
         need_ms = cfg.min_silence_ms if self.speaking else cfg.min_speech_ms
-        if self._count * WINDOW * 1000 < need_ms * RATE:
+        if self._count * WINDOW * 1000 < need_ms * MODEL_RATE:
             return None
         edge, self._candidate, self._count = self._candidate, None, 0
         self.speaking = not self.speaking
         if self.speaking:
-            return VadEvent("speech_started", max(0, edge - cfg.start_pad_ms * RATE // 1000))
+            return VadEvent("speech_started", max(0, edge - cfg.start_pad_ms * MODEL_RATE // 1000))
         return VadEvent("speech_stopped", edge)
 
 
@@ -135,7 +136,10 @@ class VadThread:
         self._queue: queue.SimpleQueue[tuple[int, np.ndarray] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._epoch = 0  # bumped by reset_at: audio queued before it is dropped
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        # Not a daemon: at exit Python kills daemon threads where they next take the GIL,
+        # and one inside silero's TorchScript call then aborts the process ("terminate
+        # called without an active exception"). This one ends between windows instead.
+        self._thread = threading.Thread(target=self._run, name=name)
         self._thread.start()
 
     @property
@@ -153,14 +157,21 @@ class VadThread:
         return stop
 
     def close(self) -> None:
-        """Stop after the queued audio; no event reaches the owner any more (this also
-        breaks the owner -> thread -> callback -> owner reference cycle)."""
+        """Stop; audio still queued is dropped and no event reaches the owner any more
+        (this also breaks the owner -> thread -> callback -> owner reference cycle)."""
         self._on_event = _ignore
+        with self._lock:
+            self._epoch += 1
         self._queue.put(None)
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=0.25)
+            except queue.Empty:
+                if threading.main_thread().is_alive():
+                    continue
+                return  # the interpreter is exiting and nobody closed us: end here
             if item is None:
                 return
             epoch, pcm16 = item

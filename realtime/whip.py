@@ -37,7 +37,7 @@ from aiortc.sdp import SessionDescription, candidate_from_sdp
 from realtime.errors import BadRequest, SessionNotFound, Unprocessable, UnsupportedMediaType
 from realtime.ice_servers import link_header
 from realtime.server import SERVICE, OfferRequest, open_session, require_engine
-from realtime.session import Session
+from realtime.session import PeerSession
 
 SDP_TYPE = "application/sdp"
 TRICKLE_TYPE = "application/trickle-ice-sdpfrag"
@@ -69,7 +69,7 @@ async def _post(request: web.Request) -> web.Response:
     )
     sessions = request.app[WHIP_SESSIONS]
     sessions[session.id] = _pull_unsent_tracks(session)
-    # Session.close() stops its tracks: the end of any session, whoever closes it.
+    # PeerSession.close() stops its tracks: the end of any session, whoever closes it.
     session.video.on("ended", lambda: _forget(sessions, session.id))
     log.info("session %s: opened by WHIP", session.id)
     response = web.Response(
@@ -115,7 +115,7 @@ async def _patch(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
-def _whip_session(request: web.Request) -> Session:
+def _whip_session(request: web.Request) -> PeerSession:
     sid = request.match_info["id"]
     session = request.app[SERVICE].sessions.get(sid)
     if sid not in request.app[WHIP_SESSIONS] or session is None:
@@ -170,7 +170,7 @@ def _check_offer(body: bytes) -> str:
     return sdp
 
 
-def _pull_unsent_tracks(session: Session) -> list[asyncio.Task]:
+def _pull_unsent_tracks(session: PeerSession) -> list[asyncio.Task]:
     """Pull each avatar track that no RTP sender pulls, at the pace a sender would."""
     sent = {t.sender.track for t in session.pc.getTransceivers() if t.currentDirection in SENDING}
     loop = asyncio.get_running_loop()

@@ -24,14 +24,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME
 from pipeline.schedule import StreamStep
-from realtime.tracks import FPS, FrameQueue, PlayoutClock
+from pipeline.stream import AvatarStream
+from realtime.tracks import FrameQueue, PlayoutClock
 
-SAMPLES_PER_FRAME_16K = 640  # video frame n ↔ 16 kHz samples [n·640, (n+1)·640)
 log = logging.getLogger(__name__)
 
 
@@ -49,7 +49,7 @@ class ChunkStats:
 class GenerationWorker:
     def __init__(
         self,
-        open_engine_session: Callable[[], Any],
+        open_engine_stream: Callable[[], AvatarStream],
         frames: FrameQueue,
         clock: PlayoutClock,
         loop: asyncio.AbstractEventLoop,
@@ -61,8 +61,8 @@ class GenerationWorker:
         margin_s: float = 0.1,
         engine_lock: threading.Lock | None = None,
     ) -> None:
-        self._open = open_engine_session
-        self._engine: Any = None
+        self._open = open_engine_stream
+        self._engine: AvatarStream | None = None
         self._frames = frames
         self._clock = clock
         self._loop = loop
@@ -111,7 +111,7 @@ class GenerationWorker:
         shown from `cut_frame` on. The audio it already holds (flushed speech) still becomes
         frames, shown muted; returns the timeline frame where new audio starts, right after
         them, so new speech and its frames stay in sync."""
-        spf = SAMPLES_PER_FRAME_16K
+        spf = MODEL_SAMPLES_PER_FRAME
         with self._pending_lock:
             self._pending.clear()
             first_new = -(-self.pushed // spf)  # engine frame that new audio starts
@@ -144,12 +144,12 @@ class GenerationWorker:
 
     def _run(self) -> None:
         try:
-            self._engine = self._open()  # the init stage (reference encoding) is heavy too
+            stream = self._engine = self._open()  # the init stage (reference encoding) is heavy too
             while self._frames.wait_room(self._clock.frame_now, self._stop):
-                if not self._feed():
+                if not self._feed(stream):
                     self._frames.wait_idle(self._stop, 0.05)  # woken by push()
                     continue
-                self._generate()
+                self._generate(stream)
         except Exception as exc:  # the session ends with an error event, never the server
             log.exception("session %s: generation failed", self._sid)
             self._call_soon(self._on_error, exc)
@@ -177,11 +177,11 @@ class GenerationWorker:
         """16 kHz timeline position of the next sample to give the engine."""
         return self.pushed + self.skipped
 
-    def _feed(self) -> bool:
+    def _feed(self, stream: AvatarStream) -> bool:
         """Hand the engine exactly the audio its next step still needs, once it is all here
         (skipping backlog first if generation is late); False while it is not."""
         with self._pending_lock:
-            need = max(0, self._engine.samples_needed() - self._pad)
+            need = max(0, stream.samples_needed() - self._pad)
             pending = sum(p.size for p in self._pending)
             if pending < need:
                 return False
@@ -192,7 +192,7 @@ class GenerationWorker:
                 parts.insert(0, np.zeros(self._pad, np.float32))
                 self._pad = 0
         if parts:
-            self._engine.push_audio(np.concatenate(parts))
+            stream.push_audio(np.concatenate(parts))
         return True
 
     def _take(self, room: int) -> list[np.ndarray]:
@@ -213,9 +213,9 @@ class GenerationWorker:
         the next step's first ones, which exist one step later still; so the first new frame
         must be due `margin + max(G, 2G - (E - carry))` from now (G: step time, E: frames per
         step). A worker that keeps up has no backlog and never skips."""
-        if self._clock.t0 is None or surplus < SAMPLES_PER_FRAME_16K:
+        if self._clock.t0 is None or surplus < MODEL_SAMPLES_PER_FRAME:
             return
-        spf = SAMPLES_PER_FRAME_16K
+        spf = MODEL_SAMPLES_PER_FRAME
         g = self._gen_seconds * FPS  # in frame times
         ahead = self._margin_s * FPS + max(g, 2 * g - (self._step_frames - self._carry_frames))
         due_now = (time.monotonic() - self._clock.t0) * FPS
@@ -232,17 +232,17 @@ class GenerationWorker:
 
     def _timeline_index(self, engine_frame: int) -> int:
         """Engine frame → timeline frame (they differ by the frames skipped before it)."""
-        centre = engine_frame * SAMPLES_PER_FRAME_16K + SAMPLES_PER_FRAME_16K // 2
+        centre = engine_frame * MODEL_SAMPLES_PER_FRAME + MODEL_SAMPLES_PER_FRAME // 2
         offset = 0
         for pos, frames in self._breaks:
             if pos <= centre:
                 offset = frames
         return engine_frame + offset
 
-    def _generate(self) -> None:
+    def _generate(self, stream: AvatarStream) -> None:
         t = time.perf_counter()
         with self._engine_lock:
-            batches = self._engine.generate_ready()
+            batches = stream.generate_ready()
         seconds = time.perf_counter() - t
         count = 0
         for batch in batches:
@@ -258,7 +258,7 @@ class GenerationWorker:
             count += len(frames)
         # Breaks before the last generated frame are folded into one.
         while (
-            len(self._breaks) > 1 and self._breaks[1][0] <= self.generated * SAMPLES_PER_FRAME_16K
+            len(self._breaks) > 1 and self._breaks[1][0] <= self.generated * MODEL_SAMPLES_PER_FRAME
         ):
             self._breaks.pop(0)
         if count and self.generated > count:  # not the short first step

@@ -6,39 +6,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import av
 import moto
 import numpy as np
 import pytest
 
 from pipeline.config import load_config
 from pipeline.engine import Engine
+from pipeline.media import write_png
 from realtime.kvs.control import clear_client_cache
-
-
-def write_png(path: Path, rgb: np.ndarray) -> Path:
-    with av.open(str(path), "w") as c:
-        s = c.add_stream("png")
-        s.width, s.height, s.pix_fmt = rgb.shape[1], rgb.shape[0], "rgb24"
-        c.mux(s.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
-        c.mux(s.encode(None))
-    return path
-
-
-def write_wav(path: Path, samples: np.ndarray, rate: int = 16_000, channels: int = 1) -> Path:
-    """float samples in [-1, 1], shape (n,) or (n, channels) → 16-bit PCM WAV."""
-    pcm = (np.clip(samples, -1, 1) * 32767).astype(np.int16).reshape(-1, channels)
-    with av.open(str(path), "w", format="wav") as c:
-        s = c.add_stream("pcm_s16le", rate=rate)
-        s.layout = "mono" if channels == 1 else "stereo"
-        if pcm.size:
-            frame = av.AudioFrame.from_ndarray(
-                pcm.reshape(1, -1), format="s16", layout=s.layout.name
-            )
-            frame.sample_rate = rate
-            c.mux(s.encode(frame))
-        c.mux(s.encode(None))
-    return path
 
 
 def synthetic_reference(h: int = 160, w: int = 128) -> np.ndarray:

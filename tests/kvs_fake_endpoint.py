@@ -463,7 +463,7 @@ async def _serve(args: argparse.Namespace) -> None:
     finally:
         for stream in endpoint.headers:
             path = args.out.replace(".mkv", f"-{stream}.mkv")
-            with open(path, "wb") as out:
+            with open(path, "wb") as out:  # noqa: ASYNC230 - at exit, nothing else runs
                 out.write(endpoint.mkv(stream))
             print(f"{stream}: {len(endpoint.fragments(stream))} fragments -> {path}")
         await endpoint.stop()

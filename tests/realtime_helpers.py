@@ -12,7 +12,6 @@ import contextlib
 import json
 import shutil
 import subprocess
-import wave
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,8 @@ from urllib.parse import urlsplit
 
 import av
 import numpy as np
+
+from pipeline.media import write_wav
 
 RATE = 48_000
 
@@ -69,22 +70,14 @@ def make_speech_wav(path: Path, plan: list[str | float], voice: str = "en") -> S
         parts.append(pcm)
         pos += pcm.size
     pcm = np.concatenate(parts)
-    write_wav(path, pcm)
+    write_wav(path, pcm, RATE)
     return SpeechWav(path, pcm, segments)
-
-
-def write_wav(path: Path, pcm: np.ndarray, rate: int = RATE) -> None:
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(np.asarray(pcm, np.int16).tobytes())
 
 
 def tone_wav(path: Path, seconds: float, freq: float, amp: float = 0.3) -> np.ndarray:
     t = np.arange(int(seconds * RATE)) / RATE
     pcm = (amp * 32767 * np.sin(2 * np.pi * freq * t)).astype(np.int16)
-    write_wav(path, pcm)
+    write_wav(path, pcm, RATE)
     return pcm
 
 
@@ -178,7 +171,7 @@ class ScriptedEngine:
         begin = 0 if k == 0 else end - self.chunk
         return StreamStep(k, end + self.lookahead, begin, end)
 
-    def new_session(self, reference_rgb, seed: int = 0):
+    def new_stream(self, reference_rgb, seed: int = 0):
         stream = ScriptedStream(self)
         self.sessions.append(stream)
         return stream

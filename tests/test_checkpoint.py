@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from pipeline.config import load_config
-from pipeline.engine import Engine, build_models
+from pipeline.engine import Engine
 from pipeline.errors import CheckpointError
+from pipeline.models.build import build_models
 from pipeline.module import load_checkpoint, save_checkpoint
 
 
@@ -26,7 +27,7 @@ def test_round_trip_gives_identical_outputs(tmp_path):
     ref = np.full((64, 64, 3), 90, np.uint8)
 
     def frames(engine):
-        s = engine.new_session(ref)
+        s = engine.new_stream(ref)
         s.push_audio(np.zeros(8000, np.float32))
         return np.concatenate([b.frames for b in s.finish()])
 

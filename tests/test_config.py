@@ -3,8 +3,8 @@
 import pytest
 
 from pipeline.config import latent_grid, load_config
-from pipeline.engine import build_models
 from pipeline.errors import ConfigError
+from pipeline.models.build import build_models
 
 
 def params(model) -> int:

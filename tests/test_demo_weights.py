@@ -34,7 +34,7 @@ def talking_clip():
     audio = audio[: len(audio) // 640 * 640]
     reference = render_reference(identity_for(424_242, 0), 256)
     engine = Engine.load(load_config("demo"))
-    session = engine.new_session(reference, seed=0)
+    session = engine.new_stream(reference, seed=0)
     session.push_audio(audio)
     frames = np.concatenate([b.frames for b in session.generate_ready() + session.finish()])
     session.close()

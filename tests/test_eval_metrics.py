@@ -10,10 +10,10 @@ import pytest
 from pipeline.eval import metrics as M
 from pipeline.eval.commands import eval_main
 from pipeline.eval.evaluate import run_eval
+from pipeline.media import write_png, write_wav
 from pipeline.synth.face import FaceIdentity, random_identity, render_frames, render_reference
-from pipeline.synth.image import write_png
 from pipeline.synth.motion import MotionTrack, motion_from_audio, silence_segments
-from pipeline.synth.speech import random_speech, write_wav
+from pipeline.synth.speech import random_speech
 
 SIZE = 128
 CHUNK = 25

@@ -10,6 +10,7 @@ producer timestamp and bytes, so it can be dropped (see realtime/kvs/ledger.py).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -47,8 +48,8 @@ async def test_the_dump_is_what_was_sent_and_passes_mkvinfo_and_ffprobe(endpoint
     data = dumps[0].read_bytes()
     assert data == endpoint.headers["show"].data + b"".join(f.data for f in endpoint.received)
 
-    mkvinfo = subprocess.run(
-        [MKVINFO, "-v", str(dumps[0])], capture_output=True, text=True, check=False
+    mkvinfo = await asyncio.to_thread(
+        subprocess.run, [MKVINFO, "-v", str(dumps[0])], capture_output=True, text=True, check=False
     )
     assert mkvinfo.returncode == 0, mkvinfo.stdout[-2000:] + mkvinfo.stderr
     problems = [
@@ -61,7 +62,8 @@ async def test_the_dump_is_what_was_sent_and_passes_mkvinfo_and_ffprobe(endpoint
     assert "Codec ID: V_MPEG4/ISO/AVC" in mkvinfo.stdout
     assert "Codec ID: A_AAC" in mkvinfo.stdout
 
-    probe = subprocess.run(
+    probe = await asyncio.to_thread(
+        subprocess.run,
         [FFPROBE, "-v", "warning", "-show_streams", "-of", "json", str(dumps[0])],
         capture_output=True,
         text=True,

@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from pipeline.config import load_config
-from pipeline.engine import Engine, build_models
+from pipeline.engine import Engine
 from pipeline.gate import render_fixed
+from pipeline.models.build import build_models
 from pipeline.offload import OffloadConfig, OffloadManager, materialize_blockwise
+from pipeline.placement import Placement
 
 DEEP = {"a2v.depth": 4, "sr.depth": 3}
 
@@ -24,7 +26,7 @@ def block_bytes(engine) -> int:
 
 def test_offload_gives_identical_frames_while_streaming(resident_frames):
     engine = Engine.load(
-        load_config("tiny", overrides=DEEP), "cpu", offload=OffloadConfig(prefetch=1)
+        load_config("tiny", overrides=DEEP), "cpu", Placement(offload=OffloadConfig(prefetch=1))
     )
     # room for 2.5 of the largest blocks: every DiT pass must evict and reload
     engine.offloader._budget = int(2.5 * block_bytes(engine))
@@ -37,7 +39,7 @@ def test_offload_gives_identical_frames_while_streaming(resident_frames):
 
 def test_offload_with_room_for_everything_loads_each_block_once(resident_frames):
     engine = Engine.load(
-        load_config("tiny", overrides=DEEP), "cpu", offload=OffloadConfig(budget_gb=1.0)
+        load_config("tiny", overrides=DEEP), "cpu", Placement(offload=OffloadConfig(budget_gb=1.0))
     )
     frames = render_fixed(engine, seconds=1.0)
     assert np.array_equal(frames, resident_frames)
@@ -46,7 +48,9 @@ def test_offload_with_room_for_everything_loads_each_block_once(resident_frames)
 
 
 def test_weights_live_in_host_buffers_between_uses():
-    engine = Engine.load(load_config("tiny", overrides=DEEP), "cpu", offload=True)
+    engine = Engine.load(
+        load_config("tiny", overrides=DEEP), "cpu", Placement(offload=OffloadConfig())
+    )
     manager = engine.offloader
     block = manager.stacks["a2v"][0]
     weight = engine.modules["a2v"].model.transformer.blocks[0].attn.qkv.weight

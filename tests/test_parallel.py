@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 
 from pipeline.config import load_config
-from pipeline.engine import Engine, build_models
+from pipeline.engine import Engine
+from pipeline.models.build import build_models
 from pipeline.parallel.launch import ParallelOptions, launch, parallelize_engine
 from pipeline.parallel.ulysses import SequenceParallelStack, UlyssesAttention
 
@@ -35,7 +36,7 @@ def _inputs(cfg):
 
 
 def _session_frames(engine) -> np.ndarray:
-    s = engine.new_session(np.full((96, 96, 3), 120, np.uint8), seed=3)
+    s = engine.new_stream(np.full((96, 96, 3), 120, np.uint8), seed=3)
     t = np.arange(int(16000 * 1.3)) / 16000
     s.push_audio((0.3 * np.sin(2 * np.pi * 200 * t) * (t % 0.4 < 0.2)).astype(np.float32))
     return np.concatenate([b.frames for b in s.finish()])

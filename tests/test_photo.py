@@ -8,19 +8,18 @@ import pytest
 
 from facecast.cli import main
 from pipeline.config import load_config
-from pipeline.engine import Engine
+from pipeline.engine import load_engine
 from pipeline.eval.photo import run_photo_eval
-from pipeline.media import ASSETS, iter_audio, load_reference
+from pipeline.media import ASSETS, iter_audio, load_reference, write_wav
 from pipeline.photo.face import prepare_photo
 from pipeline.train.evaluate import held_out_speech
-from tests.conftest import write_wav
 
 PORTRAIT = ASSETS / "portraits" / "grace_hopper.jpg"
 
 
 @pytest.fixture(scope="module")
 def photo_engine():
-    return Engine.load(load_config("photo"), "cpu")
+    return load_engine(load_config("photo"), "cpu")
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +29,7 @@ def speech10(tmp_path_factory):
 
 
 def stream(engine, photo, audio: np.ndarray, cuts: list[int]) -> np.ndarray:
-    session = engine.new_session(photo, seed=3)
+    session = engine.new_stream(photo, seed=3)
     frames = []
     for a, b in zip([0, *cuts], [*cuts, len(audio)], strict=True):
         session.push_audio(audio[a:b])
@@ -183,7 +182,7 @@ def test_shipped_motion_weights_are_small_and_trained():
     assert sum(p.stat().st_size for p in folder.iterdir()) <= 20 * 2**20
     summary = json.loads((folder / "train_summary.json").read_text())
     assert summary["held_out_pearson_r"]["jaw"] >= 0.95, summary
-    engine = Engine.load(load_config("photo"))  # strict keys and shapes
+    engine = load_engine(load_config("photo"))  # strict keys and shapes
     assert (
         sum(p.numel() for p in engine.modules["motion"].model.parameters()) == summary["parameters"]
     )

@@ -188,8 +188,8 @@ class FailingEngine:
         self.stream_step = engine.stream_step
         self.step_seconds = engine.step_seconds
 
-    def new_session(self, reference_rgb, seed=0):
-        session = self._engine.new_session(reference_rgb, seed=seed)
+    def new_stream(self, reference_rgb, seed=0):
+        session = self._engine.new_stream(reference_rgb, seed=seed)
         calls = 0
         real = session.generate_ready
 

@@ -141,9 +141,9 @@ async def test_browser_uploads_a_photo_and_explains_a_refused_one(tmp_path):
     from test_photo import PORTRAIT, _bad_photos
 
     from pipeline.config import load_config
-    from pipeline.engine import Engine
+    from pipeline.engine import load_engine
 
-    engine = Engine.load(load_config("photo"), "cpu")
+    engine = load_engine(load_config("photo"), "cpu")
     engine.warmup()
     bad = _bad_photos(tmp_path)
     faceless = tmp_path / "wall.png"

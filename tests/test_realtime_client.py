@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from realtime_helpers import espeak, running_server
 
-from realtime.client import resample_s16
+from pipeline.media import resample, to_pcm16
 
 
 @pytest.mark.timeout(120)
 async def test_cli_streams_raw_pcm_and_records_mp4(tmp_path):
     speech48 = np.concatenate([np.zeros(12_000, np.int16), espeak("Testing raw audio.")])
-    pcm16k = resample_s16(speech48, 48_000)[::3]  # crude 16 kHz copy is fine as test input
+    pcm16k = to_pcm16(resample(speech48 / 32768.0, 48_000, 16_000))
     raw = tmp_path / "speech.s16"
     raw.write_bytes(pcm16k.astype("<i2").tobytes())
     out = tmp_path / "avatar.mp4"

@@ -14,7 +14,7 @@ from test_photo import PORTRAIT, _bad_photos
 from test_realtime_api import make_offer
 
 from pipeline.config import load_config
-from pipeline.engine import Engine
+from pipeline.engine import load_engine
 from realtime.server import SERVICE
 
 EXPECTED = {
@@ -31,7 +31,7 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def photo_engine():
-    engine = Engine.load(load_config("photo"), "cpu")
+    engine = load_engine(load_config("photo"), "cpu")
     engine.warmup()
     return engine
 

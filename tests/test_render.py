@@ -12,9 +12,9 @@ import yaml
 
 from facecast.cli import main
 from pipeline.config import load_config
-from pipeline.engine import build_models
+from pipeline.media import write_wav
+from pipeline.models.build import build_models
 from pipeline.module import save_checkpoint
-from tests.conftest import write_wav
 
 
 def decode(path: Path):
@@ -66,7 +66,7 @@ def test_render_stereo_mp3_at_44k(tmp_path, assets):
     """Any format, rate and channel count: a stereo 44.1 kHz MP3 of 1.5 s."""
     t = np.arange(int(44100 * 1.5)) / 44100
     stereo = np.stack([np.sin(2 * np.pi * 220 * t), np.sin(2 * np.pi * 330 * t)], axis=1) * 0.3
-    wav = write_wav(tmp_path / "s.wav", stereo, rate=44100, channels=2)
+    wav = write_wav(tmp_path / "s.wav", stereo, rate=44100)
     mp3 = tmp_path / "s.mp3"
     with av.open(str(wav)) as src, av.open(str(mp3), "w") as dst:
         s = dst.add_stream("libmp3lame", rate=44100)

@@ -23,7 +23,7 @@ def test_known_frames_are_pinned():
 
 
 def _frames(tiny_engine, seed, audio):
-    s = tiny_engine.new_session(np.full((64, 64, 3), 128, np.uint8), seed=seed)
+    s = tiny_engine.new_stream(np.full((64, 64, 3), 128, np.uint8), seed=seed)
     s.push_audio(audio)
     out = s.finish()
     return np.concatenate([b.frames for b in out])

@@ -43,7 +43,7 @@ def test_i_chunk_anchors_are_the_last_kept_and_first_body_frames():
 def _coded_session(engine, monkeypatch_target):
     """A session whose A2V writes (kind, index, absolute position) into every latent and
     whose SR records which latents reach it, so the schedule can be checked end to end."""
-    session = engine.new_session(np.full((32, 32, 3), 100, np.uint8))
+    session = engine.new_stream(np.full((32, 32, 3), 100, np.uint8))
     seen: list[float] = []
 
     def fake_a2v(ctx, ref):
@@ -96,7 +96,7 @@ def test_session_frames_once_in_order_with_exact_count(tiny_engine, monkeypatch,
 
 def test_rolling_memory_is_bounded(tiny_engine):
     """Latents and audio kept by a session do not grow with the stream's length."""
-    session = tiny_engine.new_session(np.full((32, 32, 3), 100, np.uint8))
+    session = tiny_engine.new_stream(np.full((32, 32, 3), 100, np.uint8))
     sizes = []
     for _ in range(30):
         session.push_audio(np.zeros(16000 // 2, np.float32))

@@ -4,11 +4,11 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.media import load_image, read_audio, resample, write_wav
 from pipeline.synth.commands import DEFAULT_REFERENCE_SEED, make_reference_main
 from pipeline.synth.face import random_identity, render_reference
-from pipeline.synth.image import read_image
 from pipeline.synth.motion import silence_segments
-from pipeline.synth.speech import random_speech, read_wav, resample, synthesize, write_wav
+from pipeline.synth.speech import random_speech, synthesize
 
 ASSETS = Path(__file__).resolve().parents[1] / "pipeline" / "assets"
 
@@ -43,25 +43,24 @@ def test_random_speech_is_seeded_and_has_pauses():
 
 def test_wav_round_trip(tmp_path):
     x = (0.5 * np.sin(np.arange(1600) / 5)).astype(np.float32)
-    write_wav(tmp_path / "x.wav", x)
-    y, rate = read_wav(tmp_path / "x.wav")
-    assert rate == 16000 and np.abs(x - y).max() < 1e-4
+    write_wav(tmp_path / "x.wav", x, 16000)
+    y = read_audio(tmp_path / "x.wav", 16000)
+    assert y.size == x.size and np.abs(x - y).max() < 1e-4
 
 
 def test_bundled_sample_speech():
-    audio, rate = read_wav(ASSETS / "sample_speech.wav")
-    assert rate == 16000
-    assert 5.0 < len(audio) / rate < 8.0
+    audio = read_audio(ASSETS / "sample_speech.wav", 16000)
+    assert 5.0 < len(audio) / 16000 < 8.0
     # A pause between the two sentences (not only the edges).
     inner = [s for s in silence_segments(audio, min_s=0.5) if s[0] > 0 and s[1] < len(audio) // 640]
     assert inner
 
 
 def test_bundled_reference_is_reproducible(tmp_path):
-    ref = read_image(ASSETS / "reference.png")
+    ref = load_image(ASSETS / "reference.png")
     assert ref.shape == (256, 256, 3)
     assert np.array_equal(ref, render_reference(random_identity(DEFAULT_REFERENCE_SEED), 256))
     assert (
         make_reference_main(["--seed", "5", "--size", "128", "--out", str(tmp_path / "r.png")]) == 0
     )
-    assert np.array_equal(read_image(tmp_path / "r.png"), render_reference(random_identity(5), 128))
+    assert np.array_equal(load_image(tmp_path / "r.png"), render_reference(random_identity(5), 128))

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from pipeline.config import load_config
-from pipeline.engine import Engine, build_models
+from pipeline.engine import Engine
+from pipeline.models.build import build_models
 from pipeline.train import a2v as a2v_train
 from pipeline.train import sr as sr_train
 from pipeline.train import vae as vae_train
@@ -205,7 +206,7 @@ def test_cli_trains_every_stage_resumes_and_the_engine_loads_it(speech_path, tmp
 
     cfg = load_config("tiny", {"runtime.weights": str(out / "weights")})
     engine = Engine.load(cfg)
-    session = engine.new_session(np.full((128, 128, 3), 120, np.uint8))
+    session = engine.new_stream(np.full((128, 128, 3), 120, np.uint8))
     session.push_audio(np.zeros(16_000, np.float32))
     frames = np.concatenate([b.frames for b in session.generate_ready() + session.finish()])
     assert frames.shape == (25, 128, 128, 3)

@@ -3,7 +3,7 @@
 import torch
 
 from pipeline.config import load_config
-from pipeline.engine import build_models
+from pipeline.models.build import build_models
 
 
 def test_chunked_decode_equals_whole_decode():

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.clock import MODEL_RATE
 from pipeline.eval.evaluate import run_eval
-from pipeline.synth.image import read_image
+from pipeline.media import load_image, read_audio
 from pipeline.synth.motion import mouth_track_from_audio, silence_segments
-from pipeline.synth.speech import SAMPLE_RATE, read_wav, resample
 
 
 def _seams(args: argparse.Namespace, n_frames: int) -> list[int]:
@@ -83,10 +83,9 @@ def eval_main(argv: list[str] | None = None) -> int:
         return _photo_eval(args)
     args.window_s = args.window_s or 60.0
 
-    samples, rate = read_wav(args.audio)
-    samples = resample(samples, rate, SAMPLE_RATE)
+    samples = read_audio(args.audio, MODEL_RATE)
     gt = mouth_track_from_audio(samples)
-    reference = read_image(args.reference) if args.reference else None
+    reference = load_image(args.reference) if args.reference else None
     scores = run_eval(
         args.video,
         gt,

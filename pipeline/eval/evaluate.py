@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.clock import FPS
 from pipeline.eval import metrics as M
-from pipeline.synth.motion import FPS, MotionTrack, MouthParams
+from pipeline.synth.motion import MotionTrack, MouthParams
 
 _BATCH = 64
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.clock import FPS
+
 WORK = 128  # metrics run at this resolution whatever the video size
 
 
@@ -271,7 +273,7 @@ def lip_sync(opening: np.ndarray, jaw: np.ndarray, max_lag: int = 2) -> tuple[fl
 
 
 def identity_drift(
-    distance: np.ndarray, fps: int = 25, window_s: float = 60.0
+    distance: np.ndarray, fps: int = FPS, window_s: float = 60.0
 ) -> tuple[list[float], float]:
     """Mean identity distance per window (a minute by default) and the drift.
 

@@ -26,12 +26,11 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from pipeline.clock import FPS
+from pipeline.clock import MODEL_SAMPLES_PER_FRAME as SAMPLES_PER_FRAME
 from pipeline.errors import MediaError
 from pipeline.eval.evaluate import _batches
 from pipeline.photo.face import detect_faces, frame_photo
-
-FPS = 25
-SAMPLES_PER_FRAME = 640
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,7 @@ def _tile_dividing(tokens_per_frame: int, preferred: int) -> int:
             return tile
     raise ValueError(
         f"tokens_per_frame={tokens_per_frame} is not a multiple of 16, the smallest tile the "
-        "kernel has: pad the latent token grid so each frame's token count is (e.g. 80x45=3600 "
+        "kernel has: pad the latent token grid so each frame's token count is (e.g. 80x45 "
         "-> 80x48=3840), or use attention: sdpa"
     )
 

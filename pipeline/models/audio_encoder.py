@@ -2,7 +2,7 @@
 
 log-mel (25 ms window, 10 ms hop: four mel frames per video frame) → two stride-2 temporal
 convolutions (100 Hz → 25 Hz) → a small transformer encoder → linear projection. Video
-frame n is aligned with samples [640 n, 640 (n + 1)).
+frame n is aligned with samples [n, n + 1) × MODEL_SAMPLES_PER_FRAME (pipeline/clock.py).
 
 Legend: B batch, S samples, M mel bins, F mel frames, T video frames, D dim.
 """
@@ -15,15 +15,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pipeline.clock import MODEL_RATE
 from pipeline.config import AudioEncoderConfig
 
-SAMPLE_RATE = 16_000
 HOP = 160
 WINDOW = 400
-SAMPLES_PER_FRAME = 640  # 16 kHz / 25 fps
 
 
-def mel_filterbank(n_mels: int, n_fft: int = WINDOW, sr: int = SAMPLE_RATE) -> Tensor:
+def mel_filterbank(n_mels: int, n_fft: int = WINDOW, sr: int = MODEL_RATE) -> Tensor:
     """Triangular filters on the HTK mel scale, (n_fft // 2 + 1, n_mels)."""
     to_mel = lambda f: 2595.0 * math.log10(1.0 + f / 700.0)  # noqa: E731
     mel_points = torch.linspace(to_mel(0.0), to_mel(sr / 2), n_mels + 2)
@@ -76,7 +75,7 @@ class AudioEncoder(nn.Module):
         return log_mel(samples_BS, self.window, self.mel_fb)
 
     def forward(self, samples_BS: Tensor) -> Tensor:
-        """(B, S) samples, S = 640 T → (B, T, out_dim) features."""
+        """(B, S) samples, S = MODEL_SAMPLES_PER_FRAME T → (B, T, out_dim) features."""
         mel = self.log_mel(samples_BS).to(self.out.weight.dtype)
         x = self.conv(mel)
         x = (x + self.pos(x)).transpose(1, 2)

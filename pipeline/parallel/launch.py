@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +84,13 @@ def _worker(rank: int, fn: Callable, opts: ParallelOptions, port: int, args: tup
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    # Success: leave without interpreter finalisation. Gloo and TCPStore threads that are
+    # still being torn down while Python finalises can abort the process ("terminate called
+    # without an active exception", seen twice in CI after a clean barrier and destroy), and
+    # the rank has nothing left to do: its outputs are written and closed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def parallelize_engine(engine, opts: ParallelOptions) -> None:
@@ -119,7 +127,7 @@ def render_worker(
     parallelize_engine(engine, opts)
     box = [load_image(reference) if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
-    session = engine.new_session(box[0], seed=seed)
+    session = engine.new_stream(box[0], seed=seed)
     writer = Mp4Writer(out, cfg.video.width, cfg.video.height) if rank == 0 else None
     blocks = iter_audio(audio) if rank == 0 else None
     try:

@@ -1,7 +1,7 @@
 """The photo stack behind the engine's streaming session API.
 
-`PhotoEngine` and `PhotoSession` have the public surface of `pipeline.engine.Engine` and
-`Session` (`stream_step`, `warmup`, `step_seconds`, `new_session`; `push_audio`,
+`PhotoEngine` and `PhotoStream` satisfy the engine seam (`pipeline.stream.StreamingEngine`
+and `AvatarStream`: `stream_step`, `warmup`, `step_seconds`, `new_stream`; `push_audio`,
 `samples_needed`, `generate_ready`, `finish`, `close`), so `facecast render`, `serve`, the
 engine process, playout planning and the benchmarks drive it unchanged. `Engine.load`
 returns one for a config with `runtime.stack: photo`.
@@ -24,9 +24,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from pipeline.clock import MODEL_SAMPLES_PER_FRAME as SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
 from pipeline.engine import FrameBatch, StageTimes
-from pipeline.models.audio_encoder import SAMPLES_PER_FRAME
 from pipeline.module import Module, build_seeded, resolve_weights_dir
 from pipeline.photo.face import FaceGeometry, PreparedPhoto, prepare_photo
 from pipeline.photo.idle import IdleMotion
@@ -59,13 +59,13 @@ class PhotoEngine:
     def stream_step(self, k: int) -> StreamStep:
         return ChunkPlan(self.cfg.schedule).step(k, 1, self.cfg.photo.lookahead_frames)
 
-    def new_session(
+    def new_stream(
         self,
         reference_rgb: np.ndarray | PreparedPhoto,
         seed: int = 0,
         sinks: list[Callable[[FrameBatch], None]] | None = None,
-    ) -> PhotoSession:
-        return PhotoSession(self, reference_rgb, seed, sinks or [])
+    ) -> PhotoStream:
+        return PhotoStream(self, reference_rgb, seed, sinks or [])
 
     def warmup(self, seed: int = 0) -> float:
         """Every chunk shape once, then a timed pass for `step_seconds` (as `Engine`)."""
@@ -79,7 +79,7 @@ class PhotoEngine:
         steps = 6
         frames = self.stream_step(steps - 1).audio_frames
         audio = (0.1 * np.sin(np.arange(frames * SAMPLES_PER_FRAME) * 0.07)).astype(np.float32)
-        session = self.new_session(warmup_photo(self.cfg), seed=seed)
+        session = self.new_stream(warmup_photo(self.cfg), seed=seed)
         seconds = []
         for k in range(steps if timed else 1):
             end = len(audio) if not timed else self.stream_step(k).audio_frames * SAMPLES_PER_FRAME
@@ -111,7 +111,7 @@ def warmup_photo(cfg: FacecastConfig) -> PreparedPhoto:
     return PreparedPhoto(np.full((H, W, 3), 127, np.uint8), face)
 
 
-class PhotoSession:
+class PhotoStream:
     """One open-ended stream of one photo: push audio, collect frames in order, once each."""
 
     def __init__(
@@ -145,7 +145,7 @@ class PhotoSession:
         self.chunk_log: deque[Chunk] = deque(maxlen=64)
         self.closed = False
 
-    # -- streaming API (as pipeline.engine.Session) --------------------------------------
+    # -- streaming API (pipeline.stream.AvatarStream) --------------------------------------
     def push_audio(self, samples: np.ndarray) -> None:
         if self.total_frames is not None:
             raise RuntimeError("push_audio after finish(): the stream has ended")

@@ -16,7 +16,8 @@ from collections import deque
 
 import numpy as np
 
-FPS = 25
+from pipeline.clock import FPS
+
 IDLE_PARAMS = ("blink", "head_x", "head_y", "head_roll")
 # Sway amplitudes (face widths, radians) at talking gain 1 and photo.head_motion 1.
 _SWAY = (0.006, 0.004, 0.007)

@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pipeline.clock import MODEL_SAMPLES_PER_FRAME as SAMPLES_PER_FRAME
 from pipeline.config import PhotoConfig
-from pipeline.models.audio_encoder import HOP, SAMPLES_PER_FRAME, WINDOW, log_mel, mel_filterbank
+from pipeline.models.audio_encoder import HOP, WINDOW, log_mel, mel_filterbank
 
 MOUTH_PARAMS = ("jaw", "width", "rounding", "teeth")
 HOPS_PER_FRAME = SAMPLES_PER_FRAME // HOP
@@ -58,7 +59,7 @@ class MotionNet(nn.Module):
         return 1 + sum(2 * d for d in self.cfg.dilations)
 
     def features(self, samples_BS: Tensor) -> Tensor:
-        """(B, S), S = 640 T → (B, M * 4 + 1, T): four log-mel hops per frame, and the
+        """(B, S), S = T frames of audio → (B, M * 4 + 1, T): four log-mel hops per frame, and the
         frame's loudness."""
         mel_BMF = log_mel(samples_BS, self.window, self.mel_fb)
         B, M, Fh = mel_BMF.shape

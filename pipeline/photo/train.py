@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from pipeline.clock import MODEL_SAMPLES_PER_FRAME as SAMPLES_PER_FRAME
 from pipeline.config import load_config
-from pipeline.models.audio_encoder import SAMPLES_PER_FRAME
 from pipeline.module import save_checkpoint
 from pipeline.photo.motion import MOUTH_PARAMS, MotionNet
 

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from pipeline.config import SamplerConfig
+from pipeline.models.a2v_dit import A2VDiT
 from pipeline.module import Module
 from pipeline.sampler import sample_euler
 from pipeline.stages.context import ChunkContext
@@ -13,7 +14,7 @@ from pipeline.stages.init import ReferenceCond
 
 
 class A2VStage:
-    def __init__(self, a2v: Module, sampler: SamplerConfig) -> None:
+    def __init__(self, a2v: Module[A2VDiT], sampler: SamplerConfig) -> None:
         self.a2v = a2v
         self.sampler = sampler
 

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig, latent_grid
-from pipeline.models.audio_encoder import SAMPLES_PER_FRAME
+from pipeline.models.audio_encoder import AudioEncoder
 from pipeline.module import Module
 from pipeline.sampler import chunk_generator
 from pipeline.schedule import Chunk
@@ -33,7 +34,11 @@ class ChunkContext:
 
 class ContextStage:
     def __init__(
-        self, audio: Module, cfg: FacecastConfig, seed: int, dtype: torch.dtype | None = None
+        self,
+        audio: Module[AudioEncoder],
+        cfg: FacecastConfig,
+        seed: int,
+        dtype: torch.dtype | None = None,
     ) -> None:
         self.audio = audio
         self.cfg = cfg
@@ -47,8 +52,8 @@ class ContextStage:
         r, a = self.cfg.vae.temporal_ratio, self.cfg.audio
         first, last = chunk.start * r, chunk.end * r
         return (
-            (first - a.context_frames) * SAMPLES_PER_FRAME,
-            (last + a.lookahead_frames) * SAMPLES_PER_FRAME,
+            (first - a.context_frames) * MODEL_SAMPLES_PER_FRAME,
+            (last + a.lookahead_frames) * MODEL_SAMPLES_PER_FRAME,
         )
 
     @torch.inference_mode()

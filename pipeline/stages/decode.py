@@ -7,12 +7,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pipeline.models.vae import Cache
+from pipeline.models.vae import VAE, Cache
 from pipeline.module import Module
 
 
 class DecodeStage:
-    def __init__(self, vae: Module, width: int, height: int) -> None:
+    def __init__(self, vae: Module[VAE], width: int, height: int) -> None:
         self.vae = vae
         self.width = width
         self.height = height

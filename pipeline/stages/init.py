@@ -12,6 +12,7 @@ from torch import Tensor
 
 from pipeline.config import FacecastConfig, latent_grid
 from pipeline.errors import MediaError
+from pipeline.models.vae import VAE
 from pipeline.module import Module
 
 
@@ -37,7 +38,7 @@ def fit_reference(image: np.ndarray, width: int, height: int, pad_w: int, pad_h:
 
 
 class InitStage:
-    def __init__(self, vae: Module, cfg: FacecastConfig) -> None:
+    def __init__(self, vae: Module[VAE], cfg: FacecastConfig) -> None:
         self.vae = vae
         self.cfg = cfg
         self.grid = latent_grid(cfg)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from pipeline.models.sr_dit import SRDiT
 from pipeline.module import Module
 from pipeline.sampler import chunk_generator
 from pipeline.stages.init import ReferenceCond
@@ -16,7 +17,7 @@ from pipeline.stages.transfer import to_device
 
 
 class SRStage:
-    def __init__(self, sr: Module, seed: int) -> None:
+    def __init__(self, sr: Module[SRDiT], seed: int) -> None:
         self.sr = sr
         self.seed = seed
 

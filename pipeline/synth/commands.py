@@ -8,10 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.clock import MODEL_RATE
+from pipeline.media import write_png, write_wav
 from pipeline.synth.dataset import build_dataset
 from pipeline.synth.face import random_identity, render_reference
-from pipeline.synth.image import write_png
-from pipeline.synth.speech import SAMPLE_RATE, synthesize, write_wav
+from pipeline.synth.speech import synthesize
 
 # The bundled pipeline/assets/reference.png is this identity.
 DEFAULT_REFERENCE_SEED = 13
@@ -82,12 +83,12 @@ def make_sample_speech_main(argv: list[str] | None = None) -> int:
     p.add_argument("--voice", default="f3", help="espeak-ng variant (m1..m7, f1..f4, ...)")
     p.add_argument("--pause-s", type=float, default=0.8)
     args = p.parse_args(argv)
-    lead = np.zeros(int(0.3 * SAMPLE_RATE), np.float32)
-    pause = np.zeros(int(args.pause_s * SAMPLE_RATE), np.float32)
+    lead = np.zeros(int(0.3 * MODEL_RATE), np.float32)
+    pause = np.zeros(int(args.pause_s * MODEL_RATE), np.float32)
     first, second = (synthesize(t, "en", args.voice, 150, 50) for t in SAMPLE_SENTENCES)
     audio = np.concatenate([lead, first, pause, second, lead])
     audio = 0.8 * audio / (np.max(np.abs(audio)) + 1e-6)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_wav(args.out, audio)
-    print(f"wrote {args.out} ({len(audio) / SAMPLE_RATE:.2f} s, 16 kHz mono)")
+    print(f"wrote {args.out} ({len(audio) / MODEL_RATE:.2f} s, 16 kHz mono)")
     return 0

@@ -25,12 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.clock import FPS, MODEL_RATE, MODEL_SAMPLES_PER_FRAME
 from pipeline.synth.face import random_identity, render_frames, render_reference
-from pipeline.synth.motion import FPS, PARAM_NAMES, SAMPLE_RATE, motion_from_audio, n_frames
+from pipeline.synth.motion import PARAM_NAMES, motion_from_audio, n_frames
 from pipeline.synth.motion import silence_segments as find_silences
 from pipeline.synth.speech import random_speech
 
-SAMPLES_PER_FRAME = SAMPLE_RATE // FPS
 _IDENTITY_STREAM = 1_000_003  # keeps identity seeds apart from clip seeds
 
 
@@ -71,7 +71,7 @@ def make_clip(cfg: DatasetConfig, index: int) -> Clip:
     rng = np.random.default_rng([cfg.seed, index])
     audio, utterances = random_speech(rng, cfg.min_clip_s, cfg.max_clip_s)
     n = n_frames(len(audio))
-    audio = np.pad(audio, (0, n * SAMPLES_PER_FRAME - len(audio)))
+    audio = np.pad(audio, (0, n * MODEL_SAMPLES_PER_FRAME - len(audio)))
     k = int(rng.integers(cfg.identities())) if cfg.n_identities else index
     ident = identity_for(cfg.seed, k)
     motion = motion_from_audio(audio, seed=int(rng.integers(2**31)))
@@ -149,7 +149,7 @@ def build_dataset(
         "seed": seed,
         "size": size,
         "fps": FPS,
-        "sample_rate": SAMPLE_RATE,
+        "sample_rate": MODEL_RATE,
         "param_names": list(PARAM_NAMES),
         "n_clips": n_clips,
         "n_frames": total,
@@ -190,7 +190,7 @@ def iter_clips(out_dir: str | Path):
             a, b = int(starts[j]), int(starts[j + 1])
             yield Clip(
                 frames=data["frames"][a:b],
-                audio=data["audio"][a * SAMPLES_PER_FRAME : b * SAMPLES_PER_FRAME],
+                audio=data["audio"][a * MODEL_SAMPLES_PER_FRAME : b * MODEL_SAMPLES_PER_FRAME],
                 params=data["params"][a:b],
                 reference=data["references"][j],
                 identity=int(data["identity"][j]),

@@ -15,8 +15,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-SAMPLE_RATE = 16_000
-FPS = 25
+from pipeline.clock import FPS, MODEL_RATE
+
 _HOP = 160  # 10 ms analysis hop
 _WIN = 400  # 25 ms analysis window
 _NFFT = 512
@@ -121,7 +121,7 @@ class MotionTrack:
 
 def n_frames(n_samples: int, fps: int = FPS) -> int:
     """Frames that a stretch of audio covers (a partial last frame counts)."""
-    spf = SAMPLE_RATE // fps
+    spf = MODEL_RATE // fps
     return -(-n_samples // spf)
 
 
@@ -154,7 +154,7 @@ def _features(samples: np.ndarray) -> _Features:
     idx = np.arange(n_hops)[:, None] * _HOP + np.arange(_WIN)[None, :]
     frames = xp[idx] * np.hanning(_WIN).astype(np.float32)
     power = np.abs(np.fft.rfft(frames, _NFFT, axis=1)) ** 2
-    freqs = np.fft.rfftfreq(_NFFT, 1.0 / SAMPLE_RATE)
+    freqs = np.fft.rfftfreq(_NFFT, 1.0 / MODEL_RATE)
 
     total = _band(freqs, power, 80, 8000) + 1e-10
     low = _band(freqs, power, 80, 1100) + 1e-10
@@ -198,7 +198,7 @@ def _smooth(x: np.ndarray, tau_s: float, rate: float) -> np.ndarray:
 
 def _to_frames(x_hops: np.ndarray, n: int, lead_hops: int) -> np.ndarray:
     """Average 100 Hz values to 25 fps, reading `lead_hops` ahead of each frame."""
-    per = SAMPLE_RATE // FPS // _HOP
+    per = MODEL_RATE // FPS // _HOP
     shifted = np.concatenate([x_hops[lead_hops:], np.repeat(x_hops[-1:], lead_hops)])
     need = n * per
     if len(shifted) < need:
@@ -221,7 +221,7 @@ def mouth_track_from_audio(samples_16k: np.ndarray, fps: int = FPS) -> MouthPara
         z = np.zeros(0, np.float32)
         return MouthParams(z, z, z, z)
     f = _features(samples_16k)
-    rate = SAMPLE_RATE / _HOP
+    rate = MODEL_RATE / _HOP
     loud = np.clip((f.level_db + 30.0) / 26.0, 0, 1) * f.active
     voiced = np.clip(1.0 - 2.0 * f.hiss, 0, 1)
     jaw = loud * (0.35 + 0.65 * f.openness) * (0.3 + 0.7 * voiced)

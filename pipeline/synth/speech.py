@@ -1,8 +1,7 @@
 """Offline speech with Debian's espeak-ng: varied sentences, voices, speeds and pauses.
 
-espeak-ng writes 22.05 kHz 16-bit WAV; we read it with the stdlib `wave` module and
-resample to 16 kHz with a windowed-sinc polyphase filter (320/441), so the result is
-deterministic and does not depend on an external resampler's version.
+espeak-ng writes 22.05 kHz 16-bit WAV; `pipeline.media.read_audio` decodes it and resamples
+it to the model rate (libswresample, zero delay).
 """
 
 from __future__ import annotations
@@ -10,15 +9,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
-import wave
 from dataclasses import dataclass
-from functools import lru_cache
-from math import gcd
 from pathlib import Path
 
 import numpy as np
 
-SAMPLE_RATE = 16_000
+from pipeline.clock import MODEL_RATE
+from pipeline.media import read_audio
 
 # Sentences written for this project, several per language, with commas and full
 # stops so the synthetic speaker pauses inside utterances too.
@@ -99,69 +96,6 @@ def espeak_path() -> str:
     return path
 
 
-def read_wav(path: str | Path) -> tuple[np.ndarray, int]:
-    """Mono float32 in [-1, 1] and the sample rate of a 16-bit PCM WAV file."""
-    with wave.open(str(path), "rb") as w:
-        if w.getsampwidth() != 2:
-            raise SpeechError(f"{path}: expected 16-bit PCM, got {8 * w.getsampwidth()}-bit")
-        rate, channels = w.getframerate(), w.getnchannels()
-        data = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32) / 32768.0
-    if channels > 1:
-        data = data.reshape(-1, channels).mean(axis=1)
-    return data, rate
-
-
-def write_wav(path: str | Path, samples: np.ndarray, rate: int = SAMPLE_RATE) -> None:
-    """Write mono float32 samples as 16-bit PCM."""
-    pcm = np.clip(np.round(np.asarray(samples) * 32767.0), -32768, 32767).astype("<i2")
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm.tobytes())
-
-
-@lru_cache(maxsize=8)
-def _polyphase_filter(up: int, down: int, half_taps: int) -> np.ndarray:
-    """Windowed-sinc low-pass for rational resampling, split into `up` phases.
-
-    Row p holds the taps for output phase p; cutoff at the lower Nyquist with a
-    Kaiser window (beta 8.6, ~-80 dB stopband).
-    """
-    cutoff = 0.5 / max(up, down) * 0.94  # in cycles per upsampled sample
-    n = np.arange(-half_taps * up, half_taps * up + 1)
-    h = 2 * cutoff * np.sinc(2 * cutoff * n) * np.kaiser(len(n), 8.6) * up
-    # Pad to a multiple of `up` so taps split evenly into phases.
-    h = np.pad(h, (0, (-len(h)) % up))
-    return h.astype(np.float64)
-
-
-def resample(x: np.ndarray, rate_in: int, rate_out: int = SAMPLE_RATE) -> np.ndarray:
-    """Rational-ratio polyphase resampling, zero-delay (output 0 aligns with input 0)."""
-    x = np.asarray(x, np.float64).reshape(-1)
-    if rate_in == rate_out:
-        return x.astype(np.float32)
-    g = gcd(rate_in, rate_out)
-    up, down = rate_out // g, rate_in // g
-    half_taps = 16
-    h = _polyphase_filter(up, down, half_taps)
-    centre = half_taps * up  # index of the filter's centre tap
-    n_out = (len(x) * up) // down
-    # Output k sits at upsampled position k*down; the taps it touches are
-    # x[j] with j*up within the filter around that position.
-    pos = np.arange(n_out, dtype=np.int64) * down
-    first = -(-(pos - centre) // up)  # first input index in reach
-    n_taps = 2 * half_taps + 1
-    xp = np.pad(x, (2 * half_taps + 2, 2 * half_taps + 2))
-    out = np.zeros(n_out)
-    for t in range(n_taps):
-        j = first + t
-        k = centre + j * up - pos  # tap index into h
-        valid = (k >= 0) & (k < len(h))
-        out += np.where(valid, xp[j + 2 * half_taps + 2] * h[np.clip(k, 0, len(h) - 1)], 0.0)
-    return out.astype(np.float32)
-
-
 def synthesize(
     text: str, lang: str = "en", variant: str = "m3", speed_wpm: int = 160, pitch: int = 50
 ) -> np.ndarray:
@@ -175,8 +109,7 @@ def synthesize(
             raise SpeechError(
                 f"espeak-ng failed for voice {voice!r}: {proc.stderr.decode()[-300:]}"
             )
-        data, rate = read_wav(wav)
-    return resample(data, rate, SAMPLE_RATE)
+        return read_audio(wav, MODEL_RATE)
 
 
 def random_speech(
@@ -193,16 +126,16 @@ def random_speech(
     pitch = int(rng.integers(25, 75))
     gain = rng.uniform(0.5, 1.0)
     target = rng.uniform(min_s, max_s)
-    parts = [np.zeros(int(rng.uniform(0.2, 1.0) * SAMPLE_RATE), np.float32)]
+    parts = [np.zeros(int(rng.uniform(0.2, 1.0) * MODEL_RATE), np.float32)]
     utterances: list[Utterance] = []
     total = len(parts[0])
     sentences = CORPUS[lang]
-    while total < target * SAMPLE_RATE or not utterances:
+    while total < target * MODEL_RATE or not utterances:
         text = sentences[int(rng.integers(len(sentences)))]
         audio = synthesize(text, lang, variant, speed, pitch)
         audio = audio / (np.max(np.abs(audio)) + 1e-6) * 0.8 * gain
         utterances.append(Utterance(text, lang, variant, speed, pitch, audio))
-        pause = np.zeros(int(rng.uniform(0.3, 1.5) * SAMPLE_RATE), np.float32)
+        pause = np.zeros(int(rng.uniform(0.3, 1.5) * MODEL_RATE), np.float32)
         parts += [audio, pause]
         total += len(audio) + len(pause)
     return np.concatenate(parts).astype(np.float32), utterances

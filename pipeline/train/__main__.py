@@ -17,6 +17,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from pipeline.clock import FPS
 from pipeline.config import load_config
 from pipeline.train.run import STAGES, TrainConfig, check_grid, train_all
 
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.train.data import build_speech_cache
 
         cache = build_speech_cache(args.make_speech, args.clips)
-        print(f"wrote {args.make_speech}: {len(cache.params)} clips, {cache.frames / 25:.0f} s")
+        print(f"wrote {args.make_speech}: {len(cache.params)} clips, {cache.frames / FPS:.0f} s")
         return 0
 
     import torch

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
 from pipeline.models.a2v_dit import A2VDiT
-from pipeline.models.audio_encoder import SAMPLES_PER_FRAME, AudioEncoder
+from pipeline.models.audio_encoder import AudioEncoder
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,8 @@ def sample_windows(
     p = torch.randint(0, Fl - T + 1, (batch,), generator=gen).to(dev)
     lat = low_SCFhw[seg[:, None], :, p[:, None] + torch.arange(T, device=dev)[None]]
     lat = lat.permute(0, 2, 1, 3, 4)  # (B, T, C, h, w) → (B, C, T, h, w)
-    n = (T * r + ctx + look) * SAMPLES_PER_FRAME
-    a0 = p * r * SAMPLES_PER_FRAME
+    n = (T * r + ctx + look) * MODEL_SAMPLES_PER_FRAME
+    a0 = p * r * MODEL_SAMPLES_PER_FRAME
     audio = audio_SN[seg[:, None], a0[:, None] + torch.arange(n, device=dev)[None]]
     return lat, audio, ref_SC1hw[seg]
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.models.audio_encoder import SAMPLES_PER_FRAME
+from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.synth.dataset import identity_for
 from pipeline.synth.face import render_frames, render_reference
 from pipeline.synth.motion import MotionTrack, motion_from_audio, n_frames
@@ -51,7 +51,7 @@ def _speech_clip(args: tuple[int, int, float, float]) -> tuple[np.ndarray, np.nd
     rng = np.random.default_rng([seed, index])
     audio, _ = random_speech(rng, min_s, max_s)
     n = n_frames(len(audio))
-    audio = np.pad(audio, (0, n * SAMPLES_PER_FRAME - len(audio)))
+    audio = np.pad(audio, (0, n * MODEL_SAMPLES_PER_FRAME - len(audio)))
     motion = motion_from_audio(audio, seed=int(rng.integers(2**31)))
     pcm = np.clip(np.round(audio * 32767.0), -32768, 32767).astype(np.int16)
     return pcm, motion.to_array()
@@ -89,7 +89,7 @@ def load_speech_cache(path: str | Path) -> SpeechCache:
         )
     with np.load(path) as data:
         audio, params, starts = data["audio"], data["params"], data["clip_start"]
-    spf = SAMPLES_PER_FRAME
+    spf = MODEL_SAMPLES_PER_FRAME
     return SpeechCache(
         [audio[a * spf : b * spf] for a, b in zip(starts[:-1], starts[1:], strict=True)],
         [params[a:b] for a, b in zip(starts[:-1], starts[1:], strict=True)],
@@ -162,7 +162,7 @@ def _render_segment(i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
     ident = identity_for(seed, int(rng.integers(2**31)))
     frames = render_frames(ident, motion, size)
     ref = render_reference(ident, size)
-    spf = SAMPLES_PER_FRAME
+    spf = MODEL_SAMPLES_PER_FRAME
     lo, hi = (start - ctx) * spf, (start + F + look) * spf
     clip = speech.audio[c].astype(np.float32) / 32767.0
     audio = np.zeros(hi - lo, np.float32)

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import struct
 import time
-import zlib
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from pipeline.clock import FPS, model_samples
 from pipeline.config import load_config, parse_overrides
 from pipeline.engine import Engine
 from pipeline.eval import metrics as M
+from pipeline.media import write_png
 from pipeline.synth.dataset import identity_for
 from pipeline.synth.face import render_frames, render_reference
 from pipeline.synth.motion import motion_from_audio, mouth_track_from_audio
@@ -34,16 +33,16 @@ EVAL_SEED = 90_001  # far from the training seeds (0 and small integers)
 
 def held_out_speech(seconds: float, seed: int = EVAL_SEED) -> np.ndarray:
     audio, _ = random_speech(np.random.default_rng(seed), seconds, seconds + 0.5)
-    return audio[: int(seconds * 16_000)]
+    return audio[: model_samples(seconds)]
 
 
 def generate(engine: Engine, reference: np.ndarray, audio: np.ndarray, block_s: float = 1.0):
     """Stream `audio` through a session in blocks; frames, the first frame of every
     separately generated piece (the seams), CPU seconds and wall seconds."""
-    session = engine.new_session(reference, seed=0)
+    session = engine.new_stream(reference, seed=0)
     batches = []
     cpu, wall = time.process_time(), time.perf_counter()
-    step = int(block_s * 16_000)
+    step = model_samples(block_s)
     for i in range(0, len(audio), step):
         session.push_audio(audio[i : i + step])
         batches += session.generate_ready()
@@ -104,22 +103,6 @@ def score(
     }
 
 
-def write_png(path: str | Path, rgb: np.ndarray) -> None:
-    """uint8 (H, W, 3) → PNG, with zlib only (no imaging library needed)."""
-    img = np.ascontiguousarray(rgb, np.uint8)
-    h, w, _ = img.shape
-    raw = b"".join(b"\x00" + img[y].tobytes() for y in range(h))
-
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        crc = zlib.crc32(tag + data) & 0xFFFFFFFF
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", crc)
-
-    header = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
-    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9))
-    Path(path).write_bytes(png + chunk(b"IEND", b""))
-
-
-@torch.no_grad()
 def reconstruct(engine: Engine, frames: np.ndarray, piece: int = 16) -> np.ndarray:
     """The engine VAE's encode → decode of `frames` (N, H, W, 3) uint8, `piece` frames at a
     time with the decoder's cache carried (memory stays flat on long clips): what the
@@ -146,7 +129,7 @@ def recon_scores(
 
 
 def frame_strip(
-    reference: np.ndarray, frames: np.ndarray, n: int = 8, start: int = 25
+    reference: np.ndarray, frames: np.ndarray, n: int = 8, start: int = FPS
 ) -> np.ndarray:
     """The reference, then `n` frames evenly spread from `start`, side by side."""
     idx = np.linspace(min(start, len(frames) - 1), len(frames) - 1, n).astype(int)
@@ -186,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.recon:
         recon = reconstruct(engine, truth)
         result.update(recon_scores(recon, reference, audio, seams, cfg.vae.temporal_ratio))
-    video_s = len(frames) / 25
+    video_s = len(frames) / FPS
     result.update(
         frames=len(frames),
         fps_wall=round(len(frames) / wall, 2),

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from pipeline.config import FacecastConfig, latent_grid
-from pipeline.engine import build_models
+from pipeline.models.build import build_models
 from pipeline.module import load_checkpoint, save_checkpoint
 from pipeline.train import a2v as a2v_train
 from pipeline.train import sr as sr_train
@@ -69,7 +69,7 @@ def _done(state_dir: Path, stage: str, settings: StageSettings) -> bool:
     return st["step"] >= settings.steps or st["seconds"] >= settings.seconds
 
 
-def train_all(
+def train_all(  # noqa: C901 - the four stages in order, each skipped on resume; one recipe to read
     cfg: FacecastConfig,
     tc: TrainConfig,
     speech_path: Path,

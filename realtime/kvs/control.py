@@ -103,9 +103,6 @@ class KvsControlPlane:
             self._endpoint_at = time.monotonic()
         return self._endpoint
 
-    def endpoint_age_s(self) -> float:
-        return time.monotonic() - self._endpoint_at if self._endpoint else 0.0
-
     def _describe(self) -> StreamInfo:
         stream = self._call(self._client.describe_stream, StreamName=self.stream_name)
         info = stream["StreamInfo"]

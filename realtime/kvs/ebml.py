@@ -48,7 +48,7 @@ class EbmlError(ValueError):
     """The bytes are not the EBML/Matroska structure this module expects."""
 
 
-def read_id(buf: bytes | memoryview, pos: int) -> tuple[int, int] | None:
+def read_id(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int] | None:
     """(element id, bytes used) at `pos`, or None when `buf` ends too early."""
     if pos >= len(buf):
         return None
@@ -59,7 +59,7 @@ def read_id(buf: bytes | memoryview, pos: int) -> tuple[int, int] | None:
     return int.from_bytes(buf[pos : pos + length], "big"), length
 
 
-def read_size(buf: bytes | memoryview, pos: int) -> tuple[int, int] | None:
+def read_size(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int] | None:
     """(payload size or UNKNOWN_SIZE, bytes used) at `pos`, or None when `buf` ends too early."""
     if pos >= len(buf):
         return None
@@ -113,7 +113,7 @@ def iter_children(payload: bytes | memoryview) -> Iterator[tuple[int, memoryview
         pos = start + size
 
 
-def _element_header(buf: bytes | memoryview, pos: int) -> tuple[int, int, int] | None:
+def _element_header(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int, int] | None:
     got_id = read_id(buf, pos)
     if got_id is None:
         return None
@@ -125,7 +125,7 @@ def _element_header(buf: bytes | memoryview, pos: int) -> tuple[int, int, int] |
     return element_id, id_len + size_len, size
 
 
-def read_uint(payload: bytes | memoryview) -> int:
+def read_uint(payload: bytes | bytearray | memoryview) -> int:
     return int.from_bytes(payload, "big") if len(payload) else 0
 
 

@@ -222,7 +222,7 @@ class KvsMirror:
                 fragments = timeline.video(payload, index, put_at)
             else:
                 fragments = timeline.audio(payload, index, put_at)
-            if not header_sent and timeline.started:
+            if not header_sent and timeline.origin_wall is not None:  # started
                 start_s = time.time() - (time.monotonic() - timeline.origin_wall)
                 self._to_loop(self._ledger.set_origin, writer.header.data, start_s)
                 header_sent = True

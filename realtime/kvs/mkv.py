@@ -21,9 +21,9 @@ from fractions import Fraction
 import av
 import numpy as np
 
+from pipeline.clock import OUTPUT_RATE
 from realtime.kvs import ebml
 
-AUDIO_RATE = 48_000
 AAC_FRAME = 1024  # samples per AAC packet
 VIDEO_TRACK = 1  # KVS plays track 1 as H.264 video and track 2 as AAC audio
 AUDIO_TRACK = 2
@@ -116,17 +116,13 @@ class MkvFragmentWriter:
 
     def _add_audio_stream(self, s: EncoderSettings) -> av.AudioStream:
         layout = "mono" if s.audio_channels == 1 else "stereo"
-        stream = self._container.add_stream("aac", rate=AUDIO_RATE, layout=layout)
+        stream = self._container.add_stream("aac", rate=OUTPUT_RATE, layout=layout)
         stream.bit_rate = s.audio_bitrate
         return stream
 
     @property
     def next_frame(self) -> int:
         return self._next_frame
-
-    @property
-    def next_sample(self) -> int:
-        return self._next_sample
 
     def add_video(self, rgb: np.ndarray, frame_index: int) -> list[MkvFragment]:
         assert frame_index == self._next_frame, (frame_index, self._next_frame)
@@ -175,29 +171,30 @@ class MkvFragmentWriter:
     def _encode_audio(self, chunk: np.ndarray) -> None:
         layout = "mono" if self.settings.audio_channels == 1 else "stereo"
         frame = av.AudioFrame.from_ndarray(chunk, format="fltp", layout=layout)
-        frame.sample_rate = AUDIO_RATE
+        frame.sample_rate = OUTPUT_RATE
         frame.pts = self._next_sample
-        frame.time_base = Fraction(1, AUDIO_RATE)
+        frame.time_base = Fraction(1, OUTPUT_RATE)
         self._next_sample += chunk.shape[1]
         for packet in self._audio.encode(frame):
             self._take_audio(packet)
 
     def _take_video(self, packet: av.Packet) -> None:
+        assert packet.pts is not None, "the encoder stamps every video packet"
         ms = self._frame_ms(int(packet.pts))
         self._video_blocks.append((ms, bool(packet.is_keyframe), annexb_to_avcc(bytes(packet))))
 
     def _take_audio(self, packet: av.Packet) -> None:
         if packet.pts is None or packet.pts < 0:
             return  # the encoder's priming packet: it precedes sample 0 of the timeline
-        ms = int(packet.pts) * 1000 // AUDIO_RATE
+        ms = int(packet.pts) * 1000 // OUTPUT_RATE
         self._audio_blocks.append((ms, bytes(packet)))
-        self._audio_end_ms = (int(packet.pts) + AAC_FRAME) * 1000 // AUDIO_RATE
+        self._audio_end_ms = (int(packet.pts) + AAC_FRAME) * 1000 // OUTPUT_RATE
 
     def _frame_ms(self, frame_index: int) -> int:
         return frame_index * 1000 // self.settings.fps
 
     def _emit_ready(self) -> list[MkvFragment]:
-        fragments = []
+        fragments: list[MkvFragment] = []
         while True:
             end_ms = (self._fragment + 1) * self.settings.fragment_ms
             audio_past_end = any(ms >= end_ms for ms, _ in self._audio_blocks)

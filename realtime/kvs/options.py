@@ -7,6 +7,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from pipeline.clock import OUTPUT_RATE
 from realtime.kvs.errors import KvsConfigError
 
 ENDPOINT_ENV = "FACECAST_KVS_ENDPOINT_URL"
@@ -64,7 +65,7 @@ class KvsOptions:
             raise KvsConfigError(
                 "KVS fragments may last at most 10 s; lower --kvs-fragment-seconds"
             )
-        if 48_000 % fps:
+        if OUTPUT_RATE % fps:
             raise KvsConfigError(f"fps {fps} does not divide 48 kHz audio evenly")
         if self.audio_channels not in (1, 2):
             raise KvsConfigError(f"audio_channels must be 1 or 2, got {self.audio_channels}")

@@ -19,8 +19,9 @@ import logging
 
 import numpy as np
 
+from pipeline.clock import OUTPUT_RATE
 from realtime.kvs.metrics import KvsStats
-from realtime.kvs.mkv import AUDIO_RATE, MkvFragment, MkvFragmentWriter
+from realtime.kvs.mkv import MkvFragment, MkvFragmentWriter
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +40,18 @@ class MirrorTimeline:
         self._stream = stream
         self._fps = settings.fps
         self._channels = settings.audio_channels
-        self._spf = AUDIO_RATE // settings.fps  # audio samples per video frame
+        self._spf = OUTPUT_RATE // settings.fps  # audio samples per video frame
         self._fill_after_s = fill_after_s
         self._reanchor_frames = settings.fragment_frames + round(fill_after_s * settings.fps)
-        self._offset: int | None = None  # mirror frame = session frame + offset
+        self._started = False
+        self._offset = 0  # mirror frame = session frame + offset, once started
         self.origin_wall: float | None = None  # monotonic time of mirror frame 0
         self._last_frame = np.zeros((settings.height, settings.width, 3), np.uint8)
         self._audio_next = 0  # next mirror sample to append
 
     @property
     def started(self) -> bool:
-        return self._offset is not None
+        return self._started
 
     # --- input -----------------------------------------------------------------------
     def video(self, frame: np.ndarray, index: int, put_at: float) -> list[MkvFragment]:
@@ -120,7 +122,8 @@ class MirrorTimeline:
 
     # --- internals -------------------------------------------------------------------
     def _start(self, session_frame: int, put_at: float) -> None:
-        if self._offset is None:
+        if not self._started:
+            self._started = True
             self._offset = -session_frame
             self.origin_wall = put_at
 

@@ -57,10 +57,6 @@ class AckErrorEvent(KvsError):
         self.retryable = code not in STREAM_FATAL_CODES
 
 
-class FatalMirrorError(KvsError):
-    retryable = False
-
-
 class _Rotate(Exception):
     """The data endpoint is due for a refresh: end this connection cleanly."""
 
@@ -181,7 +177,9 @@ class KvsUplink:
         folder.mkdir(parents=True, exist_ok=True)
         return open(folder / f"{self._stream}-{self._stats.connections}.mkv", "wb")
 
-    async def _pump_acks(self, connection: PutMediaConnection, sender: asyncio.Task) -> None:
+    async def _pump_acks(  # noqa: C901 - one wait loop over acks, silence and the sender; the cases are the protocol's
+        self, connection: PutMediaConnection, sender: asyncio.Task
+    ) -> None:
         """Apply acks until the connection is over: return when all is sent and settled,
         else raise why it ended.
 

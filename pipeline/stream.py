@@ -1,0 +1,62 @@
+"""The seam between the engine and what drives it (the realtime worker, render, tests).
+
+`AvatarStream` is what one open-ended stream offers: push audio, ask how much the next step
+needs, generate what is ready, finish, close. `StreamingEngine` is what a server needs of an
+engine: its config, its measured step times, the schedule's steps, and new streams. The
+in-process `pipeline.engine.Engine` and the child-process `realtime.engine_process` proxy
+both satisfy them; the type checker holds them to it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from pipeline.config import FacecastConfig
+    from pipeline.engine import FrameBatch
+    from pipeline.schedule import StreamStep
+    from pipeline.startup import StartupReport
+
+
+class AvatarStream(Protocol):
+    def push_audio(self, samples: np.ndarray) -> None:
+        """Append float32 mono model-rate audio (pipeline.clock.MODEL_RATE)."""
+        ...
+
+    def samples_needed(self) -> int:
+        """Model-rate samples still missing before the next step can run."""
+        ...
+
+    def generate_ready(self) -> list[FrameBatch]:
+        """Run every step whose audio has arrived; frames in order, each once."""
+        ...
+
+    def finish(self) -> list[FrameBatch]:
+        """End of audio: the rest of the frames."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class StreamingEngine(Protocol):
+    # read-only here, so that an engine may hold narrower types (a proxy always has them)
+    @property
+    def cfg(self) -> FacecastConfig: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def step_seconds(self) -> dict[str, float] | None:
+        """Measured by the warm-up: {"first": step 0, "steady": a later step}."""
+        ...
+
+    @property
+    def startup(self) -> StartupReport | None: ...
+
+    def stream_step(self, k: int) -> StreamStep: ...
+
+    def new_stream(self, reference_rgb: np.ndarray, seed: int = 0) -> AvatarStream: ...

@@ -1,0 +1,98 @@
+"""House rules that tools check: one clock, and the engine package never imports the server."""
+
+import ast
+import io
+import tokenize
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("pipeline", "realtime", "facecast")
+CLOCK = ROOT / "pipeline" / "clock.py"
+# rates (Hz) and samples or ticks per frame that only pipeline/clock.py may spell
+CLOCK_NUMBERS = {"16000", "48000", "90000", "640", "1920", "3600"}
+
+
+def _sources(*folders: str) -> list[Path]:
+    return sorted(p for f in folders for p in (ROOT / f).rglob("*.py"))
+
+
+def _clock_literals(path: Path, root: Path = ROOT) -> list[str]:
+    """Numbers in code (not comments or docstrings) that are the clock's: a rate or a
+    samples-per-frame count, or 25 next to * or / (frames per second)."""
+    toks = [
+        t
+        for t in tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+        if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)
+    ]
+    found = []
+    for i, t in enumerate(toks):
+        if t.type != tokenize.NUMBER:
+            continue
+        near = {toks[i - 1].string if i else "", toks[i + 1].string if i + 1 < len(toks) else ""}
+        if t.string.replace("_", "") in CLOCK_NUMBERS or (t.string == "25" and near & {"*", "/"}):
+            found.append(f"{path.relative_to(root)}:{t.start[0]}: {t.string}")
+    return found
+
+
+def test_no_clock_number_outside_the_clock_module():
+    found = [f for p in _sources(*PACKAGES, "bench") if p != CLOCK for f in _clock_literals(p)]
+    assert not found, "use pipeline.clock instead:\n" + "\n".join(found)
+
+
+def test_the_clock_check_sees_what_it_should(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        '"""16000 in a docstring is fine"""\nRATE = 48_000  # 640 here too\nx = n / 25\n'
+    )
+    assert [f.split(": ")[1] for f in _clock_literals(bad, tmp_path)] == ["48_000", "25"]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """Project modules `path` imports, at any level of the file (a lazy import inside a
+    function is still a dependency); only `if TYPE_CHECKING:` blocks are left out."""
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            subs = {f"{node.module}.{a.name}" for a in node.names}
+            found = subs & modules
+            names.update(found if found == subs else found | {node.module})
+
+    def owner(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    me = _module_name(path)
+    return {m for m in map(owner, names) if m and m != me}
+
+
+def _graph() -> dict[str, set[str]]:
+    files = {_module_name(p): p for p in _sources(*PACKAGES)}
+    return {m: _imports(p, set(files)) for m, p in files.items()}
+
+
+def test_the_engine_package_never_imports_the_server():
+    offenders = [
+        f"{m} imports {d}"
+        for m, deps in _graph().items()
+        if m.startswith("pipeline")
+        for d in deps
+        if d.split(".")[0] != "pipeline"
+    ]
+    assert not offenders, offenders

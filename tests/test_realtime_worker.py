@@ -1,0 +1,110 @@
+"""The generation worker: retiming after an interrupt, skipping stale backlog in sync."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+
+from realtime.tracks import FrameQueue, PlayoutClock
+
+
+class ScriptedEngineSession:
+    """Emits 12 frames per 12 frames of audio (with 4 frames of lookahead); each frame's
+    pixels hold its engine index, so tests can see which frame lands where."""
+
+    def __init__(self) -> None:
+        self.audio = 0
+        self.emitted = 0
+        self.closed = False
+
+    def push_audio(self, samples):
+        self.audio += len(samples)
+
+    def samples_needed(self):
+        return max(0, (self.emitted + 16) * 640 - self.audio)
+
+    def generate_ready(self):
+        from pipeline.engine import FrameBatch
+
+        out = []
+        while self.audio >= (self.emitted + 16) * 640:
+            values = np.arange(self.emitted, self.emitted + 12, dtype=np.uint8)
+            out.append(
+                FrameBatch(
+                    self.emitted, np.broadcast_to(values[:, None, None, None], (12, 4, 4, 3)).copy()
+                )
+            )
+            self.emitted += 12
+        return out
+
+    def close(self):
+        self.closed = True
+
+
+def scripted_worker(engine, frames, clock):
+    """A generation worker around a scripted engine, with no stats or error callbacks."""
+    import threading
+
+    from pipeline.schedule import StreamStep
+    from realtime.worker import GenerationWorker
+
+    return GenerationWorker(
+        lambda: engine,
+        frames,
+        clock,
+        asyncio.get_running_loop(),
+        lambda stats: None,
+        lambda exc: None,
+        "unit",
+        step=StreamStep(1, audio_frames=28, first_frame=12, end_frame=24),
+        engine_lock=threading.Lock(),
+    )
+
+
+async def test_worker_rebase_retimes_frames_after_an_interrupt():
+    engine = ScriptedEngineSession()
+    frames, clock = FrameQueue(lead_frames=200, capacity=400), PlayoutClock()
+    worker = scripted_worker(engine, frames, clock)
+    worker.start()
+    try:
+        worker.push(np.zeros(40 * 640 + 100, np.float32))  # 40 frames and a bit
+        await asyncio.sleep(0.3)
+        assert worker.generated == 36 and worker.next_index() == 36
+        frames.truncate(10)  # what PeerSession.interrupt does: keep 0..9
+        new_audio = worker.rebase(10)
+        # The engine was given exactly what its steps needed, audio up to frame 40 (the
+        # partial frame still waited in the worker and is flushed): its frames 36..39 are
+        # shown muted from 10 on; new audio starts at timeline frame 10 + 40 - 36 = 14.
+        assert new_audio == 14 and worker.timeline_pos == 14 * 640
+        worker.push(np.zeros(30 * 640, np.float32))
+        await asyncio.sleep(0.3)
+        queued = list(frames._frames)
+        indices = [i for i, _ in queued]
+        assert indices == list(range(len(indices))) and len(indices) >= 30
+        shown = {i: int(f[0, 0, 0]) for i, f in queued}
+        assert shown[9] == 9 and shown[10] == 36 and shown[11] == 37  # re-timed, no gap
+    finally:
+        worker.stop()
+        assert await worker.wait_exited(5)
+    assert engine.closed
+
+
+async def test_worker_skips_stale_backlog_but_keeps_sync():
+    engine = ScriptedEngineSession()
+    frames, clock = FrameQueue(lead_frames=200, capacity=400), PlayoutClock()
+    clock.start(time.monotonic() - 4.0)  # playout is already at frame 100
+    worker = scripted_worker(engine, frames, clock)
+    worker.push(np.zeros(130 * 640, np.float32))  # a backlog: frames 0..99 are already due
+    worker.start()
+    try:
+        await asyncio.sleep(0.3)
+    finally:
+        worker.stop()
+        await worker.wait_exited(5)
+    queued = list(frames._frames)
+    assert worker.skipped_frames_total >= 100 and queued, worker.skipped_frames_total
+    offset = worker.skipped_frames_total
+    for index, frame in queued:  # frame at timeline index i was made from audio frame i
+        assert index >= 100 and int(frame[0, 0, 0]) == index - offset
