@@ -43,7 +43,7 @@ serve: setup
 	$(VENV)/bin/facecast serve $(ARGS)
 
 render: setup
-	$(VENV)/bin/facecast render --reference pipeline/assets/reference.png --audio pipeline/assets/sample_speech.wav --out out/sample.mp4 $(ARGS)
+	$(VENV)/bin/facecast render --reference pipeline/assets/portraits/grace_hopper.jpg --audio pipeline/assets/sample_speech.wav --out out/sample.mp4 $(ARGS)
 
 bench: setup
 	$(VENV)/bin/facecast bench --config rt720 --seconds 20 --json bench/results/rt720.json --markdown bench/RESULTS.md $(ARGS)

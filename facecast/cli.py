@@ -17,8 +17,6 @@ from pipeline.config import DEFAULT_CONFIG
 from pipeline.errors import FacecastError
 from pipeline.module import resolve_device
 
-ASSETS = Path(__file__).resolve().parent / "assets"
-
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line on stderr (and exit 2), not a usage dump."""
@@ -100,10 +98,12 @@ def setup_logging(level: str) -> None:
 
 def cmd_render(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
+    from pipeline.media import default_reference
     from pipeline.render import render_file
     from pipeline.startup import start_engine
 
     cfg = load_config(args.config)
+    args.reference = args.reference or str(default_reference(cfg))
     for path, what in ((args.reference, "reference image"), (args.audio, "audio file")):
         if not Path(path).is_file():
             raise FacecastError(f"{what} not found: {path}")
@@ -142,9 +142,21 @@ def render_parallel(cfg, device: str, args: argparse.Namespace) -> int:
     return 0
 
 
+def _diffusion_only(config: str, command: str, instead: str) -> None:
+    from pipeline.config import load_config
+
+    if load_config(config).runtime.stack == "photo":
+        raise FacecastError(
+            f"facecast {command} measures the diffusion stack's DiTs; config {config!r} is "
+            f"the photo stack: {instead}"
+        )
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from pipeline.bench import BenchOptions, run_bench, summary_line, write_results
     from pipeline.config import parse_overrides
+
+    _diffusion_only(args.config, "bench", "use python bench/photo_bench.py")
 
     opts = BenchOptions(
         config=args.config,
@@ -192,6 +204,8 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from pipeline.compile import compile_engine, pick_sdpa_backends
     from pipeline.startup import start_engine
 
+    _diffusion_only(args.config, "gate", "it has no kernels to swap")
+
     # The baseline is the plain eager engine: started without compile or kernel picks;
     # the change under test is applied on top of it below.
     opts = engine_options(args, warmup=False, sdpa_pick=False)
@@ -226,7 +240,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
     from realtime.server import config_from_args, serve
 
-    load_config(args.config)  # a bad config fails here, in one line, before listening
+    cfg = load_config(args.config)  # a bad config fails here, in one line, before listening
+    if args.reference is not None and cfg.runtime.stack == "photo":
+        # a photo without one clear face fails here too, not in the first peer's session
+        from pipeline.media import load_reference
+        from pipeline.photo.face import prepare_photo
+
+        image = load_reference(args.reference, cfg)
+        prepare_photo(image, cfg.video.width, cfg.video.height, cfg.photo)
     try:
         config = config_from_args(args)
     except ValueError as exc:
@@ -266,7 +287,8 @@ def build_parser(with_serve_options: bool = True) -> argparse.ArgumentParser:
     render = sub.add_parser("render", help="render an MP4 from a photo and an audio file")
     add_engine_arguments(render, DEFAULT_CONFIG)
     render.add_argument(
-        "--reference", default=str(ASSETS / "reference.png"), help="identity photo (PNG, JPEG, …)"
+        "--reference",
+        help="identity photo (PNG, JPEG, WebP; default: the config's bundled identity)",
     )
     render.add_argument("--audio", required=True, help="speech audio of any length and format")
     render.add_argument("--out", required=True, help="output .mp4 path")
@@ -304,7 +326,7 @@ def build_parser(with_serve_options: bool = True) -> argparse.ArgumentParser:
     bench.set_defaults(func=cmd_bench)
 
     gate = sub.add_parser("gate", help="check that a speed change kept the pixels")
-    add_engine_arguments(gate, DEFAULT_CONFIG)
+    add_engine_arguments(gate, "demo")  # the gate guards the diffusion stack's kernels
     gate.add_argument("--baseline", required=True, help="baseline folder (recorded if empty)")
     gate.add_argument("--record", action="store_true", help="(re)record the baseline only")
     gate.add_argument("--seconds", type=_positive_float, default=2.0, help="seconds of audio")

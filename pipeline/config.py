@@ -21,9 +21,12 @@ from pipeline.clock import FPS
 from pipeline.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-DEFAULT_CONFIG = "demo"  # the trained default avatar shipped in pipeline/assets/weights/demo
+# The default avatar: the photo stack animates the user's own photo (a bundled public-domain
+# portrait without one); `demo` is the synthetic world's stack and its identities.
+DEFAULT_CONFIG = "photo"
 ATTENTION_BACKENDS = ("sdpa", "flex", "facecast")
 DTYPES = ("float32", "bfloat16", "float16")
+STACKS = ("diffusion", "photo")
 
 
 @dataclass
@@ -145,13 +148,50 @@ class SamplerConfig:
 
 
 @dataclass
+class PhotoConfig:
+    """The photo stack (`runtime.stack: photo`, `pipeline/photo/`): a causal audio→motion
+    model and a warping decoder that moves the reference photo's own pixels."""
+
+    # audio→motion model (`pipeline/photo/motion.py`)
+    n_mels: int = 40
+    hidden: int = 96
+    dilations: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    context_frames: int = 16  # left audio context per chunk, in video frames
+    lookahead_frames: int = 2  # right context: the mouth leads the sound it shapes
+    # warping decoder (`pipeline/photo/warp.py`), all in units of the face box width
+    jaw_open: float = 0.11  # lip-to-lip gap at jaw = 1
+    head_motion: float = 1.0  # scale of the idle/talking head sway (0: a still head)
+    blink: bool = True
+    # photo checks (`pipeline/photo/face.py`)
+    max_image_bytes: int = 16 * 2**20
+    max_image_pixels: int = 40_000_000
+    min_face_px: int = 48  # smallest face box, in output pixels
+
+    def validate(self) -> None:
+        _check(self.hidden >= 8, "photo.hidden", "must be >= 8")
+        _check(
+            len(self.dilations) >= 1 and all(d >= 1 for d in self.dilations),
+            "photo.dilations",
+            "must be a non-empty list of dilations >= 1",
+        )
+        _check(self.context_frames >= 0, "photo.context_frames", "must be >= 0")
+        _check(self.lookahead_frames >= 0, "photo.lookahead_frames", "must be >= 0")
+        _check(0.0 <= self.jaw_open <= 0.3, "photo.jaw_open", "must be in [0, 0.3]")
+        _check(0.0 <= self.head_motion <= 3.0, "photo.head_motion", "must be in [0, 3]")
+        _check(self.max_image_bytes >= 1024, "photo.max_image_bytes", "must be >= 1024")
+        _check(self.min_face_px >= 16, "photo.min_face_px", "must be >= 16")
+
+
+@dataclass
 class RuntimeConfig:
+    stack: str = "diffusion"  # "diffusion": VAE + A2V/SR DiTs; "photo": warp the photo
     dtype: str = "float32"
     attention: str = "sdpa"
     weights: str | None = None  # safetensors path, or "package:NAME" for shipped weights
     init_seed: int = 0  # used when weights is None: deterministic random init
 
     def validate(self) -> None:
+        _check(self.stack in STACKS, "runtime.stack", f"must be one of {STACKS}")
         _check(self.dtype in DTYPES, "runtime.dtype", f"must be one of {DTYPES}")
         _check(
             self.attention in ATTENTION_BACKENDS,
@@ -170,7 +210,21 @@ class FacecastConfig:
     sr: SRConfig = field(default_factory=SRConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    photo: PhotoConfig = field(default_factory=PhotoConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    @property
+    def frames_per_latent(self) -> int:
+        """Video frames per schedule unit: the VAE's temporal ratio, or 1 for the photo
+        stack (its chunks are counted in video frames)."""
+        return 1 if self.runtime.stack == "photo" else self.vae.temporal_ratio
+
+    @property
+    def lookahead_frames(self) -> int:
+        """Audio frames a chunk reads past its own end before it can run."""
+        if self.runtime.stack == "photo":
+            return self.photo.lookahead_frames
+        return self.audio.lookahead_frames
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
+from pipeline.errors import ConfigError
 from pipeline.models.build import build_models, module_dtype
 from pipeline.models.vae import Cache
 from pipeline.module import Module, resolve_weights_dir
@@ -40,6 +41,7 @@ from pipeline.timeline import AudioTimeline
 
 if TYPE_CHECKING:
     from pipeline.startup import StartupReport
+    from pipeline.stream import Reference
 
 log = logging.getLogger("facecast.engine")
 
@@ -81,7 +83,13 @@ class Engine:
         cls, cfg: FacecastConfig, device: str = "cpu", placement: Placement | None = None
     ) -> Engine:
         """Build (or load) the models on `device`, placed as `placement` plans: by default
-        every weight resident; `pipeline.placement.plan_placement` plans for a GPU."""
+        every weight resident; `pipeline.placement.plan_placement` plans for a GPU. For any
+        config, photo stack included, use `pipeline.startup.load_engine`."""
+        if cfg.runtime.stack != "diffusion":
+            raise ConfigError(
+                f"config {cfg.name!r} is the {cfg.runtime.stack} stack: load it with "
+                "pipeline.startup.load_engine"
+            )
         dev = torch.device(device)
         placement = placement or Placement()
         manager = None
@@ -112,7 +120,7 @@ class Engine:
         """What step k of a stream waits for and emits (video frames), from the schedule."""
         cfg = self.cfg
         plan = ChunkPlan(cfg.schedule)
-        return plan.step(k, cfg.vae.temporal_ratio, cfg.audio.lookahead_frames)
+        return plan.step(k, cfg.frames_per_latent, cfg.lookahead_frames)
 
     def _warm_session(self, seed: int, timed: bool) -> dict[str, float]:
         steps = 6
@@ -139,10 +147,12 @@ class Engine:
 
     def new_stream(
         self,
-        reference_rgb: np.ndarray,
+        reference_rgb: Reference,
         seed: int = 0,
         sinks: list[Callable[[FrameBatch], None]] | None = None,
     ) -> Stream:
+        if not isinstance(reference_rgb, np.ndarray):  # a prepared photo: its framed image
+            reference_rgb = reference_rgb.framed
         return Stream(self, reference_rgb, seed, sinks or [])
 
 

@@ -18,3 +18,13 @@ class MediaError(FacecastError):
 
 class CheckpointError(FacecastError):
     """A checkpoint that is missing, unreadable, or does not match the model's keys and shapes."""
+
+
+class PhotoError(MediaError):
+    """A reference photo the photo stack cannot animate. `kind` says why, so a server can
+    answer with the right status: "type" (not PNG/JPEG/WebP), "size" (too many bytes or
+    pixels), "corrupt" (does not decode), "face" (no face, several, too small, cut off)."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind

@@ -20,6 +20,28 @@ import numpy as np
 from pipeline.clock import FPS, MODEL_RATE, OUTPUT_RATE
 from pipeline.errors import MediaError
 
+ASSETS = Path(__file__).resolve().parent / "assets"
+
+
+def default_reference(cfg) -> Path:
+    """The bundled identity of a config: a real public-domain portrait for the photo stack,
+    a synthetic-world face for the diffusion stacks."""
+    if cfg.runtime.stack == "photo":
+        return ASSETS / "portraits" / "grace_hopper.jpg"
+    return ASSETS / "reference.png"
+
+
+def load_reference(path: str | Path, cfg) -> np.ndarray:
+    """A reference image for `cfg` → uint8 (H, W, 3) RGB. The photo stack checks it first
+    (bytes, type, pixels: `pipeline.photo.face.load_photo`)."""
+    if cfg.runtime.stack == "photo":
+        from pipeline.photo.face import load_photo
+
+        if not Path(path).is_file():
+            raise MediaError(f"reference image not found: {path}")
+        return load_photo(str(path), cfg.photo)
+    return load_image(path)
+
 
 def load_image(path: str | Path) -> np.ndarray:
     """Any image FFmpeg reads (PNG, JPEG, WebP, …) → uint8 (H, W, 3) RGB."""

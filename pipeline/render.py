@@ -16,7 +16,7 @@ from tqdm import tqdm
 from pipeline.clock import FPS, MODEL_RATE
 from pipeline.engine import Engine, FrameBatch
 from pipeline.errors import MediaError
-from pipeline.media import Mp4Writer, iter_audio, load_image
+from pipeline.media import Mp4Writer, iter_audio, load_reference
 
 
 @dataclass
@@ -43,9 +43,9 @@ def render_file(
     seed: int = 0,
     progress: bool = True,
 ) -> RenderResult:
-    image = load_image(reference)
+    image = load_reference(reference, engine.cfg)
     v = engine.cfg.video
-    session = engine.new_stream(image, seed=seed)
+    session = engine.new_stream(image, seed=seed)  # finds the face: fails before any file
     writer = Mp4Writer(out, v.width, v.height, v.fps)
     bar = tqdm(
         total=estimate_frames(audio), unit="frame", disable=not progress, desc="render", leave=False

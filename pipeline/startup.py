@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from pipeline.config import ATTENTION_BACKENDS, DEFAULT_CONFIG, load_config
 from pipeline.errors import ConfigError
 from pipeline.module import resolve_device
+
+if TYPE_CHECKING:
+    from pipeline.config import FacecastConfig
+    from pipeline.engine import Engine
+    from pipeline.photo.engine import PhotoEngine
+    from pipeline.placement import Placement
 
 PRECISIONS = ("default", "fp8")
 
@@ -72,10 +79,23 @@ class StartupReport:
         return {"load_seconds": self.load_seconds, **self.prepare, "startup_seconds": self.seconds}
 
 
+def load_engine(
+    cfg: FacecastConfig, device: str = "cpu", placement: Placement | None = None
+) -> Engine | PhotoEngine:
+    """The engine of a config: `Engine` for the diffusion stack, or the photo stack's
+    `pipeline.photo.engine.PhotoEngine` (the same streaming seam, `pipeline.stream`)."""
+    if cfg.runtime.stack == "photo":
+        from pipeline.photo.engine import PhotoEngine
+
+        return PhotoEngine.load(cfg, device)
+    from pipeline.engine import Engine
+
+    return Engine.load(cfg, device, placement)
+
+
 def start_engine(opts: EngineOptions):
     """Load the engine `opts` describe and make it ready for work; returns (engine, report)."""
     from pipeline.compile import compile_engine, prepare
-    from pipeline.engine import Engine
     from pipeline.offload import OffloadConfig
     from pipeline.placement import plan_placement
 
@@ -102,11 +122,24 @@ def start_engine(opts: EngineOptions):
         if opts.offload
         else opts.offload  # False: resident; None: the plan decides
     )
+    if cfg.runtime.stack == "photo" and (
+        opts.compile or opts.offload or opts.precision != "default"
+    ):
+        raise ConfigError(
+            f"config {cfg.name!r} is the photo stack: --compile, --offload and --precision "
+            "apply to the diffusion stack's DiTs only"
+        )
     placement = plan_placement(cfg, device, offload, memory_cap_bytes=cap)
-    engine = Engine.load(cfg, str(device), placement)
+    engine = load_engine(cfg, str(device), placement)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     report = StartupReport(load_seconds=time.perf_counter() - t)
+    if cfg.runtime.stack == "photo":  # no kernels to pick or compile: warm up only
+        if opts.warmup:
+            report.prepare["warmup_seconds"] = engine.warmup()
+        report.seconds = time.perf_counter() - t
+        engine.startup = report
+        return engine, report
     if opts.precision == "fp8":  # before compile: the graphs are traced with FP8 in them
         from pipeline.precision import apply_fp8
 

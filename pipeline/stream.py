@@ -9,7 +9,7 @@ both satisfy them; the type checker holds them to it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, Union
 
 import numpy as np
 import torch
@@ -17,8 +17,13 @@ import torch
 if TYPE_CHECKING:
     from pipeline.config import FacecastConfig
     from pipeline.engine import FrameBatch
+    from pipeline.photo.face import PreparedPhoto
     from pipeline.schedule import StreamStep
     from pipeline.startup import StartupReport
+
+# Who the avatar is: an identity image (uint8 H x W x 3), or a photo the photo stack has
+# already checked and framed (`pipeline.photo.face.prepare_photo`, done once per server).
+Reference = Union[np.ndarray, "PreparedPhoto"]
 
 
 class AvatarStream(Protocol):
@@ -59,4 +64,4 @@ class StreamingEngine(Protocol):
 
     def stream_step(self, k: int) -> StreamStep: ...
 
-    def new_stream(self, reference_rgb: np.ndarray, seed: int = 0) -> AvatarStream: ...
+    def new_stream(self, reference_rgb: Reference, seed: int = 0) -> AvatarStream: ...

@@ -28,6 +28,7 @@ import torch
 from pipeline.engine import FrameBatch
 from pipeline.schedule import ChunkPlan, StreamStep
 from pipeline.startup import EngineOptions, StartupReport
+from pipeline.stream import Reference
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +59,9 @@ class EngineProcess:
 
     def stream_step(self, k: int) -> StreamStep:
         cfg = self.cfg
-        return self._plan.step(k, cfg.vae.temporal_ratio, cfg.audio.lookahead_frames)
+        return self._plan.step(k, cfg.frames_per_latent, cfg.lookahead_frames)
 
-    def new_stream(self, reference_rgb: np.ndarray, seed: int = 0) -> RemoteStream:
+    def new_stream(self, reference_rgb: Reference, seed: int = 0) -> RemoteStream:
         with self._lock:
             self._next_id += 1
             sid = self._next_id
@@ -117,7 +118,7 @@ class RemoteStream:
         self,
         host: EngineProcess,
         sid: int,
-        reference_rgb: np.ndarray,
+        reference_rgb: Reference,
         seed: int,
         max_frames: int,
         video,

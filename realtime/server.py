@@ -2,7 +2,8 @@
 
 Routes (all but the page need `Authorization: Bearer TOKEN` when a token is set):
     GET  /                          the web client (webclient/index.html)
-    POST /offer                     {sdp, type: "offer", seed?} → {sdp, type, session_id}
+    POST /offer                     {sdp, type: "offer", seed?, photo_id?} → {sdp, type, session_id}
+    POST /photos                    a photo for a session (photo stack; realtime/photos.py)
     GET  /sessions                  live sessions
     DELETE /sessions/{id}           close one
     POST /sessions/{id}/interrupt   flush queued speech → {played_ms}
@@ -53,6 +54,8 @@ from realtime.kvs import (
     options_from_args,
 )
 from realtime.metrics import CONTENT_TYPE_LATEST
+from realtime.photos import offer_photo
+from realtime.photos import upload as upload_photo
 from realtime.security import (
     add_security_arguments,
     redact_access_log,
@@ -113,6 +116,7 @@ def build_app(
         factories.append(kvs_sink_factory(config.kvs))
     app[SERVICE] = Service(config, engine, factories)
     app.router.add_post("/offer", _offer)
+    app.router.add_post("/photos", _upload_photo)
     app.router.add_get("/sessions", _list_sessions)
     app.router.add_delete("/sessions/{id}", _delete_session)
     app.router.add_post("/sessions/{id}/interrupt", _interrupt)
@@ -201,9 +205,16 @@ async def _offer(request: web.Request) -> web.Response:
     require_engine(service)
     body = await json_body(request)
     offer = parse_offer(body, kvs=service.config.kvs is not None)
+    offer.photo = await offer_photo(service, body)  # checked before it takes a slot
     session = await open_session(service, offer)
     answer = session.pc.localDescription
     return web.json_response({"sdp": answer.sdp, "type": answer.type, "session_id": session.id})
+
+
+async def _upload_photo(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    require_engine(service)
+    return await upload_photo(request, service)
 
 
 async def _list_sessions(request: web.Request) -> web.Response:

@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import av
 import numpy as np
@@ -30,8 +29,9 @@ from aiortc.codecs import CODECS
 from aiortc.sdp import SessionDescription
 
 from pipeline.clock import FPS
+from pipeline.config import FacecastConfig
 from pipeline.startup import EngineOptions, start_engine
-from pipeline.stream import AvatarStream, StreamingEngine
+from pipeline.stream import AvatarStream, Reference, StreamingEngine
 from realtime.engine_process import EngineProcess
 from realtime.errors import (
     BadRequest,
@@ -47,6 +47,7 @@ from realtime.kvs import (
 )
 from realtime.kvs.options import check_stream_name
 from realtime.metrics import RealtimeMetrics
+from realtime.photos import PhotoStore
 from realtime.playout import EngineTiming
 from realtime.security import (
     SecurityConfig,
@@ -59,7 +60,7 @@ from realtime.vad import VoiceActivityDetector
 log = logging.getLogger(__name__)
 
 
-OFFER_OPTIONS = {"sdp", "type", "seed", "kvs_stream"}
+OFFER_OPTIONS = {"sdp", "type", "seed", "kvs_stream", "photo_id", "photo"}
 
 
 @dataclass
@@ -111,7 +112,8 @@ class Service:
         self.close_listeners: list[Callable[[PeerSession], Awaitable[None]]] = []
         self.reserved = 0  # offers being negotiated count against capacity
         self.engine_lock = threading.Lock()  # one generate_ready() at a time per engine
-        self.reference: np.ndarray | None = None
+        self.reference: Reference | None = None  # the server's identity (load_reference below)
+        self.photos = PhotoStore()  # the page's uploads (realtime/photos.py)
         # more of each session in GET /sessions, e.g. its WHEP viewers (realtime/whep.py)
         self.describers: list[Callable[[PeerSession], dict]] = []
 
@@ -166,10 +168,14 @@ class Service:
         video = self.warm_engine().cfg.video
         return int(video.width), int(video.height)
 
-    def open_engine_stream(self, seed: int) -> AvatarStream:
+    def open_engine_stream(self, seed: int, photo: Reference | None = None) -> AvatarStream:
+        """An engine stream of the server's reference, or of the offer's own photo."""
+        engine = self.warm_engine()
+        if photo is not None:
+            return engine.new_stream(photo, seed=seed)
         if self.reference is None:
-            self.reference = load_reference(self.config.reference, *self.video_size())
-        return self.warm_engine().new_stream(self.reference, seed=seed)
+            self.reference = load_reference(self.config.reference, engine.cfg)
+        return engine.new_stream(self.reference, seed=seed)
 
     async def on_session_closed(self, session: PeerSession) -> None:
         if self.sessions.pop(session.id, None) is not None:
@@ -225,7 +231,7 @@ async def _negotiate(service: Service, request: OfferRequest, require_video: boo
     session = PeerSession(
         secrets.token_urlsafe(18),
         pc,
-        service.open_engine_stream,
+        lambda seed: service.open_engine_stream(seed, request.photo),
         service.video_size(),
         session_config,
         service.metrics,
@@ -372,6 +378,9 @@ class OfferRequest:
     description: RTCSessionDescription
     seed: int = 0
     kvs_stream: str | None = None  # this session's KVS stream name (mirroring servers)
+    photo: Reference | None = (
+        None  # the session's own checked photo (realtime/photos.py); None: the server's
+    )
 
 
 def parse_offer(body: dict, kvs: bool) -> OfferRequest:
@@ -438,16 +447,24 @@ def kvs_sink_factory(options: KvsOptions) -> SinkFactory:
     return attach
 
 
-def load_reference(path: str | None, width: int, height: int) -> np.ndarray:
-    """The identity image as uint8 (H, W, 3) at the engine's size."""
-    from pipeline.media import load_image
+def load_reference(path: str | None, cfg: FacecastConfig) -> Reference:
+    """The identity image as uint8 (H, W, 3) at the engine's size; for the photo stack the
+    photo checked, framed and measured once (`PreparedPhoto`, video-sized), so sessions
+    neither detect the face again nor carry a large photo to the engine process."""
+    from pipeline.media import default_reference
+    from pipeline.media import load_reference as load
 
+    width, height = cfg.video.width, cfg.video.height
     if path is None:
-        packaged = Path(__file__).resolve().parent.parent / "pipeline" / "assets" / "reference.png"
+        packaged = default_reference(cfg)
         if not packaged.exists():
             return _placeholder_reference(width, height)
         path = str(packaged)
-    rgb = load_image(path)
+    rgb = load(path, cfg)
+    if cfg.runtime.stack == "photo":
+        from pipeline.photo.face import prepare_photo
+
+        return prepare_photo(rgb, width, height, cfg.photo)
     if rgb.shape[:2] != (height, width):
         frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
         rgb = frame.to_ndarray(width=width, height=height, format="rgb24")

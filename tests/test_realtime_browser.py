@@ -131,3 +131,45 @@ async def test_browser_explains_refused_token_full_server_ended_call_and_denied_
             assert "Microphone access was denied" in await message_of(page)
         finally:
             await browser.close()
+
+
+@pytest.mark.timeout(240)
+async def test_browser_uploads_a_photo_and_explains_a_refused_one(tmp_path):
+    """The page's photo upload: a photo without a face, or a file that is not an image, is
+    refused with the reason; the user's own portrait starts a call of that face."""
+    from playwright.async_api import async_playwright
+    from test_photo import PORTRAIT, _bad_photos
+
+    from pipeline.config import load_config
+    from pipeline.startup import load_engine
+
+    engine = load_engine(load_config("photo"), "cpu")
+    engine.warmup()
+    bad = _bad_photos(tmp_path)
+    faceless = tmp_path / "wall.png"
+    faceless.write_bytes(bad["faceless"][0].read_bytes())
+    text = tmp_path / "notes.txt"
+    text.write_text("not a photo")
+    speech = make_speech_wav(tmp_path / "mic.wav", [0.3, "Hello.", 0.3])
+    async with running_server(engine=engine) as (url, app), async_playwright() as pw:
+        browser = await pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=chromium_args(str(speech.path))
+        )
+        try:
+            for path, reason in ((faceless, "no face found"), (text, "PNG, JPEG or WebP")):
+                page = await browser.new_page()
+                await page.goto(url)
+                await page.set_input_files("#photo", str(path))
+                await page.locator("#connect").dispatch_event("click")
+                message = await message_of(page)
+                assert message.startswith("Photo refused") and reason in message, message
+                await page.close()
+            assert not app[SERVICE].sessions
+            page = await browser.new_page()
+            await page.goto(url)
+            await page.set_input_files("#photo", str(PORTRAIT))
+            await page.locator("#connect").dispatch_event("click")
+            await page.wait_for_function("window.facecastStats.ttffMs !== null", timeout=60_000)
+            assert len(app[SERVICE].photos._photos) == 1 and len(app[SERVICE].sessions) == 1
+        finally:
+            await browser.close()

@@ -79,9 +79,7 @@ def test_render_stereo_mp3_at_44k(tmp_path, assets):
     assert (
         main(
             [
-                "render",
-                "--reference",
-                str(assets["reference"]),
+                "render",  # the default config and its bundled portrait
                 "--audio",
                 str(mp3),
                 "--out",
@@ -207,7 +205,8 @@ def _peak_rss_kb(argv: list[str]) -> int:
 
 @pytest.mark.slow
 def test_peak_memory_flat_over_duration(tmp_path, assets):
-    """A 60 s render peaks within 10% of a 6 s render: memory does not grow with duration."""
+    """A 60 s demo render peaks within 10% of a 6 s render: memory does not grow with
+    duration (the photo stack's: tests/test_photo.py)."""
     rng = np.random.default_rng(0)
     peaks = {}
     for seconds in (6, 60):
@@ -222,6 +221,8 @@ def test_peak_memory_flat_over_duration(tmp_path, assets):
                 "-m",
                 "facecast.cli",
                 "render",
+                "--config",
+                "demo",
                 "--reference",
                 str(assets["reference"]),
                 "--audio",

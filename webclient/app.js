@@ -65,8 +65,42 @@ function headers() {
   return h;
 }
 
+// The session's own photo (optional): checked here for type and size, then by the server
+// (one frontal face, big enough), before the call starts.
+const PHOTO_TYPES = ["image/png", "image/jpeg", "image/webp"];
+const PHOTO_MAX_BYTES = 16 * 1024 * 1024;
+
+async function uploadPhoto() {
+  const file = $("photo").files[0];
+  if (!file) return { ok: true, id: null };
+  if (!PHOTO_TYPES.includes(file.type)) {
+    return { ok: false, reason: "the photo must be a PNG, JPEG or WebP image (got " + (file.type || "an unknown type") + ")" };
+  }
+  if (file.size > PHOTO_MAX_BYTES) {
+    return { ok: false, reason: "the photo is " + (file.size / 1048576).toFixed(1) + " MiB; the limit is 16 MiB" };
+  }
+  const h = { "Content-Type": file.type };
+  if (token()) h.Authorization = "Bearer " + token();
+  let res;
+  try {
+    res = await fetch("/photos", { method: "POST", headers: h, body: file });
+  } catch (err) {
+    return { ok: false, reason: "cannot reach the server: " + err };
+  }
+  const body = await res.json().catch(() => ({}));
+  if (!res.ok) return { ok: false, reason: body.error || res.statusText };
+  return { ok: true, id: body.photo_id };
+}
+
 async function connect() {
   setState("connecting");
+  say("Checking your photo…");
+  const photo = await uploadPhoto();
+  if (!photo.ok) {
+    setState("error");
+    say("Photo refused: " + photo.reason, "error");
+    return;
+  }
   say("Asking for the microphone…");
   try {
     micStream = await navigator.mediaDevices.getUserMedia({ audio: true, video: false });
@@ -102,7 +136,10 @@ async function connect() {
   try {
     res = await fetch("/offer", {
       method: "POST", headers: headers(),
-      body: JSON.stringify({ sdp: pc.localDescription.sdp, type: pc.localDescription.type }),
+      body: JSON.stringify(Object.assign(
+        { sdp: pc.localDescription.sdp, type: pc.localDescription.type },
+        photo.id ? { photo_id: photo.id } : {},
+      )),
     });
   } catch (err) {
     say("Cannot reach the server: " + err, "error");

@@ -21,6 +21,28 @@ def _seams(args: argparse.Namespace, n_frames: int) -> list[int]:
     return []
 
 
+def _photo_eval(args: argparse.Namespace) -> int:
+    from pipeline.config import PhotoConfig
+    from pipeline.eval.photo import run_photo_eval, write_json
+    from pipeline.media import iter_audio
+    from pipeline.photo.face import load_photo
+
+    photo = load_photo(str(args.photo), PhotoConfig())
+    audio = np.concatenate([b.model for b in iter_audio(args.audio)] or [np.zeros(0, np.float32)])
+    scores = run_photo_eval(args.video, photo, audio, window_s=args.window_s or 10.0)
+    print(scores.summary())
+    if args.json:
+        write_json(scores, args.json)
+    if args.strip:
+        import cv2
+
+        from pipeline.eval.photo import face_strip
+
+        args.strip.parent.mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(args.strip), face_strip(args.video, photo, scores)[:, :, ::-1])
+    return 0
+
+
 def eval_main(argv: list[str] | None = None) -> int:
     """Score a generated video against the audio's ground-truth mouth."""
     p = argparse.ArgumentParser(
@@ -31,6 +53,13 @@ def eval_main(argv: list[str] | None = None) -> int:
     p.add_argument("--video", type=Path, required=True, help="generated video (MP4, ...)")
     p.add_argument("--audio", type=Path, required=True, help="the driving audio (WAV)")
     p.add_argument("--reference", type=Path, help="reference image (default: first frame)")
+    p.add_argument(
+        "--photo",
+        type=Path,
+        help="a real portrait the video animates: score it against the photo instead "
+        "(SSIM outside the mouth box, mouth motion vs speech, face found, drift; "
+        "pipeline/eval/photo.py); --window-s defaults to 10 then",
+    )
     p.add_argument("--seams", help="comma-separated first frames of new chunks")
     p.add_argument("--chunk-frames", type=int, help="seams every N frames (instead of --seams)")
     p.add_argument(
@@ -40,9 +69,19 @@ def eval_main(argv: list[str] | None = None) -> int:
         help="frames per latent of the model (demo: 2): seams are compared with frames of "
         "the same phase, so the VAE's own latent-to-latent change is not counted as a seam",
     )
-    p.add_argument("--window-s", type=float, default=60.0, help="identity window (s)")
+    p.add_argument(
+        "--window-s", type=float, help="identity window (s; default 60, 10 with --photo)"
+    )
     p.add_argument("--json", type=Path, help="also write the scores as JSON here")
+    p.add_argument(
+        "--strip",
+        type=Path,
+        help="--photo: write an image strip (photo, then 8 frames' faces; .jpg or .png)",
+    )
     args = p.parse_args(argv)
+    if args.photo:
+        return _photo_eval(args)
+    args.window_s = args.window_s or 60.0
 
     samples = read_audio(args.audio, MODEL_RATE)
     gt = mouth_track_from_audio(samples)

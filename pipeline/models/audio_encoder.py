@@ -34,6 +34,21 @@ def mel_filterbank(n_mels: int, n_fft: int = WINDOW, sr: int = MODEL_RATE) -> Te
     return torch.clamp(torch.minimum(up, down), min=0.0).T.contiguous()
 
 
+def log_mel(samples_BS: Tensor, window: Tensor, mel_fb: Tensor) -> Tensor:
+    """(B, S) with S a multiple of 640 → (B, M, S / 160) log-mel, centred on each hop."""
+    pad = (WINDOW - HOP) // 2
+    x = F.pad(samples_BS.float(), (pad, pad))
+    spec = (
+        torch.stft(
+            x, n_fft=WINDOW, hop_length=HOP, window=window, center=False, return_complex=True
+        )
+        .abs()
+        .pow(2)
+    )
+    mel = torch.einsum("bkf,km->bmf", spec, mel_fb)
+    return (torch.log10(mel.clamp_min(1e-8)) + 4.0) / 4.0
+
+
 class AudioEncoder(nn.Module):
     def __init__(self, cfg: AudioEncoderConfig) -> None:
         super().__init__()
@@ -57,23 +72,7 @@ class AudioEncoder(nn.Module):
         self.out = nn.Linear(D, cfg.out_dim)
 
     def log_mel(self, samples_BS: Tensor) -> Tensor:
-        """(B, S) with S a multiple of MODEL_SAMPLES_PER_FRAME → (B, M, S / 160) log-mel, centred on each hop."""
-        pad = (WINDOW - HOP) // 2
-        x = F.pad(samples_BS.float(), (pad, pad))
-        spec = (
-            torch.stft(
-                x,
-                n_fft=WINDOW,
-                hop_length=HOP,
-                window=self.window,
-                center=False,
-                return_complex=True,
-            )
-            .abs()
-            .pow(2)
-        )
-        mel = torch.einsum("bkf,km->bmf", spec, self.mel_fb)
-        return (torch.log10(mel.clamp_min(1e-8)) + 4.0) / 4.0
+        return log_mel(samples_BS, self.window, self.mel_fb)
 
     def forward(self, samples_BS: Tensor) -> Tensor:
         """(B, S) samples, S = MODEL_SAMPLES_PER_FRAME T → (B, T, out_dim) features."""

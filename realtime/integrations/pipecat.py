@@ -60,6 +60,7 @@ from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.ai_service import AIService
 
 from pipeline.clock import OUTPUT_RATE, VIDEO_CLOCK
+from pipeline.stream import Reference
 from realtime.client import FacecastClient, UtteranceSender
 from realtime.utterance import MAX_CHUNK_BYTES
 
@@ -129,7 +130,7 @@ class _RemoteLink:
 class _LocalLink:
     """An in-process session around `engine` (a started `pipeline` engine)."""
 
-    def __init__(self, engine: Any, reference: np.ndarray | None, seed: int, config) -> None:
+    def __init__(self, engine: Any, reference: Reference | None, seed: int, config) -> None:
         self.engine, self.reference, self.seed, self.config = engine, reference, seed, config
         self.session: PeerSession | None = None
         self._pulls: list[asyncio.Task] = []
@@ -149,7 +150,7 @@ class _LocalLink:
         size = (int(video.width), int(video.height))
         reference = self.reference
         if reference is None:
-            reference = load_reference(None, *size)
+            reference = load_reference(None, self.engine.cfg)
 
         async def closed(session) -> None:
             pass
@@ -213,7 +214,7 @@ class FacecastVideoService(AIService):
         url: str | None = None,
         token: str | None = None,
         engine: Any = None,
-        reference: np.ndarray | None = None,
+        reference: Reference | None = None,
         session_config: Any = None,
         seed: int = 0,
         end_timeout_s: float = 30.0,

@@ -1,0 +1,192 @@
+"""`facecast eval --photo`: how well a video of a real photo keeps it and follows speech.
+
+The measurement of issue 16, for any stack (demo, photo, …) and any real portrait:
+
+- the photo is framed as the video shows it: scaled to cover the frame, centre-cropped;
+- the face box is OpenCV's frontal-face Haar cascade on the framed photo (the largest);
+  the mouth box is its lower 40 % × middle 60 %;
+- identity: per frame, mean SSIM (Gaussian window, sigma 1.5, on luma) against the framed
+  photo over every pixel outside the mouth box; drift = mean of the last `window_s`
+  seconds minus the first;
+- lip sync: per frame, mouth motion = mean absolute luma difference between the frame's
+  mouth box and the photo's; the speech envelope = RMS of the frame's 40 ms of audio;
+  Pearson r between the two (at lag 0, and the best within ±3 frames);
+- a face is detectable: the cascade on every 25th frame finds a face overlapping the
+  photo's face box (IoU > 0.3); the share of such frames.
+
+The video is read in batches; only per-frame numbers are kept.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from pipeline.clock import FPS
+from pipeline.clock import MODEL_SAMPLES_PER_FRAME as SAMPLES_PER_FRAME
+from pipeline.errors import MediaError
+from pipeline.eval.evaluate import _batches
+from pipeline.photo.face import detect_faces, frame_photo
+
+
+@dataclass(frozen=True)
+class PhotoScores:
+    n_frames: int
+    ssim_outside_mouth: float  # mean over frames (1 = the photo itself)
+    ssim_first_window: float
+    ssim_last_window: float
+    identity_drift: float  # last window minus first (0 = no drift)
+    mouth_speech_r: float  # Pearson r, mouth motion vs speech envelope, lag 0
+    mouth_speech_r_best: float  # the best r within ±3 frames
+    best_lag: int  # frames; > 0: the mouth follows the sound late
+    face_detected: float  # share of sampled frames with the face found
+    face_box: list[float]
+    mouth_box: list[int]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    def summary(self) -> str:
+        return "\n".join(
+            [
+                f"frames              {self.n_frames}",
+                f"SSIM outside mouth  {self.ssim_outside_mouth:.3f} (first window "
+                f"{self.ssim_first_window:.3f}, last {self.ssim_last_window:.3f}, drift "
+                f"{self.identity_drift:+.3f})",
+                f"mouth vs speech     r={self.mouth_speech_r:.3f} at lag 0, best "
+                f"{self.mouth_speech_r_best:.3f} at lag {self.best_lag:+d}",
+                f"face detected       {self.face_detected:.0%} of sampled frames",
+            ]
+        )
+
+
+def luma(rgb: np.ndarray) -> np.ndarray:
+    return cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2GRAY).astype(np.float64)
+
+
+def ssim_map(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per-pixel SSIM of two luma images (0..255), Gaussian window sigma 1.5 (Wang 2004)."""
+    c1, c2 = (0.01 * 255) ** 2, (0.03 * 255) ** 2
+    blur = lambda x: cv2.GaussianBlur(x, (11, 11), 1.5)  # noqa: E731
+    mu_a, mu_b = blur(a), blur(b)
+    var_a = blur(a * a) - mu_a**2
+    var_b = blur(b * b) - mu_b**2
+    cov = blur(a * b) - mu_a * mu_b
+    return ((2 * mu_a * mu_b + c1) * (2 * cov + c2)) / (
+        (mu_a**2 + mu_b**2 + c1) * (var_a + var_b + c2)
+    )
+
+
+def speech_envelope(samples_16k: np.ndarray, n_frames: int) -> np.ndarray:
+    x = np.asarray(samples_16k, np.float64).reshape(-1)
+    x = np.pad(x, (0, max(0, n_frames * SAMPLES_PER_FRAME - len(x))))
+    return np.sqrt((x[: n_frames * SAMPLES_PER_FRAME].reshape(n_frames, -1) ** 2).mean(axis=1))
+
+
+def _pearson(a: np.ndarray, b: np.ndarray) -> float:
+    if len(a) < 3 or a.std() == 0 or b.std() == 0:
+        return 0.0
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def _iou(a, b) -> float:
+    ax, ay, aw, ah = a
+    bx, by, bw, bh = b
+    iw = max(0.0, min(ax + aw, bx + bw) - max(ax, bx))
+    ih = max(0.0, min(ay + ah, by + bh) - max(ay, by))
+    inter = iw * ih
+    return inter / (aw * ah + bw * bh - inter)
+
+
+def run_photo_eval(video, photo_rgb: np.ndarray, audio_16k: np.ndarray, window_s: float = 10.0):
+    """Score `video` (a file, frames or batches) against the photo it animates."""
+    ref = framed = box = None
+    mouth_mask = None
+    ssim, motion, found = [], [], []
+    n = 0
+    for batch in _batches(video):
+        if framed is None:
+            H, W = batch.shape[1:3]
+            framed = frame_photo(photo_rgb, W, H)
+            faces = detect_faces(framed)
+            if len(faces) == 0:
+                raise MediaError("no face found in the framed photo: it cannot be scored")
+            box = faces[0]
+            x, y, w, h = box
+            mb = (
+                int(x + 0.2 * w),
+                int(y + 0.6 * h),
+                int(np.ceil(x + 0.8 * w)),
+                int(np.ceil(y + h)),
+            )
+            mouth_mask = np.zeros((H, W), bool)
+            mouth_mask[mb[1] : mb[3], mb[0] : mb[2]] = True
+            ref = luma(framed)
+        for frame in batch:
+            g = luma(frame)
+            ssim.append(float(ssim_map(g, ref)[~mouth_mask].mean()))
+            motion.append(float(np.abs(g - ref)[mouth_mask].mean()))
+            if n % FPS == 0:
+                hits = detect_faces(frame)
+                found.append(any(_iou(f, box) > 0.3 for f in hits))
+            n += 1
+    if n == 0:
+        raise MediaError("the video has no frames")
+    ssim_a, motion_a = np.array(ssim), np.array(motion)
+    env = speech_envelope(audio_16k, n)
+    r0 = _pearson(motion_a, env)
+    lags = {
+        lag: _pearson(motion_a[max(0, lag) : n + min(0, lag)], env[max(0, -lag) : n - max(0, lag)])
+        for lag in range(-3, 4)
+    }
+    best = max(lags, key=lags.get)
+    win = max(1, min(n // 2, int(window_s * FPS)))
+    first, last = float(ssim_a[:win].mean()), float(ssim_a[-win:].mean())
+    return PhotoScores(
+        n_frames=n,
+        ssim_outside_mouth=float(ssim_a.mean()),
+        ssim_first_window=first,
+        ssim_last_window=last,
+        identity_drift=last - first,
+        mouth_speech_r=r0,
+        mouth_speech_r_best=lags[best],
+        best_lag=best,
+        face_detected=float(np.mean(found)),
+        face_box=[float(v) for v in box],
+        mouth_box=list(mb),
+    )
+
+
+def face_strip(video, photo_rgb: np.ndarray, scores: PhotoScores, n: int = 8, side: int = 192):
+    """The framed photo, then `n` frames spread over the clip, each cropped around the face
+    (1.8x the face box) and scaled to `side` pixels: what a person looks at first."""
+    picks = set(np.linspace(12, scores.n_frames - 1, n).astype(int).tolist())
+    x, y, w, h = scores.face_box
+    half = 0.9 * max(w, h)
+    cx, cy = x + w / 2, y + 0.55 * h
+    tiles, framed = [], None
+    for i, frame in enumerate(f for batch in _batches(video) for f in batch):
+        if framed is None:
+            framed = frame_photo(photo_rgb, frame.shape[1], frame.shape[0])
+            tiles.append(_crop(framed, cx, cy, half, side))
+        if i in picks:
+            tiles.append(_crop(frame, cx, cy, half, side))
+    return np.concatenate(tiles, axis=1)
+
+
+def _crop(rgb: np.ndarray, cx: float, cy: float, half: float, side: int) -> np.ndarray:
+    H, W = rgb.shape[:2]
+    x0, y0 = int(max(0, cx - half)), int(max(0, cy - half))
+    x1, y1 = int(min(W, cx + half)), int(min(H, cy + half))
+    return cv2.resize(
+        np.ascontiguousarray(rgb[y0:y1, x0:x1]), (side, side), interpolation=cv2.INTER_CUBIC
+    )
+
+
+def write_json(scores: PhotoScores, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(scores.to_json())

@@ -1,0 +1,319 @@
+"""The reference photo: checked, its one face found, framed to the video, measured.
+
+A photo is checked before anything is decoded (bytes, type by its magic bytes, pixel
+count from the header), then decoded with PyAV. Faces are found with the frontal-face Haar
+cascade that OpenCV 4.x wheels ship (`cv2.data.haarcascades`; no download). The photo is
+scaled to cover the video size and centre-cropped (the face box is mapped through the same
+transform, so detection runs once, on the full photo); where the centred crop would cut the
+face, the crop slides just enough to hold it. Every failure is a `PhotoError` with one line
+that says what to change.
+
+The geometry the warp needs (`FaceGeometry`) is measured on the framed photo: the lip line
+(the darkest row between the closed lips), the mouth's half width, and the eyes (the eye
+cascade inside the face's upper half, else the usual proportions of a frontal face).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import av
+import cv2
+import numpy as np
+
+from pipeline.config import PhotoConfig
+from pipeline.errors import PhotoError
+
+# PNG, JPEG and WebP, by their first bytes: what the page's upload accepts.
+_MAGIC = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg"}
+IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp")
+_DETECT_SIDE = 800  # faces are searched on the photo scaled to at most this side
+_SECOND_FACE = 0.25  # another face at least this share of the largest one's area counts
+
+
+def sniff_type(data: bytes) -> str | None:
+    """The image type from the magic bytes, or None when it is not PNG, JPEG or WebP."""
+    for magic, kind in _MAGIC.items():
+        if data.startswith(magic):
+            return kind
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return None
+
+
+def read_photo(data: bytes, name: str, cfg: PhotoConfig) -> np.ndarray:
+    """Checked bytes of a PNG/JPEG/WebP → uint8 (H, W, 3) RGB."""
+    if len(data) > cfg.max_image_bytes:
+        raise PhotoError(
+            f"photo {name} is {len(data) / 2**20:.1f} MiB; the limit is "
+            f"{cfg.max_image_bytes / 2**20:.0f} MiB: save a smaller JPEG",
+            "size",
+        )
+    kind = sniff_type(data)
+    if kind is None:
+        raise PhotoError(f"photo {name} is not a PNG, JPEG or WebP image", "type")
+    # FFmpeg decodes a cut-off JPEG or PNG into a half-grey picture: catch it by its end
+    tail = data[-64:].rstrip(b"\0")
+    if (kind == "image/jpeg" and not tail.endswith(b"\xff\xd9")) or (
+        kind == "image/png" and b"IEND" not in tail[-12:]
+    ):
+        raise PhotoError(f"photo {name} is truncated (the file ends early)", "corrupt")
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            if not container.streams.video:
+                raise PhotoError(f"photo {name} holds no image", "corrupt")
+            stream = container.streams.video[0]
+            w, h = stream.codec_context.width, stream.codec_context.height
+            if w * h > cfg.max_image_pixels:
+                raise PhotoError(
+                    f"photo {name} is {w}x{h} pixels; the limit is "
+                    f"{cfg.max_image_pixels / 1e6:.0f} megapixels: scale it down",
+                    "size",
+                )
+            # strict: FFmpeg would otherwise conceal damage and hand back a smeared picture
+            stream.codec_context.options = {"err_detect": "explode"}
+            rgb = next(container.decode(video=0)).to_ndarray(format="rgb24")
+    except PhotoError:
+        raise
+    except (av.FFmpegError, StopIteration, ValueError, OSError) as exc:
+        raise PhotoError(f"photo {name} is corrupt or truncated: {exc}", "corrupt") from None
+    if rgb.size == 0 or min(rgb.shape[:2]) < 16:
+        raise PhotoError(f"photo {name} is too small to hold a face", "size")
+    return rgb
+
+
+def load_photo(path: str, cfg: PhotoConfig) -> np.ndarray:
+    """A photo file → uint8 (H, W, 3) RGB, with the checks of `read_photo`."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(cfg.max_image_bytes + 1)
+    except OSError as exc:
+        raise PhotoError(f"cannot read photo {path}: {exc.strerror or exc}", "corrupt") from None
+    return read_photo(data, str(path), cfg)
+
+
+_CASCADES: dict[str, cv2.CascadeClassifier] = {}
+
+
+def cascade(name: str) -> cv2.CascadeClassifier:
+    """One of OpenCV's shipped Haar cascades, loaded once per process."""
+    if name not in _CASCADES:
+        clf = cv2.CascadeClassifier(cv2.data.haarcascades + name)
+        if clf.empty():
+            raise RuntimeError(f"OpenCV's {name} is missing: opencv-python-headless<5 ships it")
+        _CASCADES[name] = clf
+    return _CASCADES[name]
+
+
+def detect_faces(rgb: np.ndarray, min_side_frac: float = 0.06) -> np.ndarray:
+    """Frontal faces in an RGB image, (n, 4) float boxes x, y, w, h in its pixels,
+    largest first."""
+    h, w = rgb.shape[:2]
+    s = min(1.0, _DETECT_SIDE / max(h, w))
+    grey = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
+    if s < 1.0:
+        grey = cv2.resize(grey, (round(w * s), round(h * s)), interpolation=cv2.INTER_AREA)
+    # no histogram equalisation: on the astronaut it turned the shuttle into a face
+    side = max(20, int(min_side_frac * min(grey.shape)))
+    found = cascade("haarcascade_frontalface_default.xml").detectMultiScale(
+        grey, scaleFactor=1.08, minNeighbors=6, minSize=(side, side)
+    )
+    boxes = np.asarray(found, np.float64).reshape(-1, 4) / s
+    return boxes[np.argsort(-boxes[:, 2] * boxes[:, 3])]
+
+
+@dataclass(frozen=True)
+class Framing:
+    """Photo pixels → video pixels: scale, then crop at (left, top)."""
+
+    scale: float
+    left: int
+    top: int
+    width: int
+    height: int
+
+    def apply(self, rgb: np.ndarray) -> np.ndarray:
+        h, w = rgb.shape[:2]
+        nw, nh = max(self.width, round(w * self.scale)), max(self.height, round(h * self.scale))
+        interp = cv2.INTER_AREA if self.scale < 1 else cv2.INTER_CUBIC
+        big = cv2.resize(rgb, (nw, nh), interpolation=interp)
+        return np.ascontiguousarray(
+            big[self.top : self.top + self.height, self.left : self.left + self.width]
+        )
+
+    def box(self, box: np.ndarray) -> np.ndarray:
+        x, y, w, h = np.asarray(box, np.float64) * self.scale
+        return np.array([x - self.left, y - self.top, w, h])
+
+
+def centre_framing(shape: tuple[int, ...], width: int, height: int) -> Framing:
+    """Scale to cover width x height, centre-crop (the issue's framing)."""
+    h, w = shape[:2]
+    s = max(width / w, height / h)
+    nw, nh = max(width, round(w * s)), max(height, round(h * s))
+    return Framing(s, (nw - width) // 2, (nh - height) // 2, width, height)
+
+
+def frame_photo(rgb: np.ndarray, width: int, height: int) -> np.ndarray:
+    """The photo as the video shows it at rest: scaled to cover, centre-cropped."""
+    return centre_framing(rgb.shape, width, height).apply(rgb)
+
+
+@dataclass(frozen=True)
+class FaceGeometry:
+    """Where things are on the framed photo, in its pixels (floats)."""
+
+    box: tuple[float, float, float, float]  # face box x, y, w, h
+    mouth: tuple[float, float]  # centre of the lip line
+    mouth_half_width: float
+    eyes: tuple[tuple[float, float, float, float], ...]  # eye boxes x, y, w, h
+    skin: tuple[float, float, float]  # median RGB of the cheeks, 0..255
+    lips: tuple[float, float, float]  # median RGB just below the lip line
+
+
+@dataclass(frozen=True)
+class PreparedPhoto:
+    framed: np.ndarray  # uint8 (H, W, 3): the rest frame, what the video shows in silence
+    face: FaceGeometry
+
+
+def prepare_photo(rgb: np.ndarray, width: int, height: int, cfg: PhotoConfig) -> PreparedPhoto:
+    """Find the one face, frame the photo around it, measure the geometry."""
+    faces = detect_faces(rgb)
+    if len(faces) == 0:
+        raise PhotoError(
+            "no face found in the photo: use a sharp, well-lit, frontal photo of one face "
+            "(synthetic faces from `facecast make-reference` need --config demo)",
+            "face",
+        )
+    areas = faces[:, 2] * faces[:, 3]
+    if (areas >= _SECOND_FACE * areas[0]).sum() > 1:
+        raise PhotoError(
+            f"the photo shows {int((areas >= _SECOND_FACE * areas[0]).sum())} faces: "
+            "crop it to the one person who should talk",
+            "face",
+        )
+    framing = centre_framing(rgb.shape, width, height)
+    box = framing.box(faces[0])
+    framing = _slide_to_fit(framing, box, rgb.shape)
+    box = framing.box(faces[0])
+    if box[2] < cfg.min_face_px:
+        raise PhotoError(
+            f"the face is {box[2]:.0f} px wide in the {width}x{height} video (at least "
+            f"{cfg.min_face_px} needed): crop the photo closer around the face",
+            "face",
+        )
+    x, y, w, h = box
+    if x < -0.05 * w or y < -0.05 * h or x + 1.05 * w > width or y + 1.05 * h > height:
+        raise PhotoError(
+            f"the face does not fit in the {width}x{height} frame: crop the photo so the "
+            "face has some room around it",
+            "face",
+        )
+    framed = framing.apply(rgb)
+    return PreparedPhoto(framed, measure_face(framed, box))
+
+
+def _slide_to_fit(framing: Framing, box: np.ndarray, shape: tuple[int, ...]) -> Framing:
+    """Move the crop (not the scale) the least that keeps the face box plus a margin in."""
+    x, y, w, h = box
+    full_w = max(framing.width, round(shape[1] * framing.scale))
+    full_h = max(framing.height, round(shape[0] * framing.scale))
+    left, top = framing.left, framing.top
+    need = [(x - 0.15 * w, x + 1.15 * w, framing.width, full_w, "x")]
+    need.append((y - 0.25 * h, y + 1.25 * h, framing.height, full_h, "y"))
+    for lo, hi, size, full, axis in need:
+        if hi - lo > size:  # the margin cannot fit: centre the face instead
+            shift = (lo + hi - size) / 2
+        else:
+            shift = min(0.0, lo) + max(0.0, hi - size)
+        if axis == "x":
+            left = int(np.clip(round(left + shift), 0, full - size))
+        else:
+            top = int(np.clip(round(top + shift), 0, full - size))
+    return Framing(framing.scale, left, top, framing.width, framing.height)
+
+
+def measure_face(framed: np.ndarray, box: np.ndarray) -> FaceGeometry:
+    x, y, w, h = (float(v) for v in box)
+    H, W = framed.shape[:2]
+    grey = cv2.GaussianBlur(cv2.cvtColor(framed, cv2.COLOR_RGB2GRAY).astype(np.float32), (0, 0), 1)
+    mx = x + 0.5 * w
+    cheeks = [
+        framed[int(y + 0.55 * h) : int(y + 0.65 * h), int(x + cx * w) : int(x + (cx + 0.1) * w)]
+        for cx in (0.2, 0.7)
+    ]
+    skin = np.median(np.concatenate([c.reshape(-1, 3) for c in cheeks if c.size]), axis=0)
+    my = _lip_line(framed, grey, (x, y, w, h), skin)
+    eyes = _find_eyes(framed, (x, y, w, h))
+    # the lips: the reddest quarter of the pixels around the lip line
+    patch = framed[
+        int(max(0, my - 0.08 * h)) : int(my + 0.1 * h), int(mx - 0.1 * w) : int(mx + 0.1 * w)
+    ].reshape(-1, 3)
+    if len(patch) >= 4:
+        red = patch[:, 0].astype(np.float32) / (patch[:, 1].astype(np.float32) + 8)
+        lips = np.median(patch[red >= np.percentile(red, 75)], axis=0)
+    else:
+        lips = skin * 0.8
+    return FaceGeometry(
+        box=(x, y, w, h),
+        mouth=(mx, my),
+        mouth_half_width=0.19 * w,
+        eyes=eyes,
+        skin=tuple(float(v) for v in skin),
+        lips=tuple(float(v) for v in lips),
+    )
+
+
+def _lip_line(framed: np.ndarray, grey: np.ndarray, box, skin: np.ndarray) -> float:
+    """The row where the lips meet, from the profile of how far each row of a narrow band
+    down the middle of the lower face is from the skin colour: the first strong peak
+    below the eyes is the nose's shadow, the strongest one after it the lips (their seam,
+    or the edge of the teeth in a smile). Falls back to where frontal faces have it."""
+    x, y, w, h = box
+    H, W = grey.shape
+    mx, prior = x + 0.5 * w, y + 0.79 * h
+    c0, c1 = int(max(0, mx - 0.12 * w)), int(min(W, mx + 0.12 * w))
+    r0, r1 = int(max(0, y + 0.55 * h)), int(min(H, y + 1.0 * h))
+    if r1 - r0 < 8 or c1 - c0 < 2:
+        return prior
+    band = framed[r0:r1, c0:c1].astype(np.float32)
+    d = np.linalg.norm(band - skin[None, None], axis=-1).mean(axis=1)
+    d = np.convolve(np.pad(d, 1, mode="edge"), np.ones(3) / 3, mode="valid")
+    rows = np.arange(r0, r1) + 0.5
+    thr = np.median(d) + 0.4 * (d.max() - np.median(d))
+    peaks = [
+        i for i in range(1, len(d) - 1) if d[i] >= thr and d[i] >= d[i - 1] and d[i] >= d[i + 1]
+    ]
+    nose = next((rows[i] for i in peaks if rows[i] < y + 0.74 * h), None)
+    lo, hi = (nose + 0.08 * h, nose + 0.3 * h) if nose is not None else (y + 0.68 * h, y + 0.92 * h)
+    sel = (rows >= lo) & (rows <= hi)
+    if not sel.any():
+        return prior
+    return float(rows[sel][np.argmax(d[sel])])
+
+
+def _find_eyes(framed: np.ndarray, box: tuple[float, float, float, float]):
+    x, y, w, h = box
+    x0, y0 = int(max(0, x)), int(max(0, y + 0.15 * h))
+    upper = framed[y0 : int(y + 0.55 * h), x0 : int(x + w)]
+    found = []
+    if upper.size:
+        grey = cv2.equalizeHist(cv2.cvtColor(upper, cv2.COLOR_RGB2GRAY))
+        side = max(8, int(0.12 * w))
+        hits = cascade("haarcascade_eye.xml").detectMultiScale(
+            grey, scaleFactor=1.05, minNeighbors=5, minSize=(side, side)
+        )
+        found = [(ex + x0, ey + y0, ew, eh) for ex, ey, ew, eh in np.asarray(hits).reshape(-1, 4)]
+    left = [e for e in found if e[0] + e[2] / 2 < x + 0.5 * w]
+    right = [e for e in found if e[0] + e[2] / 2 >= x + 0.5 * w]
+    eyes = []
+    for side_hits, cx in ((left, 0.3), (right, 0.7)):
+        if side_hits:
+            ex, ey, ew, eh = max(side_hits, key=lambda e: e[2])
+            # the cascade's box holds brow to cheek: the eye itself is its middle part
+            eyes.append((ex + 0.15 * ew, ey + 0.3 * eh, 0.7 * ew, 0.4 * eh))
+        else:
+            eyes.append((x + (cx - 0.1) * w, y + 0.36 * h, 0.2 * w, 0.09 * w))
+    return tuple(tuple(float(v) for v in e) for e in eyes)

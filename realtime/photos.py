@@ -1,0 +1,155 @@
+"""A session's own photo: uploaded by the page, checked, kept until an offer uses it.
+
+`POST /photos` takes the image itself as the body (`Content-Type: image/png`, `image/jpeg`
+or `image/webp`, at most `photo.max_image_bytes`), checks it exactly as `facecast render`
+does (`pipeline.photo.face`: type by magic bytes, pixel count, decoding, one frontal face
+big enough) off the event loop, and answers 201 `{"photo_id", "face"}`. `POST /offer` then
+names it with `"photo_id"`, or carries a small photo inline as `"photo"` (base64, within the
+offer's body limit). Every refusal is one line of JSON: 415 for a type that is not an
+image we read, 413 for too many bytes or pixels, 400 for a corrupt file, 422 for a photo
+without exactly one usable face.
+
+Uploads are held in a bounded store (oldest dropped first), so they never pile up; they
+are only usable with the photo stack (`runtime.stack: photo`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import secrets
+from collections import OrderedDict
+from typing import Any
+
+from aiohttp import web
+
+from pipeline.errors import PhotoError
+from realtime.errors import BadRequest, RealtimeError, UnsupportedMediaType
+
+MAX_PHOTOS = 32  # uploads kept at once; each is one framed video-sized image
+
+
+class PayloadTooLarge(RealtimeError):
+    """A photo with more bytes or pixels than the server takes (HTTP 413)."""
+
+    status = 413
+
+
+class PhotoRefused(RealtimeError):
+    """A photo that decodes but cannot be animated: no face, several, too small (HTTP 422)."""
+
+    status = 422
+
+
+_STATUS = {"type": UnsupportedMediaType, "size": PayloadTooLarge, "corrupt": BadRequest}
+
+
+class PhotoStore:
+    """Checked photos by id, the newest `MAX_PHOTOS`."""
+
+    def __init__(self, limit: int = MAX_PHOTOS) -> None:
+        self.limit = limit
+        self._photos: OrderedDict[str, Any] = OrderedDict()
+
+    def add(self, prepared: Any) -> str:
+        photo_id = secrets.token_urlsafe(12)
+        self._photos[photo_id] = prepared
+        while len(self._photos) > self.limit:
+            self._photos.popitem(last=False)
+        return photo_id
+
+    def get(self, photo_id: str) -> Any:
+        if photo_id not in self._photos:
+            raise BadRequest(
+                f"unknown photo_id {photo_id!r}: upload the photo with POST /photos first "
+                f"(the server keeps the latest {self.limit})"
+            )
+        return self._photos[photo_id]
+
+
+def _check_stack(cfg) -> None:
+    if cfg.runtime.stack != "photo":
+        raise BadRequest(
+            f"this server runs config {cfg.name!r}, which animates its own identity; "
+            "start it with --config photo to animate uploaded photos"
+        )
+
+
+async def prepare(cfg, data: bytes, name: str):
+    """Checked and framed photo (`PreparedPhoto`) from the bytes, or the RealtimeError to
+    answer with. Decoding and face detection run in a thread, off the event loop."""
+    from pipeline.photo.face import prepare_photo, read_photo
+
+    def work():
+        rgb = read_photo(data, name, cfg.photo)
+        return prepare_photo(rgb, cfg.video.width, cfg.video.height, cfg.photo)
+
+    try:
+        return await asyncio.to_thread(work)
+    except PhotoError as exc:
+        raise _STATUS.get(exc.kind, PhotoRefused)(str(exc)) from None
+
+
+async def read_limited(request: web.Request, limit: int, timeout_s: float) -> bytes:
+    """The body, refusing it (413) as soon as it passes `limit` bytes."""
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(
+            f"photo of {request.content_length / 2**20:.1f} MiB; the limit is "
+            f"{limit / 2**20:.0f} MiB: save a smaller JPEG"
+        )
+
+    async def read() -> bytes:
+        parts, size = [], 0
+        async for chunk in request.content.iter_chunked(64 * 1024):
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"photo larger than the {limit / 2**20:.0f} MiB limit")
+            parts.append(chunk)
+        return b"".join(parts)
+
+    try:
+        return await asyncio.wait_for(read(), timeout_s)
+    except asyncio.TimeoutError:
+        raise BadRequest(f"the photo did not arrive within {timeout_s:g} s") from None
+
+
+async def upload(request: web.Request, service) -> web.Response:
+    """POST /photos: the image as the body → 201 {"photo_id", "face"}."""
+    from pipeline.photo.face import IMAGE_TYPES
+
+    cfg = service.engine.cfg
+    _check_stack(cfg)
+    if request.content_type not in IMAGE_TYPES:
+        raise UnsupportedMediaType(
+            f"send the photo as the body with Content-Type one of {', '.join(IMAGE_TYPES)} "
+            f"(got {request.content_type!r})"
+        )
+    timeout = service.config.security.body_timeout_s
+    data = await read_limited(request, cfg.photo.max_image_bytes, timeout)
+    prepared = await prepare(cfg, data, "upload")
+    photo_id = service.photos.add(prepared)
+    face = [round(v, 1) for v in prepared.face.box]
+    return web.json_response({"photo_id": photo_id, "face": face}, status=201)
+
+
+async def offer_photo(service, body: dict) -> Any:
+    """The offer's own photo (`photo_id` or inline `photo`), or None for the server's."""
+    photo_id, inline = body.get("photo_id"), body.get("photo")
+    if photo_id is None and inline is None:
+        return None
+    cfg = service.engine.cfg
+    _check_stack(cfg)
+    if photo_id is not None and inline is not None:
+        raise BadRequest("give 'photo_id' or 'photo', not both")
+    if photo_id is not None:
+        if not isinstance(photo_id, str):
+            raise BadRequest("'photo_id' must be the string POST /photos answered")
+        return service.photos.get(photo_id)
+    if not isinstance(inline, str):
+        raise BadRequest("'photo' must be the image as a base64 string")
+    try:
+        data = base64.b64decode(inline.split(",", 1)[-1], validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest("'photo' is not valid base64") from None
+    return await prepare(cfg, data, "in the offer")

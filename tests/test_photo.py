@@ -1,0 +1,188 @@
+"""The photo stack (issue 16): a real portrait talks, keeps its likeness and follows speech;
+bad photos fail in one line; streaming equals batch; memory does not grow."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from facecast.cli import main
+from pipeline.config import load_config
+from pipeline.eval.photo import run_photo_eval
+from pipeline.media import ASSETS, iter_audio, load_reference, write_wav
+from pipeline.photo.face import prepare_photo
+from pipeline.startup import load_engine
+from pipeline.train.evaluate import held_out_speech
+
+PORTRAIT = ASSETS / "portraits" / "grace_hopper.jpg"
+
+
+@pytest.fixture(scope="module")
+def photo_engine():
+    return load_engine(load_config("photo"), "cpu")
+
+
+@pytest.fixture(scope="module")
+def speech10(tmp_path_factory):
+    """10 s of held-out espeak-ng speech (sentences and pauses), as the issue measures."""
+    return write_wav(tmp_path_factory.mktemp("speech") / "speech10.wav", held_out_speech(10.0))
+
+
+def stream(engine, photo, audio: np.ndarray, cuts: list[int]) -> np.ndarray:
+    session = engine.new_stream(photo, seed=3)
+    frames = []
+    for a, b in zip([0, *cuts], [*cuts, len(audio)], strict=True):
+        session.push_audio(audio[a:b])
+        frames += [batch.frames for batch in session.generate_ready()]
+    frames += [batch.frames for batch in session.finish()]
+    session.close()
+    return np.concatenate(frames)
+
+
+def test_real_portrait_talks_and_keeps_its_likeness(tmp_path, speech10):
+    """`facecast render` of a real public-domain portrait, scored as the issue does:
+    SSIM outside the mouth box >= 0.6, mouth motion vs speech r >= 0.5, face found."""
+    out = tmp_path / "hopper.mp4"
+    args = ["render", "--reference", str(PORTRAIT), "--audio", str(speech10), "--out", str(out)]
+    assert main([*args, "--quiet", "--threads", "1"]) == 0
+    audio = np.concatenate([b.model for b in iter_audio(speech10)])
+    scores = run_photo_eval(out, load_reference(PORTRAIT, load_config("photo")), audio)
+    assert scores.n_frames == 250
+    assert scores.ssim_outside_mouth >= 0.6, scores
+    assert scores.mouth_speech_r >= 0.5, scores
+    assert scores.face_detected == 1.0, scores
+
+
+def test_mouth_is_closed_in_silence_and_moves_in_speech(photo_engine, speech10):
+    """Idle motion in silence (blinks, sway) but no talking; the mouth opens in speech."""
+    photo = load_reference(PORTRAIT, photo_engine.cfg)
+    prepared = prepare_photo(photo, 256, 256, photo_engine.cfg.photo)
+    silence = np.zeros(16000 * 4, np.float32)
+    frames = stream(photo_engine, prepared, silence, [])
+    x0, y0, x1, y1 = (int(v) for v in _mouth_box(prepared.face.box))
+    rest = prepared.framed[y0:y1, x0:x1].astype(np.float32)
+    quiet = np.abs(frames[:, y0:y1, x0:x1].astype(np.float32) - rest).mean()
+    assert np.abs(np.diff(frames.astype(np.float32), axis=0)).mean() > 0.05  # never frozen
+    audio = np.concatenate([b.model for b in iter_audio(speech10)])
+    talking = stream(photo_engine, prepared, audio, [])
+    moving = np.abs(talking[:, y0:y1, x0:x1].astype(np.float32) - rest).mean(axis=(1, 2, 3))
+    assert np.percentile(moving, 90) > 4 * quiet, (quiet, np.percentile(moving, 90))
+
+
+def _mouth_box(box):
+    x, y, w, h = box
+    return x + 0.2 * w, y + 0.6 * h, x + 0.8 * w, y + h
+
+
+def test_streaming_equals_batch_for_any_split(photo_engine):
+    """The same frames whether the audio comes at once or in odd pieces."""
+    rng = np.random.default_rng(0)
+    audio = held_out_speech(3.0, seed=7)
+    photo = load_reference(PORTRAIT, photo_engine.cfg)
+    whole = stream(photo_engine, photo, audio, [])
+    assert len(whole) == 75
+    for _ in range(2):
+        cuts = sorted(rng.choice(np.arange(1, len(audio)), size=7, replace=False).tolist())
+        assert np.array_equal(stream(photo_engine, photo, audio, cuts), whole)
+
+
+def _bad_photos(d):
+    import cv2
+
+    portrait = cv2.imread(str(PORTRAIT))
+    yy, xx = np.mgrid[0:300, 0:400]
+    wall = np.stack([yy * 0.5, xx * 0.4, 200 - yy * 0.3], -1).astype(np.uint8)
+    data = PORTRAIT.read_bytes()
+    small = cv2.resize(portrait, None, fx=0.35, fy=0.35)
+    far = np.full((1000, 1000, 3), 128, np.uint8)
+    far[400 : 400 + small.shape[0], 400 : 400 + small.shape[1]] = small
+    cases = {
+        "tiny face": (cv2.imencode(".png", far)[1].tobytes(), "crop the photo closer"),
+        "faceless": (cv2.imencode(".png", wall)[1].tobytes(), "no face found"),
+        "two faces": (
+            cv2.imencode(".jpg", np.concatenate([portrait, portrait], axis=1))[1].tobytes(),
+            "shows 2 faces",
+        ),
+        "truncated": (data[: len(data) // 2], "truncated"),
+        "corrupt": (data[:600] + bytes(range(256)) * 80 + b"\xff\xd9", "corrupt"),
+        "not an image": (b"hello, I am text\n" * 10, "not a PNG, JPEG or WebP"),
+        "too many pixels": (
+            cv2.imencode(".png", np.zeros((6000, 8000, 3), np.uint8))[1].tobytes(),
+            "megapixels",
+        ),
+        "too many bytes": (data[:3] + bytes(17 * 2**20), "MiB"),
+    }
+    out = {}
+    for i, (name, (blob, message)) in enumerate(cases.items()):
+        path = d / f"case{i}.img"  # a name that cannot hold the expected message
+        path.write_bytes(blob)
+        out[name] = (path, message)
+    return out
+
+
+@pytest.fixture(scope="module")
+def bad_photos(tmp_path_factory):
+    return _bad_photos(tmp_path_factory.mktemp("bad"))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "faceless",
+        "tiny face",
+        "two faces",
+        "truncated",
+        "corrupt",
+        "not an image",
+        "too many pixels",
+        "too many bytes",
+    ],
+)
+def test_bad_photo_is_one_clear_line_and_no_file(case, bad_photos, speech10, tmp_path, capsys):
+    path, message = bad_photos[case]
+    out = tmp_path / "o.mp4"
+    code = main(["render", "--reference", str(path), "--audio", str(speech10), "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_serve_refuses_a_faceless_reference_at_start(bad_photos, capsys):
+    path, message = bad_photos["faceless"]
+    assert main(["serve", "--device", "cpu", "--reference", str(path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["photo"])
+def test_photo_memory_flat_over_60s(config, tmp_path):
+    """A 60 s photo render peaks within 10% of a 6 s one (see test_render for demo)."""
+    import sys
+
+    from tests.test_render import _peak_rss_kb
+
+    peaks = {}
+    for seconds in (6, 60):
+        wav = write_wav(tmp_path / f"a{seconds}.wav", np.tile(held_out_speech(6.0), seconds // 6))
+        argv = [sys.executable, "-m", "facecast.cli", "render", "--config", config]
+        argv += ["--audio", str(wav), "--out", str(tmp_path / f"o{seconds}.mp4"), "--quiet"]
+        peaks[seconds] = _peak_rss_kb(argv)
+    assert peaks[60] <= 1.10 * peaks[6], peaks
+
+
+def test_shipped_motion_weights_are_small_and_trained():
+    """The photo stack's weights ship in the package (no download), load strictly, and
+    are the trained ones (their summary records the held-out fit)."""
+    import json
+
+    from pipeline.module import PACKAGE_WEIGHTS
+
+    folder = PACKAGE_WEIGHTS / "photo"
+    assert sum(p.stat().st_size for p in folder.iterdir()) <= 20 * 2**20
+    summary = json.loads((folder / "train_summary.json").read_text())
+    assert summary["held_out_pearson_r"]["jaw"] >= 0.95, summary
+    engine = load_engine(load_config("photo"))  # strict keys and shapes
+    assert (
+        sum(p.numel() for p in engine.modules["motion"].model.parameters()) == summary["parameters"]
+    )
