@@ -237,7 +237,7 @@ class WorkerPool:
             if error is None:
                 await self._answered(view, probe.result(), now)
             elif _actor_died(error):
-                await self._lost(view, f"worker {view.name} died: {_first_line(error)}")
+                await self._lost(view, f"worker {view.name} died: {_death_cause(error)}")
                 return
         # Silence counts from the last answer, or from the end of the last stall of this
         # front's own loop (a paused process, an overloaded host): answers that came in
@@ -458,6 +458,13 @@ def _quiet(future: asyncio.Future) -> asyncio.Future:
 
 def _actor_id(handle: Any) -> str:
     return handle._actor_id.hex()  # Ray's own id: tells a recreated actor from the ended one
+
+
+def _death_cause(exc: BaseException) -> str:
+    """Ray's own sentence on why an actor died (its process, its node), else its first."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    cause = next((line for line in lines if line.startswith("The actor is dead because")), "")
+    return (cause.split(" Worker exit")[0] or _first_line(exc)).rstrip(".")
 
 
 def _first_line(exc: BaseException) -> str:
