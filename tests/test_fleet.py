@@ -256,6 +256,9 @@ async def test_killed_worker_ends_only_its_sessions(cluster, voices):
 async def test_drained_worker_finishes_its_session_then_leaves(cluster):
     async with running_front("fleet-drain", workers=2, per_worker=2) as (url, pool):
         await ready(pool, 2)
+        time.sleep(5.0)  # noqa: ASYNC251 - on purpose: the front's loop stalls past lost_after_s
+        await asyncio.sleep(1.0)
+        assert [v.state for v in pool.workers.values()] == ["ok", "ok"], "a stalled front kept them"
         a = await connect(url)
         _, listed = await get_json(f"{url}/sessions")
         drained = session_of(listed["sessions"], a.session_id)["worker"]
@@ -286,6 +289,8 @@ async def test_node_added_takes_the_next_session_and_its_loss_ends_it(cluster):
         assert pool.workers["facecast-worker-2"].state == "pending"  # no room on any node
         first = [await connect(url), await connect(url)]
         await refused(url)
+        # blocks the loop the front shares for seconds (Ray needs the main thread here): the
+        # front must not take its own stall for silent workers
         node = cluster.add_node(num_cpus=1, resources={CPU_WORKER: 1})
         removed = False
         try:
@@ -305,7 +310,7 @@ async def test_node_added_takes_the_next_session_and_its_loss_ends_it(cluster):
         finally:
             await asyncio.to_thread(end_namespace, "fleet-grow")
             if not removed:
-                cluster.remove_node(node)
+                await asyncio.to_thread(cluster.remove_node, node)
     assert ended and after < 10.0, after
     record = session_of(listed["sessions"], c.session_id)
     assert record["state"] == "closed" and "facecast-worker-2" in record["reason"], record

@@ -45,6 +45,7 @@ from realtime.service import ServerConfig
 log = logging.getLogger(__name__)
 ERRORS = {400: BadRequest, 404: SessionNotFound, 409: SessionClosed, 503: ServerFull}
 GONE = ("lost", "drained", "failed")
+BEAT_S, STALL_S = 0.1, 0.5  # the front's own heartbeat, and a lag that counts as a stall
 
 
 @dataclass
@@ -117,8 +118,10 @@ class WorkerPool:
         self.reference = reference
         self.workers: dict[str, WorkerView] = {}
         self.registry: Any = None
-        self._monitor: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
         self._changed = asyncio.Event()
+        self._resumed = 0.0  # when this front's event loop last came back from a stall
+        self._beat = time.monotonic()
         self.on_lost: list[Callable[[WorkerView], object]] = []  # after a loss (metrics)
 
     # ---- lifecycle -------------------------------------------------------------------
@@ -137,21 +140,24 @@ class WorkerPool:
             handle = await asyncio.to_thread(functools.partial(cls.remote, *args))
             self._add(name, handle)
         await self._discover()
-        self._monitor = asyncio.get_running_loop().create_task(self._watch(), name="fleet-watch")
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._watch(), name="fleet-watch"),
+            loop.create_task(self._heartbeat(), name="fleet-heartbeat"),
+        ]
 
     async def stop(self) -> None:
-        if self._monitor is not None:
-            self._monitor.cancel()
-            await asyncio.gather(self._monitor, return_exceptions=True)
-            self._monitor = None
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
 
     def _add(self, name: str, handle: Any) -> WorkerView:
         view = self.workers.get(name)
         if view is None or view.state in GONE:
             view = self.workers[name] = WorkerView(name, handle)
             # start() is idempotent: it waits for the worker's node and its warm-up
-            view.starting = asyncio.wrap_future(handle.start.remote().future())
-            view.starting.add_done_callback(lambda f: f.exception() if not f.cancelled() else 0)
+            view.starting = _quiet(asyncio.wrap_future(handle.start.remote().future()))
         return view
 
     async def _discover(self) -> None:
@@ -196,14 +202,25 @@ class WorkerPool:
             tick += 1
             await asyncio.sleep(self.options.probe_interval_s)
 
+    async def _heartbeat(self) -> None:
+        """Beat every `BEAT_S` while this front's loop runs on time (see `refresh`)."""
+        while True:
+            now = time.monotonic()
+            if now - self._beat > BEAT_S + STALL_S:
+                self._resumed = now
+            self._beat = now
+            await asyncio.sleep(BEAT_S)
+
     async def refresh(self, wait: float = 0.0) -> None:
         """Ask each worker how it is; with `wait`, give the answers that long to arrive."""
         now = time.monotonic()
+        if now - self._beat > BEAT_S + STALL_S:
+            self._resumed = now  # the loop itself was held up: workers' answers may wait
         for view in list(self.workers.values()):
             if view.state in GONE:
                 continue
             if view.probe is None:
-                view.probe = asyncio.wrap_future(view.handle.status.remote().future())
+                view.probe = _quiet(asyncio.wrap_future(view.handle.status.remote().future()))
                 view.probe_sent = now
         probes = [v.probe for v in self.workers.values() if v.probe is not None]
         if wait and probes:
@@ -220,9 +237,12 @@ class WorkerPool:
             if error is None:
                 await self._answered(view, probe.result(), now)
             elif _actor_died(error):
-                await self._lost(view, f"worker {view.name} died: {_first_line(error)}")
+                await self._lost(view, f"worker {view.name} died: {_death_cause(error)}")
                 return
-        silent = now - (view.last_seen or view.probe_sent)
+        # Silence counts from the last answer, or from the end of the last stall of this
+        # front's own loop (a paused process, an overloaded host): answers that came in
+        # meanwhile may still be waiting to be read.
+        silent = now - max(view.last_seen or view.probe_sent, self._resumed)
         if view.last_seen is not None and silent > self.options.lost_after_s:
             await self._lost(
                 view, f"worker {view.name} did not answer for {self.options.lost_after_s:g} s"
@@ -233,7 +253,7 @@ class WorkerPool:
         if before is not None and status["incarnation"] != before:
             # Ray restarted the actor: the sessions of the old process are gone
             await self._end_sessions(view, before, f"worker {view.name} restarted")
-            view.starting = asyncio.wrap_future(view.handle.start.remote().future())
+            view.starting = _quiet(asyncio.wrap_future(view.handle.start.remote().future()))
         view.status, view.last_seen, view.refused = status, now, False
         state = status["state"]
         if state == "new":
@@ -429,8 +449,22 @@ def _actor_died(exc: BaseException) -> bool:
     )
 
 
+def _quiet(future: asyncio.Future) -> asyncio.Future:
+    """A future whose failure is read by whoever waits on it, or by nobody: a worker that
+    died with a call outstanding must not log 'exception was never retrieved'."""
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return future
+
+
 def _actor_id(handle: Any) -> str:
     return handle._actor_id.hex()  # Ray's own id: tells a recreated actor from the ended one
+
+
+def _death_cause(exc: BaseException) -> str:
+    """Ray's own sentence on why an actor died (its process, its node), else its first."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    cause = next((line for line in lines if line.startswith("The actor is dead because")), "")
+    return (cause.split(" Worker exit")[0] or _first_line(exc)).rstrip(".")
 
 
 def _first_line(exc: BaseException) -> str:
