@@ -2,7 +2,7 @@
 # `facecast serve` on the lent GPU machine, measured with the project's client
 # (bench/serve_bench.py), one server per config. The machine has torch and Triton but not
 # aiortc, av, silero-vad or boto3: they travel as wheels (../shared/device/serve-wheels.sh
-# .whl), and the speech clip as .gpu/speech.wav (tests/realtime_helpers.make_speech_wav).
+# .whl), and the speech clip as .gpu/speech.wav (tests/support/realtime.make_speech_wav).
 # Usage there: bash bench/gpu_serve.sh CONFIG[:FLAGS] ...   e.g. rt720:--compile demo
 # BENCH=bench/fleet_worker_gpu.py measures the fleet's worker class the same way instead
 # (Ray does not travel there; the worker is driven directly).

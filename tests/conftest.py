@@ -9,6 +9,7 @@ from pathlib import Path
 import moto
 import numpy as np
 import pytest
+from support.kvs import AWS_TEST_KEY, AWS_TEST_SECRET
 
 from pipeline.config import load_config
 from pipeline.engine import Engine
@@ -56,9 +57,6 @@ def assets(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def tiny_engine() -> Engine:
     return Engine.load(load_config("tiny"), "cpu")
-
-
-AWS_TEST_KEY, AWS_TEST_SECRET = "AKIDKVSTEST", "kvs-test-secret"
 
 
 @pytest.fixture

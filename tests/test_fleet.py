@@ -21,7 +21,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-from realtime_helpers import make_speech_wav, normalized_xcorr_peak
+from support.realtime import make_speech_wav, normalized_xcorr_peak
 
 from pipeline.startup import EngineOptions
 from realtime.client import FacecastClient, PcmSource, wait_until_ready

@@ -31,7 +31,7 @@ from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.workers.runner import WorkerRunner
-from realtime_helpers import RATE, espeak, load_test_engine, normalized_xcorr_peak, wait_until
+from support.realtime import RATE, espeak, load_test_engine, normalized_xcorr_peak, wait_until
 
 from realtime.client import wait_until_ready
 from realtime.integrations.pipecat import FacecastVideoService

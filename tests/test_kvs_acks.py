@@ -17,8 +17,16 @@ import subprocess
 from collections import Counter
 
 import pytest
-from kvs_fake_endpoint import FakeKvsEndpoint, feed
-from test_kvs_mirror import FPS, KEY, REGION, SECRET, assert_clean_timeline, options
+from support.kvs import (
+    FPS,
+    KEY,
+    REGION,
+    SECRET,
+    FakeKvsEndpoint,
+    assert_clean_timeline,
+    feed,
+    options,
+)
 
 from realtime.kvs import KvsMirror
 

@@ -8,16 +8,21 @@ import io
 
 import av
 import pytest
-from conftest import AWS_TEST_KEY, AWS_TEST_SECRET
-from kvs_fake_endpoint import FakeKvsEndpoint, feed
 from prometheus_client import CollectorRegistry
+from support.kvs import (
+    FPS,
+    KEY,
+    REGION,
+    SECRET,
+    FakeKvsEndpoint,
+    assert_clean_timeline,
+    feed,
+    options,
+)
 
-from realtime.kvs import KvsMirror, KvsOptions
+from realtime.kvs import KvsMirror
 from realtime.kvs.control import clear_client_cache
 from realtime.kvs.putmedia import ACK_ERRORS, RETRY_CODES, STREAM_FATAL_CODES
-
-KEY, SECRET, REGION = AWS_TEST_KEY, AWS_TEST_SECRET, "us-west-2"
-FPS = 25
 
 
 @pytest.fixture
@@ -28,40 +33,12 @@ async def kvs(aws):
     await endpoint.stop()
 
 
-def options(endpoint: FakeKvsEndpoint, **overrides) -> KvsOptions:
-    settings = dict(
-        stream="show",
-        region=REGION,
-        create=True,
-        endpoint_url=endpoint.url,
-        input_buffer_s=30.0,  # tests feed faster than real time
-        backoff_initial_s=0.05,
-        backoff_max_s=0.2,
-        close_timeout_s=20.0,
-    )
-    settings.update(overrides)
-    return KvsOptions(**settings)
-
-
 def decoded(data: bytes) -> tuple[int, float]:
     with av.open(io.BytesIO(data), format="matroska") as box:
         frames = sum(1 for _ in box.decode(video=0))
     with av.open(io.BytesIO(data), format="matroska") as box:
         seconds = sum(f.samples for f in box.decode(audio=0)) / 48_000
     return frames, seconds
-
-
-def assert_clean_timeline(endpoint: FakeKvsEndpoint, stream: str, fragment_ms: int, count: int):
-    fragments = endpoint.fragments(stream)
-    assert [f.timecode for f in fragments] == [k * fragment_ms for k in range(count)], (
-        "every fragment exactly once, no gap"
-    )
-    assert endpoint.duplicates == []
-    producer = [f.producer_ms for f in fragments]
-    assert producer == sorted(set(producer))
-    for fragment in fragments:
-        assert fragment.info.starts_with_keyframe_on == 1
-        assert fragment.info.tracks == {1, 2}
 
 
 async def test_twenty_seconds_mirrored_as_valid_fragments(kvs):

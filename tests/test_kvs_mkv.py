@@ -8,7 +8,7 @@ import io
 import av
 import numpy as np
 import pytest
-from kvs_fake_endpoint import gradient_frame, sine_pcm
+from support.kvs import gradient_frame, sine_pcm
 
 from realtime.kvs import ebml
 from realtime.kvs.errors import KvsConfigError

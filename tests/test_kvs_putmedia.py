@@ -5,7 +5,7 @@ from __future__ import annotations
 import aiohttp
 import botocore.credentials
 import pytest
-from kvs_fake_endpoint import FakeKvsEndpoint
+from support.kvs import FakeKvsEndpoint
 
 from realtime.kvs.putmedia import parse_ack, signed_headers
 

@@ -12,9 +12,8 @@ import time
 
 import numpy as np
 import pytest
-from conftest import AWS_TEST_KEY, AWS_TEST_SECRET
-from kvs_fake_endpoint import FakeKvsEndpoint
-from realtime_helpers import running_server
+from support.kvs import AWS_TEST_KEY, AWS_TEST_SECRET, FakeKvsEndpoint
+from support.realtime import running_server
 
 from realtime.client import FacecastClient, PcmSource
 from realtime.kvs import KvsMirror, KvsOptions

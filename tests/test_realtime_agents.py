@@ -11,7 +11,7 @@ import time
 import aiohttp
 import numpy as np
 import pytest
-from realtime_helpers import (
+from support.realtime import (
     RATE,
     load_test_engine,
     make_speech_wav,

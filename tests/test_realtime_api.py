@@ -2,30 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 import aiohttp
 import pytest
-from aiortc import RTCPeerConnection
-from aiortc.mediastreams import AudioStreamTrack
-from realtime_helpers import running_server
+from support.realtime import make_offer, post, running_server
 
 from realtime.service import SERVICE
-
-
-async def make_offer(audio: bool = True, video: bool = True) -> str:
-    pc = RTCPeerConnection()
-    if audio:
-        pc.addTrack(AudioStreamTrack())
-    if video:
-        pc.addTransceiver("video", direction="recvonly")
-    if not audio and not video:
-        pc.createDataChannel("x")
-    await pc.setLocalDescription(await pc.createOffer())
-    sdp = pc.localDescription.sdp
-    await pc.close()
-    return sdp
 
 
 def without_audio_codecs(sdp: str) -> str:
@@ -33,14 +16,6 @@ def without_audio_codecs(sdp: str) -> str:
     sdp = re.sub(r"m=audio (\d+) (\S+) [\d ]+", r"m=audio \1 \2 96", sdp)
     sdp = re.sub(r"a=rtpmap:96 opus/48000/2", "a=rtpmap:96 nonsense/48000/2", sdp)
     return re.sub(r"a=rtpmap:(9|0|8) [^\r\n]+\r\n", "", sdp)
-
-
-async def post(http, url, body, headers=None):
-    """POST as the page does: a JSON body, labelled as JSON."""
-    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    headers = {"Content-Type": "application/json", **(headers or {})}
-    async with http.post(url, data=data, headers=headers) as r:
-        return r.status, await r.json(content_type=None)
 
 
 async def test_bad_offers_are_refused_with_reasons():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import av
 import numpy as np
-from realtime_helpers import RATE
+from support.realtime import RATE
 
 from realtime.audio_in import InputResampler, PlaybackTimeline
 

@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-from realtime_helpers import make_speech_wav, running_server, wait_until
+from support.realtime import make_speech_wav, running_server, wait_until
 
 from realtime.service import SERVICE
 

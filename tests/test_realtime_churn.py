@@ -19,7 +19,7 @@ import threading
 import weakref
 
 import pytest
-from realtime_helpers import make_speech_wav, running_server, wait_until
+from support.realtime import make_speech_wav, running_server, wait_until
 
 from realtime.client import FacecastClient, PcmSource
 from realtime.service import SERVICE

@@ -9,7 +9,7 @@ import sys
 import av
 import numpy as np
 import pytest
-from realtime_helpers import espeak, running_server
+from support.realtime import espeak, running_server
 
 from pipeline.media import resample, to_pcm16
 

@@ -13,7 +13,7 @@ import time
 
 import aiohttp
 import pytest
-from realtime_helpers import make_speech_wav
+from support.realtime import make_speech_wav
 
 from realtime.client import FacecastClient, PcmSource, wait_until_ready
 

@@ -2,7 +2,7 @@
 
 webrtcbin's default DTLS certificate is RSA 2048; stock aiortc accepts only ECDSA suites
 and the handshake fails with "no shared cipher" (realtime/dtls.py). These tests show the
-handshake with an RSA peer in memory, then a real webrtcbin peer (tests/gst_peer.py,
+handshake with an RSA peer in memory, then a real webrtcbin peer (tests/support/gst_peer.py,
 under the system Python) receiving the avatar over `POST /offer`, in VP8 and in H.264.
 """
 
@@ -17,9 +17,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
-from gstreamer_helpers import needs_gstreamer, run_gst_peer
 from OpenSSL import SSL
-from realtime_helpers import running_server
+from support.gstreamer import needs_gstreamer, run_gst_peer
+from support.realtime import running_server
 
 from realtime.dtls import RSA_SUITES, allow_rsa_peers
 from realtime.service import SERVICE

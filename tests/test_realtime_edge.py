@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
-from realtime_helpers import raw_request, running_server, status_and_json
+from support.realtime import raw_request, running_server, status_and_json
 
 from realtime.security import SecurityConfig
 

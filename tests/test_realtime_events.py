@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from realtime_helpers import RATE
+from support.realtime import RATE
 
 from realtime.errors import BadRequest
 from realtime.events import PlaybackTracker, parse_client_message

@@ -19,8 +19,7 @@ from urllib.parse import quote
 import aiohttp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from realtime_helpers import load_test_engine, running_server
-from test_realtime_api import make_offer
+from support.realtime import load_test_engine, make_offer, running_server
 
 from realtime.security import SecurityConfig
 from realtime.service import SERVICE

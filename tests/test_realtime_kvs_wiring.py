@@ -6,9 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import AWS_TEST_KEY, AWS_TEST_SECRET
-from kvs_fake_endpoint import FakeKvsEndpoint
-from realtime_helpers import make_speech_wav, running_server
+from support.kvs import AWS_TEST_KEY, AWS_TEST_SECRET, FakeKvsEndpoint
+from support.realtime import make_speech_wav, running_server
 
 from realtime.client import FacecastClient, PcmSource
 from realtime.kvs import KvsOptions

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from realtime_helpers import make_speech_wav
+from support.realtime import make_speech_wav
 
 from realtime.client import FacecastClient, PcmSource, wait_until_ready
 

@@ -9,9 +9,8 @@ import base64
 
 import aiohttp
 import pytest
-from realtime_helpers import running_server
-from test_photo import PORTRAIT, _bad_photos
-from test_realtime_api import make_offer
+from support.photos import PORTRAIT, write_bad_photos
+from support.realtime import make_offer, running_server
 
 from pipeline.config import load_config
 from pipeline.startup import load_engine
@@ -38,7 +37,7 @@ def photo_engine():
 
 @pytest.fixture(scope="module")
 def bad(tmp_path_factory):
-    return _bad_photos(tmp_path_factory.mktemp("bad"))
+    return write_bad_photos(tmp_path_factory.mktemp("bad"))
 
 
 async def upload(http, url, data: bytes, kind: str = "image/jpeg"):

@@ -7,7 +7,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from realtime_helpers import ScriptedEngine, running_server
+from support.realtime import ScriptedEngine, running_server
 
 from realtime.client import FacecastClient, PcmSource
 from realtime.playout import plan_playout, required_delay

@@ -11,8 +11,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
-from realtime_helpers import raw_request, running_server, status_and_json
-from test_realtime_api import make_offer, post
+from support.realtime import make_offer, post, raw_request, running_server, status_and_json
 
 from realtime.security import SameOriginPolicy, SecurityConfig, redact
 from realtime.service import SERVICE

@@ -8,7 +8,7 @@ import aiohttp
 import av
 import numpy as np
 import pytest
-from realtime_helpers import make_speech_wav, running_server
+from support.realtime import make_speech_wav, running_server
 
 from realtime.client import FacecastClient, PcmSource
 from realtime.service import SERVICE

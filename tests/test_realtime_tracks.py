@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from realtime_helpers import RATE
+from support.realtime import RATE
 
 from realtime.audio_in import PlaybackTimeline
 from realtime.metrics import RealtimeMetrics

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from realtime_helpers import make_speech_wav
+from support.realtime import make_speech_wav
 
 from realtime.audio_in import InputResampler
 from realtime.vad import VoiceActivityDetector

@@ -3,7 +3,7 @@
 The test's own player is what any WHEP player does, with aiohttp and aiortc and none of
 Facecast's client code: a recvonly offer POSTed as application/sdp, the 201's answer and
 Location, DELETE to leave. The session it watches is driven by an aiortc client speaking a
-WAV (realtime.client). GStreamer's webrtcbin plays it too (tests/gst_peer.py): Debian 12's
+WAV (realtime.client). GStreamer's webrtcbin plays it too (tests/support/gst_peer.py): Debian 12's
 GStreamer 1.22 has no `whepsrc` (gst-plugins-rs is not packaged).
 """
 
@@ -26,10 +26,9 @@ import pytest
 from aiortc import RTCPeerConnection, RTCRtpReceiver, RTCSessionDescription
 from aiortc.contrib.media import MediaPlayer
 from aiortc.mediastreams import MediaStreamError
-from gstreamer_helpers import needs_gstreamer, run_gst_peer
 from prometheus_client import CollectorRegistry
-from realtime_helpers import make_speech_wav, running_server, wait_until
-from test_realtime_whip import whip_publish
+from support.gstreamer import needs_gstreamer, run_gst_peer
+from support.realtime import make_speech_wav, running_server, wait_until, whip_publish
 
 from pipeline.clock import FPS, OUTPUT_RATE, VIDEO_CLOCK, VIDEO_TICKS_PER_FRAME
 from realtime import whep as whep_module

@@ -13,7 +13,6 @@ import asyncio
 import re
 import sys
 import time
-from dataclasses import dataclass
 from urllib.parse import urljoin
 
 import aiohttp
@@ -21,8 +20,8 @@ import pytest
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.contrib.media import MediaPlayer
 from aiortc.mediastreams import AudioStreamTrack, VideoStreamTrack
-from gstreamer_helpers import needs_gstreamer, run_gst_peer
-from realtime_helpers import make_speech_wav, running_server, wait_until
+from support.gstreamer import needs_gstreamer, run_gst_peer
+from support.realtime import make_speech_wav, running_server, wait_until, whip_publish
 
 from realtime.ice_servers import link_header, parse_ice_server
 from realtime.service import SERVICE
@@ -31,31 +30,6 @@ from realtime.whip import WHIP_SESSIONS
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 SDP = {"Content-Type": "application/sdp"}
-
-
-@dataclass
-class Publication:
-    pc: RTCPeerConnection
-    status: int
-    headers: dict
-    body: str
-    location: str | None
-
-
-async def whip_publish(http: aiohttp.ClientSession, endpoint: str, track, headers: dict):
-    """RFC 9725 §4.2: a sendonly offer with every candidate in it, POSTed as SDP."""
-    pc = RTCPeerConnection()
-    pc.addTransceiver(track, direction="sendonly")
-    await pc.setLocalDescription(await pc.createOffer())  # aiortc gathers before this returns
-    async with http.post(endpoint, data=pc.localDescription.sdp, headers=headers) as r:
-        pub = Publication(pc, r.status, dict(r.headers), await r.text(), None)
-        pub.headers["Link"] = r.headers.getall("Link", [])
-    if pub.status == 201:
-        pub.location = urljoin(endpoint, pub.headers["Location"])
-        await pc.setRemoteDescription(RTCSessionDescription(sdp=pub.body, type="answer"))
-    else:
-        await pc.close()
-    return pub
 
 
 async def json_status(http, method: str, url: str, **kw) -> tuple[int, dict]:

@@ -1,4 +1,4 @@
-"""Running the GStreamer webrtcbin peer (tests/gst_peer.py) from a test.
+"""Running the GStreamer webrtcbin peer (tests/support/gst_peer.py) from a test.
 
 The peer needs Debian's python3-gi, so it runs under the system Python as a subprocess;
 `needs_gstreamer` skips a test only where GStreamer's WebRTC stack is not installed
@@ -39,7 +39,7 @@ needs_gstreamer = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
 
 
 async def run_gst_peer(*args: str, timeout: float = 120.0) -> dict:
-    """Run tests/gst_peer.py under the system Python; its one JSON report."""
+    """Run tests/support/gst_peer.py under the system Python; its one JSON report."""
     proc = await asyncio.create_subprocess_exec(
         SYSTEM_PYTHON,
         str(GST_PEER),

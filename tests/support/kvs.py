@@ -9,7 +9,7 @@ and keeps the persisted fragments as the stream's timeline, keyed by producer ti
 so tests can look for gaps and duplicates. Faults can be injected: ERROR codes, HTTP
 errors, and connections dropped in the middle of a fragment.
 
-By hand:  python tests/kvs_fake_endpoint.py --port 8555 --out /tmp/kvs.mkv
+By hand:  python tests/support/kvs.py --port 8555 --out /tmp/kvs.mkv
 then      AWS_ACCESS_KEY_ID=AKIDFAKE AWS_SECRET_ACCESS_KEY=fake ... facecast serve \\
           --kvs-stream demo --kvs-endpoint-url http://127.0.0.1:8555
 (the control plane still needs AWS or a moto server: AWS_ENDPOINT_URL_KINESIS_VIDEO).
@@ -31,7 +31,7 @@ import botocore.credentials
 import numpy as np
 from aiohttp import web
 
-from realtime.kvs import ebml
+from realtime.kvs import KvsOptions, ebml
 from realtime.kvs.putmedia import ACK_ERRORS
 
 REQUIRED_HEADERS = (
@@ -480,3 +480,38 @@ if __name__ == "__main__":
         asyncio.run(_serve(parser.parse_args()))
     except KeyboardInterrupt:
         pass
+
+
+AWS_TEST_KEY, AWS_TEST_SECRET = "AKIDKVSTEST", "kvs-test-secret"  # moto accepts any
+KEY, SECRET, REGION = AWS_TEST_KEY, AWS_TEST_SECRET, "us-west-2"
+
+
+FPS = 25
+
+
+def options(endpoint: FakeKvsEndpoint, **overrides) -> KvsOptions:
+    settings = dict(
+        stream="show",
+        region=REGION,
+        create=True,
+        endpoint_url=endpoint.url,
+        input_buffer_s=30.0,  # tests feed faster than real time
+        backoff_initial_s=0.05,
+        backoff_max_s=0.2,
+        close_timeout_s=20.0,
+    )
+    settings.update(overrides)
+    return KvsOptions(**settings)
+
+
+def assert_clean_timeline(endpoint: FakeKvsEndpoint, stream: str, fragment_ms: int, count: int):
+    fragments = endpoint.fragments(stream)
+    assert [f.timecode for f in fragments] == [k * fragment_ms for k in range(count)], (
+        "every fragment exactly once, no gap"
+    )
+    assert endpoint.duplicates == []
+    producer = [f.producer_ms for f in fragments]
+    assert producer == sorted(set(producer))
+    for fragment in fragments:
+        assert fragment.info.starts_with_keyframe_on == 1
+        assert fragment.info.tracks == {1, 2}

@@ -5,10 +5,10 @@ It is what a GStreamer user would write, with none of Facecast's code: Debian's
 elements. It is a subprocess of the test because `gi` lives in /usr/bin/python3, not in
 the project's venv.
 
-    /usr/bin/python3 tests/gst_peer.py offer http://127.0.0.1:8080 --codec vp8 --seconds 8
-    /usr/bin/python3 tests/gst_peer.py whip http://127.0.0.1:8080/whip --token T --seconds 5
+    /usr/bin/python3 tests/support/gst_peer.py offer http://127.0.0.1:8080 --codec vp8 --seconds 8
+    /usr/bin/python3 tests/support/gst_peer.py whip http://127.0.0.1:8080/whip --token T --seconds 5
 
-    /usr/bin/python3 tests/gst_peer.py whep http://127.0.0.1:8080/whep/SESSION --codec h264
+    /usr/bin/python3 tests/support/gst_peer.py whep http://127.0.0.1:8080/whep/SESSION --codec h264
 
 `offer` signals through Facecast's JSON `POST /offer`: it sends an Opus tone and receives
 the avatar's video (decoded with vp8dec or avdec_h264) and audio (opusdec). `whip` speaks

@@ -12,13 +12,17 @@ import contextlib
 import json
 import shutil
 import subprocess
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
+import aiohttp
 import av
 import numpy as np
+from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import AudioStreamTrack
 
 from pipeline.media import write_wav
 
@@ -199,7 +203,6 @@ class ScriptedStream:
         return max(0, self.engine.stream_step(self.step).audio_frames * 640 - self.samples)
 
     def generate_ready(self):
-        import time
 
         from pipeline.engine import FrameBatch
 
@@ -237,3 +240,50 @@ def status_and_json(raw: bytes) -> tuple[int, dict]:
     head, _, body = raw.partition(b"\r\n\r\n")
     assert b"application/json" in head.lower(), head
     return int(head.split()[1]), json.loads(body)
+
+
+async def make_offer(audio: bool = True, video: bool = True) -> str:
+    pc = RTCPeerConnection()
+    if audio:
+        pc.addTrack(AudioStreamTrack())
+    if video:
+        pc.addTransceiver("video", direction="recvonly")
+    if not audio and not video:
+        pc.createDataChannel("x")
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    return sdp
+
+
+async def post(http, url, body, headers=None):
+    """POST as the page does: a JSON body, labelled as JSON."""
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    headers = {"Content-Type": "application/json", **(headers or {})}
+    async with http.post(url, data=data, headers=headers) as r:
+        return r.status, await r.json(content_type=None)
+
+
+@dataclass
+class Publication:
+    pc: RTCPeerConnection
+    status: int
+    headers: dict
+    body: str
+    location: str | None
+
+
+async def whip_publish(http: aiohttp.ClientSession, endpoint: str, track, headers: dict):
+    """RFC 9725 §4.2: a sendonly offer with every candidate in it, POSTed as SDP."""
+    pc = RTCPeerConnection()
+    pc.addTransceiver(track, direction="sendonly")
+    await pc.setLocalDescription(await pc.createOffer())  # aiortc gathers before this returns
+    async with http.post(endpoint, data=pc.localDescription.sdp, headers=headers) as r:
+        pub = Publication(pc, r.status, dict(r.headers), await r.text(), None)
+        pub.headers["Link"] = r.headers.getall("Link", [])
+    if pub.status == 201:
+        pub.location = urljoin(endpoint, pub.headers["Location"])
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=pub.body, type="answer"))
+    else:
+        await pc.close()
+    return pub
