@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -33,14 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_bench import (  # noqa: E402
     append_section,
     free_port,
-    git_commit,
-    gpu_name,
     markdown,
-    one_call,
-    summary,
+    measure,
 )
-
-from realtime.client import read_audio, wait_until_ready  # noqa: E402
 
 SECTION = "## The fleet worker on one GPU (`bench/fleet_worker_gpu.py`)"
 
@@ -94,34 +86,10 @@ async def serve_worker(args: argparse.Namespace) -> None:
 
 async def run(args: argparse.Namespace) -> dict:
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, __file__, "--serve-worker", "--port", str(port)]
     cmd += ["--config", args.config, "--device", args.device]
     cmd += ["--compile"] if args.compile else []
-    log = open(args.server_log, "w") if args.server_log else subprocess.DEVNULL  # noqa: ASYNC230 - once, before the run
-    child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)  # noqa: ASYNC220 - Popen returns at once; the child runs beside the loop
-    try:
-        health = await wait_until_ready(url, args.startup_timeout, child)
-        pcm = read_audio(args.wav)
-        calls = []
-        for mode in args.mode:
-            calls.append(await one_call(url, pcm, mode, args.seconds, args.push_speed))
-            print(summary(args.config, calls[-1]), flush=True)
-    finally:
-        child.terminate()
-        child.wait(30)
-    return {
-        "meta": {
-            "date": datetime.date.today().isoformat(),
-            "gpu": gpu_name(),
-            "commit": os.environ.get("FACECAST_COMMIT") or git_commit(),
-            "config": args.config,
-            "compile": args.compile,
-            "command": " ".join(["python bench/fleet_worker_gpu.py", *sys.argv[1:]]),
-        },
-        "startup_seconds": health.get("startup_seconds"),
-        "calls": calls,
-    }
+    return await measure(args, cmd, port, "bench/fleet_worker_gpu.py")
 
 
 def main() -> int:

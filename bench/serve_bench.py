@@ -81,9 +81,15 @@ async def one_call(url: str, pcm, mode: str, seconds: float, speed: float) -> di
 
 async def run(args: argparse.Namespace) -> dict:
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "facecast", "serve", "--config", args.config, "--port", str(port)]
     cmd += ["--device", args.device] + (["--compile"] if args.compile else []) + args.serve_arg
+    return await measure(args, cmd, port, "bench/serve_bench.py")
+
+
+async def measure(args: argparse.Namespace, cmd: list[str], port: int, script: str) -> dict:
+    """Start the server `cmd` starts on `port`, make the calls `args` asks for, and report
+    them with the exact command (`script` and its arguments)."""
+    url = f"http://127.0.0.1:{port}"
     log = open(args.server_log, "w") if args.server_log else subprocess.DEVNULL  # noqa: ASYNC230 - once, before the run
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)  # noqa: ASYNC220 - Popen returns at once; the child runs beside the loop
     try:
@@ -103,7 +109,7 @@ async def run(args: argparse.Namespace) -> dict:
             "commit": os.environ.get("FACECAST_COMMIT") or git_commit(),
             "config": args.config,
             "compile": args.compile,
-            "command": " ".join(["python bench/serve_bench.py", *sys.argv[1:]]),
+            "command": " ".join([f"python {script}", *sys.argv[1:]]),
         },
         "startup_seconds": health.get("startup_seconds"),
         "calls": calls,

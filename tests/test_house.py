@@ -117,3 +117,19 @@ def test_no_import_cycle():
         if m not in state:
             visit(m)
     assert not cycles, cycles
+
+
+def test_every_bench_script_starts():
+    """Benchmarks run on the GPU machine, far from CI: each must at least import and parse
+    its arguments here, so that a rename in the code is not found there."""
+    import subprocess
+    import sys
+
+    failed = []
+    for script in sorted((ROOT / "bench").glob("*.py")):
+        run = subprocess.run(
+            [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120
+        )
+        if run.returncode != 0:
+            failed.append(f"{script.name}: {run.stderr.strip().splitlines()[-1:]}")
+    assert not failed, failed
