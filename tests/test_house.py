@@ -133,3 +133,22 @@ def test_every_bench_script_starts():
         if run.returncode != 0:
             failed.append(f"{script.name}: {run.stderr.strip().splitlines()[-1:]}")
     assert not failed, failed
+
+
+def test_tests_share_helpers_only_through_the_support_package():
+    """`from support.X import …`, never from another test module or conftest (lazy imports
+    inside a test included)."""
+    offenders = []
+    for path in _sources("tests"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            offenders += [
+                f"{path.relative_to(ROOT)}: {n}"
+                for n in names
+                if n.split(".")[0] == "conftest" or n.split(".")[0].startswith("test_")
+            ]
+    assert not offenders, offenders

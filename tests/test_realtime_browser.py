@@ -138,14 +138,14 @@ async def test_browser_uploads_a_photo_and_explains_a_refused_one(tmp_path):
     """The page's photo upload: a photo without a face, or a file that is not an image, is
     refused with the reason; the user's own portrait starts a call of that face."""
     from playwright.async_api import async_playwright
-    from test_photo import PORTRAIT, _bad_photos
+    from support.photos import PORTRAIT, write_bad_photos
 
     from pipeline.config import load_config
     from pipeline.startup import load_engine
 
     engine = load_engine(load_config("photo"), "cpu")
     engine.warmup()
-    bad = _bad_photos(tmp_path)
+    bad = write_bad_photos(tmp_path)
     faceless = tmp_path / "wall.png"
     faceless.write_bytes(bad["faceless"][0].read_bytes())
     text = tmp_path / "notes.txt"
