@@ -263,6 +263,7 @@ class PeerSession:
             self._channel.remove_all_listeners()
         self.worker.release()
         self.playback.detach()
+        self.speech.detach()
         self.listeners.clear()
 
     async def _close_sinks(self) -> None:

@@ -116,6 +116,17 @@ class UtteranceChannel:
     position: int = 0  # timeline samples the audio track has sent
     active: bool = False  # the channel feeds the timeline (set by the first utterance)
 
+    def detach(self) -> None:
+        """The session closed: drop its callbacks (they hold it: a reference cycle that
+        would keep the closed call in memory until a full garbage collection)."""
+        self.push = lambda pcm48, placed: placed(None)
+        self.interrupt = lambda: None
+        self.emit = lambda text: None
+        self.splice = lambda: None
+        self.on_finished = lambda interrupted: None
+        self.queue.clear()
+        self.open = None
+
     # ---- from the peer ---------------------------------------------------------------
 
     def handle_message(self, msg: dict) -> None:

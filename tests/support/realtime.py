@@ -164,7 +164,9 @@ class ScriptedEngine:
         from types import SimpleNamespace
 
         self.rtf, self.first, self.chunk, self.lookahead = rtf, first, chunk, lookahead
-        self.cfg = SimpleNamespace(video=SimpleNamespace(width=32, height=32))
+        self.cfg = SimpleNamespace(
+            video=SimpleNamespace(width=32, height=32), runtime=SimpleNamespace(stack="diffusion")
+        )
         self.device = SimpleNamespace(type="scripted")  # no serve slowdown, no spread
         self.step_seconds = {"first": rtf * first / 25, "steady": rtf * chunk / 25}
         self.sessions: list[ScriptedStream] = []
