@@ -47,9 +47,30 @@ def threads() -> int:
     return len(set(map(int, os.listdir("/proc/self/task"))) - pool)
 
 
+ALONE = "FACECAST_CHURN_ALONE"  # set in the child process that runs the measurement
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_thirty_calls_leave_memory_and_threads_at_baseline(tmp_path):
+    """Measured in a fresh process, as a server runs: in the suite's own process the
+    threads and heap arenas that earlier tests leave behind (Ray's driver among them) move
+    the RSS by more than the bound, whatever the calls do."""
+    import subprocess
+
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+         f"{__file__}::test_thirty_calls_measured_alone", "--basetemp", str(tmp_path / "child")],
+        env={**os.environ, ALONE: "1"}, capture_output=True, text=True, timeout=480,
+    )  # fmt: skip
+    print(run.stdout[-3000:])
+    assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-async def test_thirty_calls_leave_memory_and_threads_at_baseline(tmp_path):
+@pytest.mark.skipif(not os.environ.get(ALONE), reason="run in its own process by the test above")
+async def test_thirty_calls_measured_alone(tmp_path):
     speech = make_speech_wav(tmp_path / "s.wav", [0.2, "Hello there, how are you?", 0.3])
     config = SessionConfig(peer_timeout_s=1.0)  # a killed peer is noticed after 1 s
     async with running_server(session=config) as (url, app):
