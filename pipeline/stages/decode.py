@@ -22,4 +22,7 @@ class DecodeStage:
         frames_B3THW, cache = self.vae.model.decoder(full_BCThw, cache)
         x = frames_B3THW[0, :, :, : self.height, : self.width]
         rgb = ((x.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-        return rgb.permute(1, 2, 3, 0).cpu().numpy(), cache
+        # frame-major on the device, before the copy: `.cpu()` of the permuted view keeps
+        # its strides, and every consumer then transposed 44 MB a 720p step on the host
+        # (in the media loop, or the engine process's copy into shared memory)
+        return rgb.permute(1, 2, 3, 0).contiguous().cpu().numpy(), cache
