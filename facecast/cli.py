@@ -50,9 +50,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser, default_config: str) -
     )
     parser.add_argument(
         "--precision",
-        choices=["default", "fp8"],
+        choices=["default", "fp8", "fp8-rowwise"],
         default="default",
-        help="fp8: the DiTs' linear layers in float8 e4m3 (FP8 GPUs; see bench/RESULTS.md)",
+        help="fp8: the DiTs' linear layers in float8 e4m3, activation scales calibrated at "
+        "start-up; fp8-rowwise: scaled per token on every call (FP8 GPUs; bench/RESULTS.md)",
     )
 
 
@@ -219,16 +220,17 @@ def cmd_gate(args: argparse.Namespace) -> int:
         )
         if args.record:
             return 0
-    if args.precision == "fp8":
+    if args.precision != "default":
         from pipeline.precision import apply_fp8
+        from pipeline.startup import FP8_SCALING
 
-        apply_fp8(engine)
+        apply_fp8(engine, FP8_SCALING[args.precision])
     if args.sdpa_pick:
         pick_sdpa_backends(engine)
     if args.compile:
         compile_engine(engine)
     report = gate.check(engine, args.baseline, args.tolerance_db)
-    if args.precision == "fp8":
+    if args.precision != "default":
         report = gate.precision_tier(report, args.fp8_floor_db)
     if args.json:
         Path(args.json).write_text(report.to_json())

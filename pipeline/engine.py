@@ -111,10 +111,15 @@ class Engine:
         and never inside a session's time to first frame; then a second, timed one, step by
         step, for `step_seconds`. Returns the seconds it all took."""
         t = time.perf_counter()
-        self._warm_session(seed, timed=False)
+        self.run_every_shape(seed)
         self.step_seconds = self._warm_session(seed, timed=True)
         self.warmup_seconds = time.perf_counter() - t
         return self.warmup_seconds
+
+    def run_every_shape(self, seed: int = 0) -> None:
+        """One throwaway session over every chunk shape (warm-up's first pass; FP8's
+        calibration records its inputs)."""
+        self._warm_session(seed, timed=False)
 
     def stream_step(self, k: int) -> StreamStep:
         """What step k of a stream waits for and emits (video frames), from the schedule."""

@@ -1,16 +1,26 @@
 """FP8 linear layers for the DiTs, applied to a loaded engine from outside the model code.
 
-`apply_fp8(engine)` swaps every token-wise linear layer of the A2V and SR blocks (qkv,
-attention out, both MLP layers, the audio conditioning) for `Fp8Linear`: the weight kept as
-float8 e4m3 with one scale per output channel, the activations quantised to e4m3 with one
-scale per token, multiplied on Hopper's FP8 tensor cores by `torch._scaled_mm` with bf16
-output (measured on the H200 at the DiTs' shapes: 1,048-1,273 TFLOP/s against 643-707 for
-bf16). Attention, norms and the small per-chunk layers stay in bf16.
+`apply_fp8(engine, scaling)` swaps token-wise linear layers of the A2V and SR blocks for
+`Fp8Linear`, weights kept as float8 e4m3, multiplied on Hopper's FP8 tensor cores by
+`torch._scaled_mm` with bf16 output. Two ways to scale the activations:
 
-It is an opt-in precision (`--precision fp8`): it changes every product's rounding far
-beyond the bf16 reassociation band the quality gate uses, so the gate gives it a tier of its
-own (its PSNR against bf16, reported, with a floor). What a user gives up is in
-bench/RESULTS.md.
+- `static` (`--precision fp8`): one scale per layer, calibrated at start-up from the
+  largest input that layer saw over a throwaway session of every chunk shape, with
+  `STATIC_HEADROOM` to spare (an input beyond it saturates at e4m3's largest value). The
+  quantisation is then one multiply and cast that Inductor fuses into the op before the
+  layer: measured 1,000-1,160 TFLOP/s for the whole layer at the DiTs' big shapes against
+  690-760 for bf16 (bench/fp8_bench.py). Weights are scaled per tensor, as cuBLAS's
+  per-tensor FP8 GEMM needs. The attention output projection stays bf16: its input comes
+  from the attention kernel, outside the compiled graph, and a separate quantisation pass
+  made it slower than bf16 (A2V: 440 against 700 TFLOP/s).
+- `row` (`--precision fp8-rowwise`): per-token activation and per-channel weight scales
+  computed on every call. Nothing to calibrate, but the absolute-max pass over each input
+  costs what FP8 saves (670-900 TFLOP/s, slower than bf16 on the small layers).
+
+Attention, norms and the small per-chunk layers stay in bf16. FP8 is an opt-in precision:
+it changes every product's rounding far beyond the bf16 reassociation band the quality gate
+uses, so the gate gives it a tier of its own (its PSNR against bf16, reported, with a
+floor). What a user gives up is in bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -21,27 +31,43 @@ from torch import Tensor, nn
 E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 
 
-class Fp8Linear(nn.Module):
-    """y = x W^T + b with W and x in e4m3, scaled per output channel and per token."""
+STATIC_HEADROOM = 4.0  # two binades above the largest calibrated input: e4m3's precision
+# is relative, so headroom costs only the subnormal range at the very bottom
 
-    def __init__(self, linear: nn.Linear) -> None:
+
+class Fp8Linear(nn.Module):
+    """y = x W^T + b with W and x in e4m3: per-token activation and per-channel weight
+    scales computed on each call (`input_amax` None), or one static scale for each."""
+
+    def __init__(self, linear: nn.Linear, input_amax: Tensor | None = None) -> None:
         super().__init__()
         w = linear.weight.detach().float()
-        scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / E4M3_MAX  # (out, 1)
+        self.static = input_amax is not None
+        if self.static:
+            scale = w.abs().amax().clamp(min=1e-12) / E4M3_MAX  # one for the tensor
+            self.register_buffer("weight_scale", scale)
+            amax = input_amax.detach().float().clamp(min=1e-12)
+            self.register_buffer("input_scale", amax * STATIC_HEADROOM / E4M3_MAX)
+        else:
+            scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / E4M3_MAX  # (out, 1)
+            self.register_buffer("weight_scale", scale.t().contiguous())  # (1, out), fp32
         self.register_buffer("weight", (w / scale).to(torch.float8_e4m3fn))  # (out, in)
-        self.register_buffer("weight_scale", scale.t().contiguous())  # (1, out), fp32
         bias = linear.bias
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
         self.out_features = linear.out_features
 
     def forward(self, x: Tensor) -> Tensor:
         x_MK = x.reshape(-1, x.shape[-1])
-        scale_M1 = x_MK.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / E4M3_MAX
-        x_fp8 = (x_MK.float() / scale_M1).to(torch.float8_e4m3fn)
+        if self.static:
+            scale = self.input_scale
+            x_fp8 = (x_MK.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+        else:
+            scale = x_MK.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / E4M3_MAX
+            x_fp8 = (x_MK.float() / scale).to(torch.float8_e4m3fn)
         y = torch._scaled_mm(
             x_fp8,
             self.weight.t(),  # column-major (in, out), as the FP8 kernels want it
-            scale_a=scale_M1,
+            scale_a=scale,
             scale_b=self.weight_scale,
             out_dtype=x.dtype,
         )
@@ -55,23 +81,56 @@ def fp8_supported(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-def apply_fp8(engine) -> int:
+SCALINGS = ("static", "row")
+
+
+def fp8_layers(engine, scaling: str) -> list[tuple[nn.Module, str]]:
+    """(parent, attribute) of every linear layer FP8 replaces."""
+    out: list[tuple[nn.Module, str]] = []
+    for name in ("a2v", "sr"):
+        for block in engine.modules[name].model.transformer.blocks:
+            out.append((block.attn, "qkv"))
+            if scaling == "row":
+                out.append((block.attn, "out"))
+            out += [(block.mlp, "0"), (block.mlp, "2")]
+            if block.cond is not None:
+                out.append((block, "cond"))
+    return out
+
+
+def calibrate_input_amax(engine, linears: list[nn.Linear]) -> dict[nn.Linear, Tensor]:
+    """The largest |input| each layer sees over one throwaway session of every chunk
+    shape (the warm-up's), recorded by forward pre-hooks on the bf16 layers."""
+    amax = {lin: torch.zeros((), device=engine.device) for lin in linears}
+
+    def record(module: nn.Module, args: tuple) -> None:
+        torch.maximum(amax[module], args[0].detach().abs().amax().float(), out=amax[module])
+
+    handles = [lin.register_forward_pre_hook(record) for lin in linears]
+    try:
+        engine.run_every_shape()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return amax
+
+
+def apply_fp8(engine, scaling: str = "static") -> int:
     """Swap the DiT blocks' token-wise linears for `Fp8Linear`; returns how many."""
     from pipeline.errors import ConfigError
 
+    if scaling not in SCALINGS:
+        raise ConfigError(f"FP8 scaling {scaling!r} is not one of {', '.join(SCALINGS)}")
     if not fp8_supported(engine.device):
         raise ConfigError("--precision fp8 needs an FP8 GPU (compute capability 8.9 or 9.0+)")
     if engine.offloader is not None:
         raise ConfigError("--precision fp8 does not combine with --offload yet")
-    count = 0
-    for name in ("a2v", "sr"):
-        for block in engine.modules[name].model.transformer.blocks:
-            attn = block.attn
-            attn.qkv, attn.out = Fp8Linear(attn.qkv), Fp8Linear(attn.out)
-            block.mlp[0], block.mlp[2] = Fp8Linear(block.mlp[0]), Fp8Linear(block.mlp[2])
-            count += 4
-            if block.cond is not None:
-                block.cond = Fp8Linear(block.cond)
-                count += 1
-    engine.precision = "fp8"
-    return count
+    layers = fp8_layers(engine, scaling)
+    amax = None
+    if scaling == "static":
+        amax = calibrate_input_amax(engine, [getattr(p, a) for p, a in layers])
+    for parent, attr in layers:
+        linear = getattr(parent, attr)
+        setattr(parent, attr, Fp8Linear(linear, amax[linear] if amax is not None else None))
+    engine.precision = f"fp8-{scaling}"
+    return len(layers)

@@ -24,7 +24,10 @@ if TYPE_CHECKING:
     from pipeline.photo.engine import PhotoEngine
     from pipeline.placement import Placement
 
-PRECISIONS = ("default", "fp8")
+# "fp8": FP8 DiT linears with static activation scales calibrated at start-up;
+# "fp8-rowwise": scales computed per token on every call (pipeline/precision.py)
+PRECISIONS = ("default", "fp8", "fp8-rowwise")
+FP8_SCALING = {"fp8": "static", "fp8-rowwise": "row"}
 
 
 @dataclass
@@ -45,7 +48,7 @@ class EngineOptions:
     warmup: bool = True  # run every chunk shape once before the engine takes work
     record_stalls: bool = False  # offload: keep per-block copy stalls (benchmarks)
     threads: int | None = None  # torch's CPU threads for the engine (None: torch's default)
-    precision: str = "default"  # "default": the config's dtype; "fp8": FP8 DiT linears
+    precision: str = "default"  # "default": the config's dtype; or one of PRECISIONS
     overrides: dict = field(default_factory=dict)  # dotted config keys → values
 
     def validate(self) -> None:
@@ -140,10 +143,10 @@ def start_engine(opts: EngineOptions):
         report.seconds = time.perf_counter() - t
         engine.startup = report
         return engine, report
-    if opts.precision == "fp8":  # before compile: the graphs are traced with FP8 in them
+    if opts.precision in FP8_SCALING:  # before compile: the graphs are traced with FP8
         from pipeline.precision import apply_fp8
 
-        report.prepare["fp8_linears"] = apply_fp8(engine)
+        report.prepare["fp8_linears"] = apply_fp8(engine, FP8_SCALING[opts.precision])
     if opts.warmup:
         report.prepare |= prepare(engine, compile_blocks=opts.compile, sdpa_pick=opts.sdpa_pick)
     elif opts.compile:

@@ -8,7 +8,13 @@ import torch
 
 from pipeline.errors import ConfigError
 from pipeline.gate import GateReport, precision_tier
-from pipeline.precision import Fp8Linear, apply_fp8
+from pipeline.precision import (
+    STATIC_HEADROOM,
+    Fp8Linear,
+    apply_fp8,
+    calibrate_input_amax,
+    fp8_layers,
+)
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -24,6 +30,31 @@ def test_fp8_linear_matches_the_layer_it_replaces(bias):
         # e4m3 keeps 3 mantissa bits: ~2-4% relative error on a product, not more
         assert (got - want).norm() / want.norm() < 0.06
     assert fp8.weight.dtype == torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_static_fp8_linear_matches_within_its_calibrated_range(bias):
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(128, 192, bias=bias).to(torch.bfloat16)
+    calibration = 2.0 * torch.randn(3, 64, 128, dtype=torch.bfloat16)
+    fp8 = Fp8Linear(layer, input_amax=calibration.abs().amax())
+    assert fp8.static and fp8.input_scale.numel() == 1 and fp8.weight_scale.numel() == 1
+    for scale in (0.5, 2.0, 2.0 * STATIC_HEADROOM):  # up to the headroom: no saturation
+        x = scale * torch.randn(3, 64, 128, dtype=torch.bfloat16).clamp(-3, 3)
+        want, got = layer(x).float(), fp8(x).float()
+        assert (got - want).norm() / want.norm() < 0.06
+    # far beyond the calibration the input saturates at e4m3's largest value: finite, bounded
+    huge = fp8(1e4 * torch.ones(1, 128, dtype=torch.bfloat16)).float()
+    assert torch.isfinite(huge).all()
+
+
+def test_calibration_records_every_layers_largest_input(tiny_engine):
+    layers = [getattr(parent, attr) for parent, attr in fp8_layers(tiny_engine, "static")]
+    amax = calibrate_input_amax(tiny_engine, layers)
+    assert set(amax) == set(layers)
+    assert all(float(a) > 0 for a in amax.values())
+    # the hooks are gone afterwards: a second pass records nothing new
+    assert all(not lin._forward_pre_hooks for lin in layers)
 
 
 def test_fp8_needs_an_fp8_gpu(tiny_engine):
