@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import os
 import platform
 import statistics
 import subprocess
@@ -493,6 +494,10 @@ def _meta(opts: BenchOptions, engine, device: torch.device) -> dict:
 
 
 def git_commit() -> str:
+    """The commit measured: FACECAST_COMMIT where the tree was copied without its history
+    (the lent GPU machine), else git's."""
+    if os.environ.get("FACECAST_COMMIT"):
+        return os.environ["FACECAST_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
