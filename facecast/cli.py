@@ -243,6 +243,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from realtime.server import config_from_args, serve
 
     cfg = load_config(args.config)  # a bad config fails here, in one line, before listening
+    if cfg.runtime.stack == "photo":  # this process prepares every session's photo
+        from pipeline.photo.face import FACE_CASCADE, cascade
+
+        cascade(FACE_CASCADE)
     if args.reference is not None and cfg.runtime.stack == "photo":
         # a photo without one clear face fails here too, not in the first peer's session
         from pipeline.media import load_reference

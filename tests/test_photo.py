@@ -119,6 +119,25 @@ def test_serve_refuses_a_faceless_reference_at_start(bad_photos, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_an_opencv_without_the_face_detector_stops_start_up_in_one_line(monkeypatch, capsys):
+    """OpenCV 5 builds have no CascadeClassifier: serve and render say so at start-up (exit
+    2, one line) instead of failing inside every session."""
+    import cv2
+
+    import pipeline.photo.face as face
+    import realtime.server
+
+    def serve_anyway(*args, **kwargs):
+        raise AssertionError("serve went on to listen")
+
+    monkeypatch.delattr(cv2, "CascadeClassifier")
+    monkeypatch.setattr(face, "_CASCADES", {})
+    monkeypatch.setattr(realtime.server, "serve", serve_anyway)
+    assert main(["serve", "--device", "cpu", "--config", "photo", "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "opencv-python-headless>=4.8,<5" in err[0], err
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("config", ["photo"])
 def test_photo_memory_flat_over_60s(config, tmp_path):

@@ -23,7 +23,7 @@ import cv2
 import numpy as np
 
 from pipeline.config import PhotoConfig
-from pipeline.errors import PhotoError
+from pipeline.errors import FacecastError, PhotoError
 
 # PNG, JPEG and WebP, by their first bytes: what the page's upload accepts.
 _MAGIC = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg"}
@@ -96,12 +96,24 @@ def load_photo(path: str, cfg: PhotoConfig) -> np.ndarray:
 _CASCADES: dict[str, cv2.CascadeClassifier] = {}
 
 
+FACE_CASCADE = "haarcascade_frontalface_default.xml"
+
+
 def cascade(name: str) -> cv2.CascadeClassifier:
     """One of OpenCV's shipped Haar cascades, loaded once per process."""
     if name not in _CASCADES:
+        # OpenCV 5 moved the cascade classifier out of the main module and its wheels ship
+        # no cascades: say so, once, instead of an AttributeError inside a session
+        if not hasattr(cv2, "CascadeClassifier") or not hasattr(cv2, "data"):
+            raise FacecastError(
+                f"the installed OpenCV {cv2.__version__} has no Haar face detector: the photo "
+                "stack needs opencv-python-headless>=4.8,<5 (pip install 'opencv-python-headless<5')"
+            )
         clf = cv2.CascadeClassifier(cv2.data.haarcascades + name)
         if clf.empty():
-            raise RuntimeError(f"OpenCV's {name} is missing: opencv-python-headless<5 ships it")
+            raise FacecastError(
+                f"OpenCV's {name} is missing: opencv-python-headless>=4.8,<5 ships it"
+            )
         _CASCADES[name] = clf
     return _CASCADES[name]
 
@@ -116,7 +128,7 @@ def detect_faces(rgb: np.ndarray, min_side_frac: float = 0.06) -> np.ndarray:
         grey = cv2.resize(grey, (round(w * s), round(h * s)), interpolation=cv2.INTER_AREA)
     # no histogram equalisation: on the astronaut it turned the shuttle into a face
     side = max(20, int(min_side_frac * min(grey.shape)))
-    found = cascade("haarcascade_frontalface_default.xml").detectMultiScale(
+    found = cascade(FACE_CASCADE).detectMultiScale(
         grey, scaleFactor=1.08, minNeighbors=6, minSize=(side, side)
     )
     boxes = np.asarray(found, np.float64).reshape(-1, 4) / s
