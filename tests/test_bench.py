@@ -4,6 +4,7 @@ for (the numbers themselves come from the GPU; see bench/RESULTS.md)."""
 import json
 
 import numpy as np
+import pytest
 
 from facecast.cli import main
 from pipeline.bench import BenchOptions, append_markdown, run_bench, speech_like_audio
@@ -17,6 +18,7 @@ def test_speech_like_audio_has_syllables_and_pauses():
     assert frames.max() > 0.05
 
 
+@pytest.mark.slow  # a measurement: its efficiency bound wants a quiet CPU
 def test_bench_on_tiny_reports_every_field(tmp_path):
     res = run_bench(BenchOptions(config="tiny", seconds=2.0, device="cpu", isolated_reps=1))
     assert 0 < res["ttff"]["seconds"] < 30

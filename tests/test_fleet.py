@@ -4,6 +4,7 @@ One cluster is shared by the module (Ray's start-up is costly on 2 cores): a hea
 worker room and two nodes with room for one CPU worker each (`facecast_cpu_worker`). Each
 test runs its own front, in its own Ray namespace, with real worker actors serving the
 `tiny` engine to real aiortc clients; whatever a test adds to the cluster it removes.
+The tests on the cluster are `slow`; those without one stay in `make test-fast`.
 """
 
 from __future__ import annotations
@@ -154,6 +155,7 @@ def moving(client: FacecastClient) -> bool:
     return len(distinct) >= 0.1 * len(frames) and spread > 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_two_nodes_one_slot_each(cluster, voices):
     a_wav, b_wav = voices
@@ -207,6 +209,7 @@ async def test_two_nodes_one_slot_each(cluster, voices):
     assert accepted < 5.0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_killed_worker_ends_only_its_sessions(cluster, voices):
     async with running_front("fleet-kill", workers=2, per_worker=2) as (url, pool):
@@ -252,6 +255,7 @@ async def test_killed_worker_ends_only_its_sessions(cluster, voices):
     assert fps >= 24.0 and gap < 0.5, (fps, gap)  # the other call never froze
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_drained_worker_finishes_its_session_then_leaves(cluster):
     async with running_front("fleet-drain", workers=2, per_worker=2) as (url, pool):
@@ -282,6 +286,7 @@ async def test_drained_worker_finishes_its_session_then_leaves(cluster):
     assert record["state"] == "closed" and record["reason"] == "deleted by the API", record
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_node_added_takes_the_next_session_and_its_loss_ends_it(cluster):
     async with running_front("fleet-grow", workers=3, per_worker=1) as (url, pool):
@@ -324,6 +329,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_second_front_sees_and_interrupts(cluster, voices):
     """A second `facecast serve --cluster ray` process joins the cluster, lists a session
@@ -360,6 +366,7 @@ async def test_second_front_sees_and_interrupts(cluster, voices):
         await a.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 async def test_gpu_workers_one_per_gpu(cluster):
     """Ray's resource accounting places GPU workers (num_gpus=1 each) one per GPU; a GPU

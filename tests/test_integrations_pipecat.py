@@ -36,6 +36,9 @@ from support.realtime import RATE, espeak, load_test_engine, normalized_xcorr_pe
 from realtime.client import wait_until_ready
 from realtime.integrations.pipecat import FacecastVideoService
 
+# A served call and an in-process engine, each driven for seconds of speech.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TTS_RATE = 24_000  # what many TTS services send
 SHORT = "Hello, I am your avatar, and I say what the agent says."

@@ -41,6 +41,7 @@ needs_interpreter = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow  # the whole module again
 @pytest.mark.skipif(INTERPRETED, reason="the interpreter is active in this process")
 def test_rerun_in_fresh_interpreter():
     assert "FACECAST_KERNEL_TEST_RERUN" not in os.environ, "the interpreter did not come up"

@@ -48,6 +48,7 @@ async def mirror_run(kvs: FakeKvsEndpoint, frames: int = 520, **overrides):
     return await mirror.close()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (MKVINFO and FFPROBE), reason="needs mkvtoolnix and ffmpeg (make sysdeps)")
 async def test_the_dump_is_what_was_sent_and_passes_mkvinfo_and_ffprobe(endpoint, tmp_path):
     stats = await mirror_run(endpoint, dump_dir=str(tmp_path))
@@ -83,6 +84,7 @@ async def test_the_dump_is_what_was_sent_and_passes_mkvinfo_and_ffprobe(endpoint
     assert (streams["video"]["width"], streams["video"]["height"]) == (64, 64)
 
 
+@pytest.mark.slow
 async def test_a_fragment_cut_off_before_its_ack_is_resent_once_and_acked_ones_never(endpoint):
     endpoint.disconnect_at(8000, acks_first=True)  # 0..6000 PERSISTED and acked, then the drop
     stats = await mirror_run(endpoint)
@@ -94,6 +96,7 @@ async def test_a_fragment_cut_off_before_its_ack_is_resent_once_and_acked_ones_n
     assert_clean_timeline(endpoint, "show", 2000, 11)
 
 
+@pytest.mark.slow
 async def test_a_lost_persisted_ack_resends_a_marked_duplicate(endpoint, caplog):
     endpoint.lose_persisted_ack_at(8000)  # KVS stored it; the ack died with the connection
     stats = await mirror_run(endpoint)

@@ -1,5 +1,6 @@
 """The KVS mirror end to end: moto for the control plane, the fake PutMedia endpoint for
-the data plane, real PyAV encoding, real HTTP over loopback, real SigV4."""
+the data plane, real PyAV encoding, real HTTP over loopback, real SigV4. The runs that
+stream for seconds are `slow`; the quick failures stay in `make test-fast`."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def decoded(data: bytes) -> tuple[int, float]:
     return frames, seconds
 
 
+@pytest.mark.slow
 async def test_twenty_seconds_mirrored_as_valid_fragments(kvs):
     registry = CollectorRegistry()
     mirror = KvsMirror(options(kvs), "show", 64, 64, fps=FPS, registry=registry)
@@ -66,6 +68,7 @@ async def test_twenty_seconds_mirrored_as_valid_fragments(kvs):
     assert value("facecast_kvs_ack_latency_seconds_count") == 11
 
 
+@pytest.mark.slow
 async def test_a_dropped_connection_leaves_no_gap_and_no_duplicate(aws, caplog):
     # Slow persisting, so fragments RECEIVED but not yet PERSISTED are cut off too.
     kvs = FakeKvsEndpoint(KEY, SECRET, REGION, persist_delay_s=0.3)
@@ -85,7 +88,18 @@ async def test_a_dropped_connection_leaves_no_gap_and_no_duplicate(aws, caplog):
     assert "reconnecting" in caplog.text
 
 
-@pytest.mark.parametrize("code", sorted(ACK_ERRORS))
+# One code of each kind (resent, fatal to the stream, fragment dropped) in the fast loop;
+# most of the others wait out the 5 fragments/s limit for a second each.
+ONE_OF_EACH_KIND = {4000, 4500, 4001}
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        pytest.param(c, marks=[] if c in ONE_OF_EACH_KIND else [pytest.mark.slow])
+        for c in sorted(ACK_ERRORS)
+    ],
+)
 async def test_error_acks_are_logged_counted_and_survived(kvs, caplog, code):
     kvs.error_at(800, code)
     mirror = KvsMirror(options(kvs, fragment_s=0.4), "show", 64, 64, fps=FPS)
@@ -108,6 +122,7 @@ async def test_error_acks_are_logged_counted_and_survived(kvs, caplog, code):
         assert stats.fragments_failed == 1 and mirror.state == "closed"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("status", "error_type", "kind"),
     [
@@ -163,6 +178,7 @@ async def test_no_credentials(kvs, monkeypatch, caplog):
     assert "no AWS credentials" in caplog.text
 
 
+@pytest.mark.slow
 async def test_retry_buffer_is_bounded_and_says_so(kvs, caplog):
     kvs.fail_requests(503, count=10_000)  # KVS down for the whole test
     mirror = KvsMirror(options(kvs, fragment_s=0.4, retry_buffer_s=1.2), "show", 64, 64, fps=FPS)
@@ -180,6 +196,7 @@ async def test_retry_buffer_is_bounded_and_says_so(kvs, caplog):
     assert kvs.fragments("show") == []
 
 
+@pytest.mark.slow
 async def test_pauses_keep_the_stream_alive_with_idle_video_and_silence(aws):
     # A short no-data timeout stands in for KVS's 30 s; IDLE acks come meanwhile.
     kvs = FakeKvsEndpoint(KEY, SECRET, REGION, idle_ack_s=0.3, no_data_timeout_s=1.5)
@@ -202,6 +219,7 @@ async def test_pauses_keep_the_stream_alive_with_idle_video_and_silence(aws):
     assert kvs.duplicates == []
 
 
+@pytest.mark.slow
 async def test_connections_rotate_to_a_fresh_endpoint_without_gaps(kvs):
     # endpoint_refresh_s stands in for the 45 minutes after which the endpoint is renewed.
     mirror = KvsMirror(

@@ -32,6 +32,7 @@ def chunk_seconds() -> float:
     return cfg.schedule.chunk_latents * cfg.vae.temporal_ratio / cfg.video.fps
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_interrupt_flushes_queued_speech_within_one_chunk(tmp_path):
     speech = make_speech_wav(tmp_path / "long.wav", [0.3, LONG, 0.3])
@@ -88,6 +89,7 @@ async def test_interrupt_flushes_queued_speech_within_one_chunk(tmp_path):
     assert len({f.tobytes() for f in frames_after}) > 5, "video froze after the interrupt"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_two_sessions_are_isolated_and_the_third_is_refused(tmp_path):
     a = make_speech_wav(tmp_path / "a.wav", [0.3, "One two three four five six seven.", 0.3])
@@ -116,6 +118,7 @@ async def test_two_sessions_are_isolated_and_the_third_is_refused(tmp_path):
     assert len(ca.received.video_pts) > 50 and len(cb.received.video_pts) > 50
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_killed_peer_is_cleaned_up_within_10_s(tmp_path):
     speech = make_speech_wav(tmp_path / "s.wav", [0.3, LONG, 0.3])
@@ -152,6 +155,7 @@ async def test_killed_peer_is_cleaned_up_within_10_s(tmp_path):
         print(f"killed peer cleaned up after {waited:.1f} s ({session.close_reason})")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_nan_clipped_and_silent_audio_never_crash_a_session(tmp_path):
     speech = make_speech_wav(tmp_path / "s.wav", ["Hello there."])

@@ -13,6 +13,9 @@ from support.realtime import espeak, running_server
 
 from pipeline.media import resample, to_pcm16
 
+# The client CLI against a served call, for seconds of speech.
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.timeout(120)
 async def test_cli_streams_raw_pcm_and_records_mp4(tmp_path):

@@ -116,6 +116,7 @@ def test_ecdsa_suites_stay_first_so_browsers_negotiate_as_before():
 # ---- a real webrtcbin peer -----------------------------------------------------------
 
 
+@pytest.mark.slow  # GStreamer peer
 @needs_gstreamer
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("codec", ["vp8", "h264"])

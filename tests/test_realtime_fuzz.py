@@ -17,12 +17,16 @@ import time
 from urllib.parse import quote
 
 import aiohttp
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.realtime import load_test_engine, make_offer, running_server
 
 from realtime.security import SecurityConfig
 from realtime.service import SERVICE
+
+# 3000 raw requests against two servers.
+pytestmark = pytest.mark.slow
 
 EXAMPLES = 3000
 TOKEN = "s3cret"

@@ -13,6 +13,9 @@ from realtime.client import FacecastClient, PcmSource
 from realtime.kvs import KvsOptions
 from realtime.service import SERVICE
 
+# A served call mirrored to KVS for seconds.
+pytestmark = pytest.mark.slow
+
 KEY, SECRET, REGION = AWS_TEST_KEY, AWS_TEST_SECRET, "us-east-2"
 
 

@@ -13,6 +13,9 @@ from support.realtime import make_speech_wav
 
 from realtime.client import FacecastClient, PcmSource, wait_until_ready
 
+# Starts `facecast serve` as a process and calls it, once per signal.
+pytestmark = pytest.mark.slow
+
 FACECAST = Path(sys.executable).with_name("facecast")
 
 

@@ -45,6 +45,7 @@ async def upload(http, url, data: bytes, kind: str = "image/jpeg"):
         return r.status, await r.json()
 
 
+@pytest.mark.slow  # a face search on every photo
 async def test_page_upload_checks_every_photo(photo_engine, bad):
     async with running_server(engine=photo_engine) as (url, app), aiohttp.ClientSession() as http:
         status, body = await upload(http, url, PORTRAIT.read_bytes())

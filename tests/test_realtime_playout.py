@@ -105,6 +105,7 @@ def test_budget_is_the_schedules_bound():
     assert pushed.preroll == 0 and pushed.delay < budget.delay
 
 
+@pytest.mark.slow  # a served call for seconds
 @pytest.mark.timeout(60)
 async def test_engine_that_keeps_up_in_bursts_has_every_frame_fresh_and_on_its_budget():
     engine = ScriptedEngine(rtf=0.8)  # whole 16-frame chunks at once, 0.8x real time
@@ -131,6 +132,7 @@ async def test_engine_that_keeps_up_in_bursts_has_every_frame_fresh_and_on_its_b
     assert sync_lag(sink) == 0
 
 
+@pytest.mark.slow  # a served call for seconds
 @pytest.mark.timeout(60)
 async def test_engine_slower_than_real_time_shows_every_frame_it_makes_in_sync():
     engine = ScriptedEngine(rtf=1.25)  # 20 fps of frames, in 16-frame bursts

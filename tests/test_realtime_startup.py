@@ -82,6 +82,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # starts facecast serve
 @pytest.mark.timeout(180)
 async def test_healthz_ready_only_after_warmup_and_first_call_pays_nothing_extra():
     port = free_port()

@@ -13,6 +13,9 @@ from support.realtime import make_speech_wav, running_server
 from realtime.client import FacecastClient, PcmSource
 from realtime.service import SERVICE
 
+# Seconds of speech over WebRTC through the real server.
+pytestmark = pytest.mark.slow
+
 PLAN = [0.6, "Hello there, how are you today?", 1.0, "The quick brown fox jumps.", 0.8]
 
 

@@ -56,6 +56,7 @@ def events(source, kind: str) -> list[dict]:
     return [e for e in source.events if e["type"] == kind]
 
 
+@pytest.mark.slow  # two served calls
 @pytest.mark.timeout(180)
 async def test_pushed_utterance_is_said_sooner_than_the_same_audio_on_the_mic():
     """Both calls idle for a second first (the avatar is on screen), then the same speech
@@ -97,6 +98,7 @@ def utterances() -> list[np.ndarray]:
     return [espeak(p) for p in PHRASES]
 
 
+@pytest.mark.slow  # a served call for 25 s
 @pytest.mark.timeout(300)
 async def test_twenty_utterances_ten_clears_exact_once_and_in_order():
     """Over the WebSocket, with the avatar watched over WebRTC: every second utterance is

@@ -369,6 +369,7 @@ def with_direction(sdp: str, kind: str, direction: str) -> str:
     return head + f"m={kind}" + section.replace("a=recvonly", f"a={direction}") + sep + tail
 
 
+@pytest.mark.slow  # a served call, watched
 @pytest.mark.timeout(180)
 async def test_whep_refuses_bad_requests_with_a_reason_and_the_session_runs_on(monkeypatch):
     offer = await recvonly_offer()
@@ -441,6 +442,7 @@ async def test_whep_refuses_bad_requests_with_a_reason_and_the_session_runs_on(m
             assert session.state == "live"
 
 
+@pytest.mark.slow  # watches for 8 s
 @pytest.mark.timeout(180)
 async def test_whep_discovery_ice_servers_trickle_and_one_encoder_per_codec():
     """HEAD/OPTIONS as the draft asks, ICE servers in Link headers, a player that trickles
@@ -585,6 +587,7 @@ async def test_a_slow_viewer_or_encoder_never_stalls_the_session_or_the_other_vi
 # ---- GStreamer -----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # GStreamer peer
 @needs_gstreamer
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("codec", ["vp8", "h264"])

@@ -42,6 +42,7 @@ async def live_sessions(http, url: str) -> list[dict]:
         return (await r.json())["sessions"]
 
 
+@pytest.mark.slow  # a served call for seconds
 @pytest.mark.timeout(180)
 async def test_whip_client_streams_a_wav_and_delete_frees_the_slot(tmp_path):
     speech = make_speech_wav(
@@ -288,6 +289,7 @@ def test_ice_server_uris_parse_with_credentials_and_escaping():
             parse_ice_server(bad)
 
 
+@pytest.mark.slow  # GStreamer peer
 @needs_gstreamer
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(

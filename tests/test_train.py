@@ -69,6 +69,7 @@ def _overfit(loss_fn, params, steps: int = 25, lr: float = 2e-3) -> tuple[float,
     return losses[0], losses[-1]
 
 
+@pytest.mark.slow
 def test_vae_loss_goes_down(tiny, pool):
     torch.manual_seed(0)
     vae = build_models(tiny)["vae"].train()
@@ -135,6 +136,7 @@ def latents(tiny, pool):
     return full, low, ref_full, ref_low
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode_name", ["N0", "N", "I"])
 def test_a2v_loss_goes_down_for_each_chunk_kind(tiny, pool, latents, mode_name):
     _, low, _, ref_low = latents
@@ -162,6 +164,7 @@ def test_a2v_loss_goes_down_for_each_chunk_kind(tiny, pool, latents, mode_name):
     assert last < 0.7 * first
 
 
+@pytest.mark.slow
 def test_sr_loss_goes_down(tiny, latents):
     full, low, ref_full, _ = latents
     sr = build_models(tiny)["sr"].train()
@@ -170,6 +173,7 @@ def test_sr_loss_goes_down(tiny, latents):
     assert last < 0.7 * first
 
 
+@pytest.mark.slow
 def test_cli_trains_every_stage_resumes_and_the_engine_loads_it(speech_path, tmp_path):
     out = tmp_path / "run"
     common = [
@@ -239,6 +243,7 @@ def test_held_out_score_uses_the_ground_truth_as_the_seam_baseline():
     assert scored["seam_ratio_local"] > perfect["seam_ratio_local"] + 0.5
 
 
+@pytest.mark.slow
 def test_vae_reconstruction_baseline_keeps_the_mouth():
     """The evaluation's floor: the shipped VAE's encode → decode of the ground truth keeps
     the frame count (whole 16-frame pieces) and the lip sync, so a weak generated score is
