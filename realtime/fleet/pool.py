@@ -325,9 +325,10 @@ class WorkerPool:
 
     async def place(self, method: str, *args: object) -> dict:
         """An offer negotiated on the worker with the most free slots, by its `method`
-        (`offer`, `whip_offer`) with `args`; 503 only when every worker is full (after
-        asking them afresh)."""
+        (`offer`, `whip_offer`) with `args`. 503 when every worker is full (after asking
+        them afresh), or when those with room failed (gone, or no answer in time)."""
         tried: set[str] = set()
+        failures: list[str] = []  # workers that had room but did not answer
         for fresh in (False, True):
             if fresh:
                 await self.refresh(wait=self.options.call_timeout_s)
@@ -336,18 +337,29 @@ class WorkerPool:
                 if view.free() <= 0 or view.name in tried:
                     continue
                 tried.add(view.name)
-                answer = await self._offer_on(view, method, args)
+                answer = await self._offer_on(view, method, args, failures)
                 if answer is not None:
                     return answer
+        if failures:  # not "full": say which workers failed and how
+            raise WorkerUnavailable(f"no worker could take the offer: {'; '.join(failures)}")
         raise self._no_room()
 
-    async def _offer_on(self, view: WorkerView, method: str, args: tuple) -> dict | None:
+    async def _offer_on(
+        self, view: WorkerView, method: str, args: tuple, failures: list[str]
+    ) -> dict | None:
         view.reserved += 1
         try:
             ref = getattr(view.handle, method).remote(*args)
             answer = await call(ref, self.options.offer_timeout_s)
         except Exception as exc:  # dead or too slow: the watch loop decides which
-            log.warning("fleet: offer on %s failed: %s", view.name, _first_line(exc))
+            if isinstance(exc, asyncio.TimeoutError):
+                why = f"worker {view.name} did not answer within {self.options.offer_timeout_s:g} s"
+            elif _actor_died(exc):
+                why = f"worker {view.name} is gone"
+            else:
+                why = f"worker {view.name} failed: {_first_line(exc)}"
+            log.warning("fleet: offer on %s failed: %s", view.name, why)
+            failures.append(why)
             return None
         finally:
             view.reserved -= 1

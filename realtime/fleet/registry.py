@@ -15,6 +15,7 @@ either direction. Only the ends of sessions on workers that are gone too are for
 
 from __future__ import annotations
 
+import os
 import time
 from collections import OrderedDict
 
@@ -29,6 +30,7 @@ class SessionRegistry:
         self._closed: OrderedDict[str, dict] = OrderedDict()
         self._keep = keep_closed
         self._synced: set[tuple[str, str]] = set()  # (worker, incarnation) heard since start
+        self._started = round(time.time(), 3)
 
     def opened(self, record: dict) -> None:
         """`record`: id, worker, incarnation, node_id, node_ip, created."""
@@ -85,6 +87,15 @@ class SessionRegistry:
                 reason = record.get("closed_reason") or f"ended on worker {worker}"
                 self._closed[record["id"]] = {**record, "state": "closed", "reason": reason}
         self._trim()
+
+    def about(self) -> dict:
+        """This process of the registry: a restart shows as a new pid and start time."""
+        return {
+            "pid": os.getpid(),
+            "started": self._started,
+            "live": len(self._live),
+            "closed": len(self._closed),
+        }
 
     def lookup(self, session_id: str) -> dict | None:
         return self._live.get(session_id) or self._closed.get(session_id)
