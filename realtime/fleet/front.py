@@ -42,9 +42,10 @@ from aiohttp import web
 from pipeline.errors import FacecastError
 from pipeline.startup import EngineOptions
 from realtime.edge import run_app
+from realtime.fleet.answers import answer_of
 from realtime.fleet.metrics import METRICS, FleetMetrics
 from realtime.fleet.options import CPU_WORKER, FleetOptions
-from realtime.fleet.pool import POOL, WorkerPool, answer_of
+from realtime.fleet.pool import POOL, WorkerPool
 from realtime.fleet.relay import add_relay_routes, place
 from realtime.fleet.speech import relay_speech
 from realtime.metrics import CONTENT_TYPE_LATEST

@@ -31,21 +31,19 @@ from aiohttp import web
 
 from pipeline.startup import EngineOptions
 from realtime.errors import (
-    BadRequest,
     EngineStarting,
     RealtimeError,
     ServerFull,
-    SessionClosed,
     SessionNotFound,
     WorkerUnavailable,
 )
+from realtime.fleet.answers import error_from
 from realtime.fleet.options import WORKER_PREFIX, FleetOptions, worker_resources
 from realtime.fleet.registry import registry_actor
 from realtime.fleet.worker import worker_actor
 from realtime.service import ServerConfig
 
 log = logging.getLogger(__name__)
-ERRORS = {400: BadRequest, 404: SessionNotFound, 409: SessionClosed, 503: ServerFull}
 GONE = ("lost", "drained", "failed")
 BEAT_S, STALL_S = 0.1, 0.5  # the front's own heartbeat, and a lag that counts as a stall
 REGISTRY_RETRY_S = 0.2  # between attempts of a registry call lost to its restart
@@ -93,20 +91,6 @@ class WorkerView:
 async def call(ref: Any, timeout: float) -> Any:
     """Await a Ray call with a deadline (asyncio.TimeoutError past it)."""
     return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
-
-
-def error_from(answer: dict) -> RealtimeError:
-    """A worker's `{"error", "status"}` as the error the server would have raised."""
-    exc = ERRORS.get(answer["status"], RealtimeError)(answer["error"])
-    exc.status = answer["status"]
-    return exc
-
-
-def answer_of(answer: dict) -> dict:
-    """A worker's answer, or the error it carries raised (answered as the server would)."""
-    if "error" in answer:
-        raise error_from(answer)
-    return answer
 
 
 class WorkerPool:

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from realtime.fleet.answers import answer_of
 from realtime.fleet.metrics import METRICS
-from realtime.fleet.pool import POOL, WorkerView, answer_of
+from realtime.fleet.pool import POOL, WorkerView
 from realtime.security import read_body
 from realtime.service import CONFIG
 from realtime.whep import OPTIONS_HEADERS, check_viewer_offer

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from realtime.errors import RealtimeError, SessionNotFound
+from realtime.fleet.answers import answer_of
 from realtime.session import PeerSession
 from realtime.speech_ws import MAX_MESSAGE, OUTBOX
 from realtime.utterance import message
@@ -151,8 +152,6 @@ class SpeechChannels:
 async def relay_speech(request: web.Request, pool: WorkerPool) -> web.WebSocketResponse:
     """The agent's socket for session `id`, wherever it runs: refused before the upgrade
     (JSON 404/503) when the session or its worker is not there."""
-    from realtime.fleet.pool import answer_of
-
     session_id = request.match_info["id"]
     _, view = await pool.session_worker(session_id)
     channel_id = answer_of(await pool.on_worker(view, "speech_open", session_id))["channel"]

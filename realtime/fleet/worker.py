@@ -10,7 +10,7 @@ beside their session.
 The actor is asynchronous: every method runs on one event loop in the actor's process,
 the loop aiortc and the sessions live on; the engine works in its own thread or process,
 as in `serve`. Failures a caller should hear about come back as values
-(`{"error", "status"}`), never as Ray exceptions, so the front can answer them as the
+(`fleet/answers.py`), never as Ray exceptions, so the front can answer them as the
 server would. Each session's opening and end are written to the registry
 (`fleet/registry.py`), and every `SYNC_INTERVAL_S` the worker sends it the whole of what it
 hosts (`sync`): a registry that Ray restarted empty has the live sessions back within that,
@@ -40,6 +40,7 @@ from aiortc import RTCSessionDescription
 
 from pipeline.startup import EngineOptions
 from realtime.errors import EngineStarting, RealtimeError, ServerFull, SessionNotFound
+from realtime.fleet.answers import failure
 from realtime.fleet.speech import SpeechChannels
 from realtime.server import build_app, metrics_text
 from realtime.service import (
@@ -161,7 +162,7 @@ class FleetWorker:
                 raise ServerFull(f"worker {self.name} is draining")
             session = await negotiate(self._ready_service())
         except RealtimeError as exc:
-            return _error(exc)
+            return failure(exc)
         record = self._where(session)
         await self._record("opened", record)
         answer = session.pc.localDescription
@@ -171,13 +172,13 @@ class FleetWorker:
         try:
             return {"played_ms": self._session(session_id).interrupt()}
         except RealtimeError as exc:
-            return _error(exc)
+            return failure(exc)
 
     async def close_session(self, session_id: str, reason: str = "deleted by the API") -> dict:
         try:
             session = self._session(session_id)
         except RealtimeError as exc:
-            return _error(exc)
+            return failure(exc)
         await session.close(reason)
         return {"closed": session_id}
 
@@ -225,20 +226,20 @@ class FleetWorker:
         try:
             return {"channel": self.speech.open(self._session(session_id))}
         except RealtimeError as exc:
-            return _error(exc)
+            return failure(exc)
 
     async def speech_send(self, channel_id: str, messages: list[str | bytes]) -> dict:
         try:
             self.speech.send(channel_id, messages)
         except RealtimeError as exc:
-            return _error(exc)
+            return failure(exc)
         return {}
 
     async def speech_events(self, channel_id: str, wait_s: float) -> dict:
         try:
             return await self.speech.events(channel_id, wait_s)
         except RealtimeError as exc:
-            return _error(exc)
+            return failure(exc)
 
     async def speech_close(self, channel_id: str) -> dict:
         self.speech.close(channel_id)
@@ -333,16 +334,11 @@ class FleetWorker:
             failing = False
 
 
-def _error(exc: RealtimeError) -> dict:
-    """A failure the caller should hear about, as a value (see the module docstring)."""
-    return {"error": str(exc), "status": exc.status}
-
-
 async def _answer(work: Callable[[], Awaitable[dict]]) -> dict:
     try:
         return await work()
     except RealtimeError as exc:
-        return _error(exc)
+        return failure(exc)
 
 
 FINAL_STATS = ("frames_sent", "frames_fresh", "fresh_share", "ttff_ms")
