@@ -220,7 +220,7 @@ class _Relay:
             try:
                 answer = await self.pool.on_worker(self.view, "speech_send", self.channel_id, batch)
             except RealtimeError as exc:
-                await self._fail(str(exc))
+                await self._fail(f"the session's worker is unavailable: {exc}")
                 return
             if "error" in answer:  # the channel ended: _deliver says how
                 log.debug("speech relay: %s", answer["error"])
@@ -233,9 +233,9 @@ class _Relay:
                     self.view, "speech_events", self.channel_id, POLL_S, timeout=timeout
                 )
             except RealtimeError as exc:
-                await self._fail(str(exc))
+                await self._fail(f"the session's worker is unavailable: {exc}")
                 return
-            if "error" in answer:
+            if "error" in answer:  # the worker ended the channel (no front polled it)
                 await self._fail(answer["error"])
                 return
             for text in answer["events"]:
@@ -255,7 +255,7 @@ class _Relay:
         return True
 
     async def _fail(self, reason: str) -> None:
-        """The worker cannot be reached: say so on the socket, then it closes."""
+        """Say why on the socket (an `error` event), then it closes with 1011."""
         log.warning("speech relay for worker %s: %s", self.view.name, reason)
         self.close_code = WSCloseCode.INTERNAL_ERROR
-        await self._send(message("error", message=f"the session's worker is unavailable: {reason}"))
+        await self._send(message("error", message=reason))

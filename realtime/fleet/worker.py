@@ -142,6 +142,8 @@ class FleetWorker:
         return self.status()
 
     async def shutdown(self, reason: str = "worker shutting down") -> None:
+        if self._sync is not None:
+            self._sync.cancel()
         if self._service is not None:
             await close_service(self._service, reason)
 
