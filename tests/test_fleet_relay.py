@@ -29,6 +29,7 @@ from support.whep import whep_watch
 from pipeline.startup import EngineOptions
 from realtime.client import SpeechSocket
 from realtime.fleet.options import FleetOptions
+from realtime.ice_servers import link_header, parse_ice_server
 from realtime.service import ServerConfig
 from realtime.whip import TRICKLE_TYPE
 
@@ -148,7 +149,9 @@ async def test_a_dead_or_silent_worker_is_a_json_503_within_the_timeout(monkeypa
         return {"id": sid, "worker": "w-" + sid.removeprefix("on-"), "state": "live"}
 
     pool.registry = FakeActor(lookup=lookup, worker_lost=lambda *a: [])
-    async with serving(build_front_app(ServerConfig(port=0), pool)) as url:
+    turn = parse_ice_server("turn:user:pass@turn.example.net:3478?transport=udp")
+    config = ServerConfig(port=0, ice_servers=[turn])
+    async with serving(build_front_app(config, pool)) as url:
         async with aiohttp.ClientSession() as http:
             status_, body, took = await timed(http, "DELETE", f"{url}/whip/on-dead")
             assert status_ == 503 and body["error"] == "worker w-dead is gone", body
@@ -221,6 +224,16 @@ async def test_a_dead_or_silent_worker_is_a_json_503_within_the_timeout(monkeypa
             assert f"worker w-silent did not answer within {timeout:g} s" in body["error"]
             assert took < 4 * timeout + 1.0
             assert fenced == ["w-dead"]  # found dead by the fresh look the offer took
+
+            # a worker that takes it: its answer, the front's Location and ICE servers
+            answer = {"sdp": "v=0\r\n", "session_id": "s1", "worker": "w-ok"}
+            pool.workers["w-ok"] = WorkerView(
+                "w-ok", FakeActor(whip_offer=lambda sdp: answer), state="ok", status=dict(status)
+            )
+            async with http.post(f"{url}/whip", data=await make_offer(), headers=SDP) as r:
+                assert r.status == 201 and await r.text() == "v=0\r\n"
+                assert r.headers["Location"] == "/whip/s1"
+                assert r.headers.getall("Link") == link_header(turn)
     assert not ray.is_initialized()
 
 
