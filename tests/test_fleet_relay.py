@@ -155,7 +155,7 @@ async def test_a_dead_or_silent_worker_is_a_json_503_within_the_timeout(monkeypa
         async with aiohttp.ClientSession() as http:
             status_, body, took = await timed(http, "DELETE", f"{url}/whip/on-dead")
             assert status_ == 503 and body["error"] == "worker w-dead is gone", body
-            assert took < timeout
+            assert took < 1.0  # at once: Ray said so, no timeout was waited for
 
             for method, path, kw in (
                 ("DELETE", "/whip/on-silent", {}),
