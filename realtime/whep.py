@@ -68,12 +68,12 @@ from av.video.frame import PictureType
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pipeline.clock import FPS, OUTPUT_RATE, VIDEO_CLOCK, VIDEO_TICKS_PER_FRAME
-from realtime.errors import BadRequest, ServerFull, SessionNotFound, UnsupportedMediaType
+from realtime.errors import BadRequest, ServerFull, SessionNotFound
 from realtime.security import read_body
 from realtime.service import SERVICE, check_answer, check_codecs, check_offer_transport, reason_of
 from realtime.session import PeerSession
 from realtime.teardown import release_peer_connection
-from realtime.whip import SDP_TYPE, created, parse_offer, trickle
+from realtime.whip import SDP_TYPE, check_sdp_type, created, parse_offer, trickle
 
 log = logging.getLogger(__name__)
 RECEIVING = ("recvonly", "sendrecv")
@@ -144,21 +144,25 @@ WHEP_METRICS = web.AppKey("facecast-whep-metrics", WhepMetrics)
 
 
 async def _post(request: web.Request) -> web.Response:
-    if request.content_type != SDP_TYPE:
-        raise UnsupportedMediaType(
-            f"a WHEP offer is sent as 'Content-Type: {SDP_TYPE}' "
-            f"(got {request.content_type or 'none'!r})"
-        )
+    check_sdp_type(request, "a WHEP offer")
     service = request.app[SERVICE]
-    _live_session(request)  # 404 before reading the body
+    sid = request.match_info["id"]
+    live_session(request.app, sid)  # 404 before reading the body
     body = await read_body(request, service.config.security.body_timeout_s)
+    viewer = await add_whep_viewer(request.app, sid, body)
+    return created(viewer.pc.localDescription.sdp, viewer.location, service.config.ice_servers)
+
+
+async def add_whep_viewer(app: web.Application, sid: str, body: bytes) -> Viewer:
+    """A viewer of live session `sid` for a WHEP offer (POST /whep/{id} here, or a fleet
+    worker's relay); 503 when the session has its `max_viewers`."""
     sdp, kinds = check_viewer_offer(body)
-    session = _live_session(request)  # still live after the body came
-    fanouts = request.app[WHEP_FANOUTS]
+    session = live_session(app, sid)
+    fanouts = app[WHEP_FANOUTS]
     fanout = fanouts.get(session.id)
     if fanout is None:
-        fanout = fanouts[session.id] = WhepFanout(session, request.app[WHEP_METRICS], fanouts)
-    limit = service.config.max_viewers
+        fanout = fanouts[session.id] = WhepFanout(session, app[WHEP_METRICS], fanouts)
+    limit = app[SERVICE].config.max_viewers
     if len(fanout.viewers) + fanout.reserved >= limit:
         fanout.metrics.viewers_rejected.inc()
         raise ServerFull(
@@ -166,45 +170,57 @@ async def _post(request: web.Request) -> web.Response:
         )
     viewer = await fanout.add_viewer(sdp, kinds)
     log.info("session %s: WHEP viewer %s (%s)", session.id, viewer.id, viewer.describe())
-    return created(viewer.pc.localDescription.sdp, viewer.location, service.config.ice_servers)
+    return viewer
 
 
 async def _delete(request: web.Request) -> web.Response:
-    viewer = _viewer(request)
+    sid, vid = request.match_info["id"], request.match_info["viewer"]
+    return web.json_response(await close_whep_viewer(request.app, sid, vid))
+
+
+async def close_whep_viewer(app: web.Application, sid: str, vid: str) -> dict:
+    viewer = find_viewer(app, sid, vid)
     await viewer.close("ended by the WHEP player")
-    return web.json_response({"closed": viewer.id})
+    return {"closed": viewer.id}
 
 
 async def _patch(request: web.Request) -> web.Response:
-    return await trickle(request, _viewer(request).pc)
+    viewer = find_viewer(request.app, request.match_info["id"], request.match_info["viewer"])
+    return await trickle(request, viewer.pc)
 
 
 async def _discover(request: web.Request) -> web.Response:
     """HEAD tells a player this URL is a WHEP endpoint; GET has no representation."""
-    if "viewer" in request.match_info:
-        _viewer(request)
-    else:
-        _live_session(request)
+    check_whep_resource(request.app, request.match_info["id"], request.match_info.get("viewer"))
     return web.Response(status=200, headers={"Content-Type": SDP_TYPE})
 
 
 async def _options(request: web.Request) -> web.Response:
-    _live_session(request)
-    return web.Response(status=200, headers={"Accept-Post": SDP_TYPE, "Allow": "OPTIONS, POST"})
+    live_session(request.app, request.match_info["id"])
+    return web.Response(status=200, headers=OPTIONS_HEADERS)
 
 
-def _live_session(request: web.Request) -> PeerSession:
-    sid = request.match_info["id"]
-    session = request.app[SERVICE].sessions.get(sid)
-    fanout = request.app[WHEP_FANOUTS].get(sid)
+OPTIONS_HEADERS = {"Accept-Post": SDP_TYPE, "Allow": "OPTIONS, POST"}
+
+
+def check_whep_resource(app: web.Application, sid: str, vid: str | None) -> None:
+    """404 unless `sid` is a live session to watch (and `vid`, if given, its viewer)."""
+    if vid is not None:
+        find_viewer(app, sid, vid)
+    else:
+        live_session(app, sid)
+
+
+def live_session(app: web.Application, sid: str) -> PeerSession:
+    session = app[SERVICE].sessions.get(sid)
+    fanout = app[WHEP_FANOUTS].get(sid)
     if session is None or session.state != "live" or (fanout is not None and fanout.closed):
         raise SessionNotFound(f"no live session {sid!r} to watch (GET /sessions lists them)")
     return session
 
 
-def _viewer(request: web.Request) -> Viewer:
-    sid, vid = request.match_info["id"], request.match_info["viewer"]
-    fanout = request.app[WHEP_FANOUTS].get(sid)
+def find_viewer(app: web.Application, sid: str, vid: str) -> Viewer:
+    fanout = app[WHEP_FANOUTS].get(sid)
     viewer = fanout.viewers.get(vid) if fanout is not None else None
     if viewer is None:
         raise SessionNotFound(f"no WHEP viewer {vid!r} of session {sid!r}")

@@ -56,25 +56,36 @@ def add_whip_routes(app: web.Application) -> None:
 
 
 async def _post(request: web.Request) -> web.Response:
+    check_sdp_type(request, "a WHIP offer")
+    session = await open_whip_session(request.app, await request.read())
+    service = request.app[SERVICE]
+    return created(
+        session.pc.localDescription.sdp, f"/whip/{session.id}", service.config.ice_servers
+    )
+
+
+def check_sdp_type(request: web.Request, what: str) -> None:
+    """415 unless the body is labelled `application/sdp` (WHIP and WHEP offers)."""
     if request.content_type != SDP_TYPE:
         raise UnsupportedMediaType(
-            f"a WHIP offer is sent as 'Content-Type: {SDP_TYPE}' "
-            f"(got {request.content_type or 'none'!r})"
+            f"{what} is sent as 'Content-Type: {SDP_TYPE}' (got {request.content_type or 'none'!r})"
         )
-    service = request.app[SERVICE]
+
+
+async def open_whip_session(app: web.Application, body: bytes) -> PeerSession:
+    """A live session for a WHIP offer (POST /whip here, or a fleet worker's relay)."""
+    service = app[SERVICE]
     require_engine(service)
-    sdp = _check_offer(await request.read())
+    sdp = check_whip_offer(body)
     session = await open_session(
         service, OfferRequest(RTCSessionDescription(sdp=sdp, type="offer")), require_video=False
     )
-    sessions = request.app[WHIP_SESSIONS]
+    sessions = app[WHIP_SESSIONS]
     sessions[session.id] = _pull_unsent_tracks(session)
     # PeerSession.close() stops its tracks: the end of any session, whoever closes it.
     session.video.on("ended", lambda: _forget(sessions, session.id))
     log.info("session %s: opened by WHIP", session.id)
-    return created(
-        session.pc.localDescription.sdp, f"/whip/{session.id}", service.config.ice_servers
-    )
+    return session
 
 
 def created(answer: str, location: str, ice_servers: list[RTCIceServer]) -> web.Response:
@@ -92,28 +103,44 @@ def created(answer: str, location: str, ice_servers: list[RTCIceServer]) -> web.
 
 
 async def _delete(request: web.Request) -> web.Response:
-    session = _whip_session(request)
+    return web.json_response(await close_whip_session(request.app, request.match_info["id"]))
+
+
+async def close_whip_session(app: web.Application, sid: str) -> dict:
+    session = whip_session(app, sid)
     await session.close("ended by the WHIP client")
-    return web.json_response({"closed": session.id})
+    return {"closed": session.id}
 
 
 async def _patch(request: web.Request) -> web.Response:
     """Trickle ICE (RFC 9725 §4.3.1): add the fragment's candidates → 204 No Content."""
-    return await trickle(request, _whip_session(request).pc)
+    return await trickle(request, whip_session(request.app, request.match_info["id"]).pc)
 
 
 async def trickle(request: web.Request, pc: RTCPeerConnection) -> web.Response:
     """A PATCH of a WHIP or WHEP resource: trickled candidates (RFC 8840) are added to
     `pc` → 204; an ICE restart (If-Match: *, or a new ice-ufrag) → 422."""
-    if request.headers.get("If-Match") == "*":  # how RFC 9725 marks an ICE restart
+    check_trickle_request(request)
+    await add_fragment(pc, (await request.read()).decode("utf-8", "replace"))
+    return web.Response(status=204)
+
+
+def check_trickle_request(request: web.Request) -> None:
+    """What a PATCH's headers alone refuse: an ICE restart (RFC 9725 marks one with
+    `If-Match: *`) → 422, a body that is not an SDP fragment → 415."""
+    if request.headers.get("If-Match") == "*":
         raise Unprocessable("ICE restart is not supported: DELETE the session, POST a new offer")
     if request.content_type != TRICKLE_TYPE:
         raise UnsupportedMediaType(
             f"trickle candidates are sent as 'Content-Type: {TRICKLE_TYPE}' "
             f"(got {request.content_type or 'none'!r})"
         )
+
+
+async def add_fragment(pc: RTCPeerConnection, text: str) -> None:
+    """Add an RFC 8840 fragment's candidates to `pc`; 422 if it restarts ICE."""
     remote = SessionDescription.parse(pc.remoteDescription.sdp).media[0]
-    fragment = parse_sdpfrag((await request.read()).decode("utf-8", "replace"), remote.rtp.muxId)
+    fragment = parse_sdpfrag(text, remote.rtp.muxId)
     offered_ufrag = remote.ice.usernameFragment if remote.ice else None
     if fragment.ufrag is not None and fragment.ufrag != offered_ufrag:
         raise Unprocessable(
@@ -124,13 +151,11 @@ async def trickle(request: web.Request, pc: RTCPeerConnection) -> web.Response:
         await pc.addIceCandidate(candidate)
     if fragment.end:
         await pc.addIceCandidate(None)
-    return web.Response(status=204)
 
 
-def _whip_session(request: web.Request) -> PeerSession:
-    sid = request.match_info["id"]
-    session = request.app[SERVICE].sessions.get(sid)
-    if sid not in request.app[WHIP_SESSIONS] or session is None:
+def whip_session(app: web.Application, sid: str) -> PeerSession:
+    session = app[SERVICE].sessions.get(sid)
+    if sid not in app[WHIP_SESSIONS] or session is None:
         raise SessionNotFound(f"no live WHIP session {sid!r}")
     return session
 
@@ -176,7 +201,7 @@ def parse_offer(body: bytes) -> tuple[str, SessionDescription]:
     return sdp, desc
 
 
-def _check_offer(body: bytes) -> str:
+def check_whip_offer(body: bytes) -> str:
     """The offer's SDP text, if it parses and sends audio (the avatar's microphone)."""
     sdp, desc = parse_offer(body)
     audio = [m for m in desc.media if m.kind == "audio"]

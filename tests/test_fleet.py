@@ -1,7 +1,8 @@
 """The fleet on a real multi-node Ray cluster on loopback (`ray.cluster_utils.Cluster`).
 
 One cluster is shared by the module (Ray's start-up is costly on 2 cores): a head without
-worker room and two nodes with room for one CPU worker each (`facecast_cpu_worker`). Each
+worker room and two nodes with room for one CPU worker each (`facecast_cpu_worker`;
+`support.fleet.loopback_cluster`). Each
 test runs its own front, in its own Ray namespace, with real worker actors serving the
 `tiny` engine to real aiortc clients; whatever a test adds to the cluster it removes.
 The tests on the cluster are `slow`; those without one stay in `make test-fast`.
@@ -10,7 +11,6 @@ The tests on the cluster are `slow`; those without one stay in `make test-fast`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import socket
@@ -31,9 +31,17 @@ from realtime.service import ServerConfig
 
 ray = pytest.importorskip("ray")  # the `test` extra pulls in `fleet`: present in CI
 
-from ray.cluster_utils import Cluster  # noqa: E402
+from support.fleet import (  # noqa: E402
+    connect,
+    end_namespace,
+    get_json,
+    loopback_cluster,
+    post_json,
+    ready,
+    running_front,
+    session_of,
+)
 
-from realtime.fleet.front import build_front_app, make_pool  # noqa: E402
 from realtime.fleet.worker import worker_actor  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,13 +49,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    for _ in range(2):
-        c.add_node(num_cpus=1, resources={CPU_WORKER: 1})
-    ray.init(address=c.address, log_to_driver=False)
-    yield c
-    ray.shutdown()
-    c.shutdown()
+    with loopback_cluster() as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
@@ -59,74 +62,6 @@ def voices(tmp_path_factory):
     )
 
 
-@contextlib.asynccontextmanager
-async def running_front(namespace: str, workers: int, per_worker: int, device: str = "cpu"):
-    """A front on a loopback port with its own workers; yields (url, pool). Every actor of
-    the namespace is ended afterwards, so the nodes' room is free for the next test."""
-    from aiohttp import web
-
-    from realtime.edge import FacecastRunner
-
-    config = ServerConfig(port=0)
-    fleet = FleetOptions(workers=workers, sessions_per_worker=per_worker, namespace=namespace)
-    pool = make_pool(config, EngineOptions(config="tiny", device=device), fleet)
-    app = build_front_app(config, pool)
-    runner = FacecastRunner(app, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-    try:
-        await pool.start()
-        yield url, pool
-    finally:
-        await pool.stop()
-        await runner.cleanup()
-        await asyncio.to_thread(end_namespace, namespace)
-
-
-def end_namespace(namespace: str, timeout: float = 15.0) -> None:
-    """Kill every actor of `namespace` and wait until Ray lists none, so the next test
-    finds the nodes' room free."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        names = [
-            e["name"]
-            for e in ray.util.list_named_actors(all_namespaces=True)
-            if e["namespace"] == namespace
-        ]
-        if not names:
-            return
-        for name in names:
-            with contextlib.suppress(ValueError):
-                ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
-        time.sleep(0.2)
-    raise AssertionError(f"actors of {namespace} still listed after {timeout} s")
-
-
-async def ready(pool, workers: int, timeout: float = 150.0) -> None:
-    ok = await pool.wait_for(lambda p: p.capacity()["workers"] >= workers, timeout)
-    assert ok, [v.describe() for v in pool.workers.values()]
-
-
-async def get_json(url: str) -> tuple[int, dict]:
-    async with aiohttp.ClientSession() as http:
-        async with http.get(url) as r:
-            return r.status, await r.json()
-
-
-async def post_json(url: str, body: dict | None = None) -> tuple[int, dict]:
-    async with aiohttp.ClientSession() as http:
-        async with http.post(url, json=body or {}) as r:
-            return r.status, await r.json()
-
-
-async def connect(url: str, source: PcmSource | None = None, **kwargs) -> FacecastClient:
-    client = FacecastClient(url, source or PcmSource(), **kwargs)
-    await client.connect()
-    return client
-
-
 async def refused(url: str) -> str:
     """A valid offer that must get 503; returns the reason."""
     client = FacecastClient(url, PcmSource())
@@ -134,10 +69,6 @@ async def refused(url: str) -> str:
         await client.connect()
     await client.close(release=False)
     return str(info.value)
-
-
-def session_of(sessions: list[dict], session_id: str) -> dict:
-    return next(s for s in sessions if s["id"] == session_id)
 
 
 def cadence(client: FacecastClient, start: float, end: float) -> tuple[float, float]:

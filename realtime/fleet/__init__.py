@@ -8,5 +8,7 @@ Each worker is a Ray actor that owns one engine (started as `facecast serve` sta
 runs the server's own session machinery (`realtime.server.Service`): it hosts the peers of
 its sessions. The front serves the page and the HTTP API, keeps a view of the workers
 (`fleet/pool.py`), and finds a session's worker through the session registry, a named
-detached actor (`fleet/registry.py`), so any front sees every session.
+detached actor (`fleet/registry.py`), so any front sees every session. WHIP and WHEP
+signalling (`fleet/relay.py`) and the agent's speech WebSocket (`fleet/speech.py`) are
+relayed by the front to the session's worker.
 """

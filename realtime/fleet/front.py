@@ -9,6 +9,11 @@ Routes (as the server's, with the same token, same-origin guard and request limi
                                     for ended ones their final state and reason
     DELETE /sessions/{id}           ended on its worker, wherever it runs
     POST /sessions/{id}/interrupt   flushed on its worker → {played_ms}
+    GET  /sessions/{id}/speech      the utterance WebSocket, relayed to its worker
+                                    (fleet/speech.py)
+    POST /whip, DELETE|PATCH /whip/{id}, POST /whep/{id}, DELETE|PATCH /whep/{id}/{viewer}
+                                    WHIP and WHEP, relayed to the session's worker
+                                    (fleet/relay.py)
     GET  /workers                   the pool: state, node, slots of each worker
     POST /workers/{name}/drain      no new sessions there; it ends after its last one
     GET  /healthz                   ok (200) once a worker is ready; else 503 with reasons
@@ -16,7 +21,8 @@ Routes (as the server's, with the same token, same-origin guard and request limi
                                     labelled `worker`
 
 The agent's data channel needs no route: it is part of the peer connection, which runs
-between the caller and the session's worker.
+between the caller and the session's worker. A worker that is gone or does not answer in
+time is a JSON 503 that names it, never a wait.
 """
 
 from __future__ import annotations
@@ -36,16 +42,17 @@ from aiohttp import web
 from pipeline.errors import FacecastError
 from pipeline.startup import EngineOptions
 from realtime.edge import run_app
-from realtime.fleet.metrics import FleetMetrics
+from realtime.fleet.answers import answer_of
+from realtime.fleet.metrics import METRICS, FleetMetrics
 from realtime.fleet.options import CPU_WORKER, FleetOptions
-from realtime.fleet.pool import WorkerPool
+from realtime.fleet.pool import POOL, WorkerPool
+from realtime.fleet.relay import add_relay_routes, place
+from realtime.fleet.speech import relay_speech
 from realtime.metrics import CONTENT_TYPE_LATEST
 from realtime.server import http_app
 from realtime.service import ServerConfig, json_body, parse_offer
 
 log = logging.getLogger(__name__)
-POOL = web.AppKey("facecast-pool", WorkerPool)
-METRICS = web.AppKey("facecast-fleet-metrics", FleetMetrics)
 REPORT = web.AppKey("facecast-fleet-report", asyncio.Task)
 
 
@@ -59,6 +66,8 @@ def build_front_app(config: ServerConfig, pool: WorkerPool) -> web.Application:
     app.router.add_get("/sessions", _sessions)
     app.router.add_delete("/sessions/{id}", _delete)
     app.router.add_post("/sessions/{id}/interrupt", _interrupt)
+    app.router.add_get("/sessions/{id}/speech", _speech)
+    add_relay_routes(app)
     app.router.add_get("/workers", _workers)
     app.router.add_post("/workers/{name}/drain", _drain)
     app.router.add_get("/healthz", _healthz)
@@ -79,16 +88,9 @@ def worker_config(config: ServerConfig, options: FleetOptions) -> ServerConfig:
 
 
 async def _offer(request: web.Request) -> web.Response:
-    pool, metrics = request.app[POOL], request.app[METRICS]
     body = await json_body(request)
     offer = parse_offer(body, kvs=request.app[POOL].worker_config.kvs is not None)
-    try:
-        answer = await pool.place(offer.description.sdp, offer.seed, offer.kvs_stream)
-    except Exception as exc:
-        if getattr(exc, "status", None) == 503:
-            metrics.rejected.inc()
-        raise
-    metrics.placed.labels(answer["worker"]).inc()
+    answer = await place(request.app, "offer", offer.description.sdp, offer.seed, offer.kvs_stream)
     keep = ("sdp", "type", "session_id", "worker", "node_id", "node_ip")
     return web.json_response({k: answer[k] for k in keep})
 
@@ -100,21 +102,21 @@ async def _sessions(request: web.Request) -> web.Response:
 async def _delete(request: web.Request) -> web.Response:
     pool = request.app[POOL]
     _, view = await pool.session_worker(request.match_info["id"])
-    return _answer(await pool.on_worker(view, "close_session", request.match_info["id"]))
+    return web.json_response(
+        answer_of(await pool.on_worker(view, "close_session", request.match_info["id"]))
+    )
 
 
 async def _interrupt(request: web.Request) -> web.Response:
     pool = request.app[POOL]
     _, view = await pool.session_worker(request.match_info["id"])
-    return _answer(await pool.on_worker(view, "interrupt", request.match_info["id"]))
+    return web.json_response(
+        answer_of(await pool.on_worker(view, "interrupt", request.match_info["id"]))
+    )
 
 
-def _answer(answer: dict) -> web.Response:
-    if "error" in answer:
-        from realtime.fleet.pool import error_from
-
-        raise error_from(answer)
-    return web.json_response(answer)
+async def _speech(request: web.Request) -> web.StreamResponse:
+    return await relay_speech(request, request.app[POOL])
 
 
 async def _workers(request: web.Request) -> web.Response:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -71,6 +72,9 @@ class FleetMetrics:
             else:
                 up.set(0)
         return generate_latest(self.registry) + merge_labelled(scraped)
+
+
+METRICS = web.AppKey("facecast-fleet-metrics", FleetMetrics)
 
 
 def merge_labelled(scraped: list[tuple[str, str]]) -> bytes:

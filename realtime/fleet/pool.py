@@ -27,25 +27,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiohttp import web
+
 from pipeline.startup import EngineOptions
 from realtime.errors import (
-    BadRequest,
     EngineStarting,
     RealtimeError,
     ServerFull,
-    SessionClosed,
     SessionNotFound,
     WorkerUnavailable,
 )
+from realtime.fleet.answers import error_from
 from realtime.fleet.options import WORKER_PREFIX, FleetOptions, worker_resources
 from realtime.fleet.registry import registry_actor
 from realtime.fleet.worker import worker_actor
 from realtime.service import ServerConfig
 
 log = logging.getLogger(__name__)
-ERRORS = {400: BadRequest, 404: SessionNotFound, 409: SessionClosed, 503: ServerFull}
 GONE = ("lost", "drained", "failed")
 BEAT_S, STALL_S = 0.1, 0.5  # the front's own heartbeat, and a lag that counts as a stall
+REGISTRY_RETRY_S = 0.2  # between attempts of a registry call lost to its restart
 
 
 @dataclass
@@ -90,13 +91,6 @@ class WorkerView:
 async def call(ref: Any, timeout: float) -> Any:
     """Await a Ray call with a deadline (asyncio.TimeoutError past it)."""
     return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
-
-
-def error_from(answer: dict) -> RealtimeError:
-    """A worker's `{"error", "status"}` as the error the server would have raised."""
-    exc = ERRORS.get(answer["status"], RealtimeError)(answer["error"])
-    exc.status = answer["status"]
-    return exc
 
 
 class WorkerPool:
@@ -289,8 +283,7 @@ class WorkerPool:
 
     async def _end_sessions(self, view: WorkerView, incarnation: str, reason: str) -> None:
         try:
-            ref = self.registry.worker_lost.remote(view.name, incarnation, reason)
-            ended = await call(ref, self.options.call_timeout_s)
+            ended = await self._registry_call("worker_lost", view.name, incarnation, reason)
             if ended:
                 log.info("fleet: sessions %s ended (%s)", ", ".join(ended), reason)
         except Exception as exc:
@@ -314,10 +307,12 @@ class WorkerPool:
             "free": sum(v.free() for v in ready),
         }
 
-    async def place(self, sdp: str, seed: int, kvs_stream: str | None) -> dict:
-        """The offer negotiated on the worker with the most free slots; 503 only when every
-        worker is full (after asking them afresh)."""
+    async def place(self, method: str, *args: object) -> dict:
+        """An offer negotiated on the worker with the most free slots, by its `method`
+        (`offer`, `whip_offer`) with `args`. 503 when every worker is full (after asking
+        them afresh), or when those with room failed (gone, or no answer in time)."""
         tried: set[str] = set()
+        failures: list[str] = []  # workers that had room but did not answer
         for fresh in (False, True):
             if fresh:
                 await self.refresh(wait=self.options.call_timeout_s)
@@ -326,18 +321,29 @@ class WorkerPool:
                 if view.free() <= 0 or view.name in tried:
                     continue
                 tried.add(view.name)
-                answer = await self._offer_on(view, sdp, seed, kvs_stream)
+                answer = await self._offer_on(view, method, args, failures)
                 if answer is not None:
                     return answer
+        if failures:  # not "full": say which workers failed and how
+            raise WorkerUnavailable(f"no worker could take the offer: {'; '.join(failures)}")
         raise self._no_room()
 
-    async def _offer_on(self, view: WorkerView, sdp: str, seed: int, kvs: str | None):
+    async def _offer_on(
+        self, view: WorkerView, method: str, args: tuple, failures: list[str]
+    ) -> dict | None:
         view.reserved += 1
         try:
-            ref = view.handle.offer.remote(sdp, seed, kvs)
+            ref = getattr(view.handle, method).remote(*args)
             answer = await call(ref, self.options.offer_timeout_s)
         except Exception as exc:  # dead or too slow: the watch loop decides which
-            log.warning("fleet: offer on %s failed: %s", view.name, _first_line(exc))
+            if isinstance(exc, asyncio.TimeoutError):
+                why = f"worker {view.name} did not answer within {self.options.offer_timeout_s:g} s"
+            elif _actor_died(exc):
+                why = f"worker {view.name} is gone"
+            else:
+                why = f"worker {view.name} failed: {_first_line(exc)}"
+            log.warning("fleet: offer on %s failed: %s", view.name, why)
+            failures.append(why)
             return None
         finally:
             view.reserved -= 1
@@ -382,27 +388,49 @@ class WorkerPool:
             )
         return record, view
 
-    async def on_worker(self, view: WorkerView, method: str, *args: object) -> Any:
-        """One call to a worker, bounded by `call_timeout_s`."""
+    async def on_worker(
+        self, view: WorkerView, method: str, *args: object, timeout: float | None = None
+    ) -> Any:
+        """One call to a worker, bounded by `timeout` (default `call_timeout_s`); a worker
+        that is gone or does not answer is a WorkerUnavailable (503) that says which."""
+        timeout = self.options.call_timeout_s if timeout is None else timeout
         try:
-            return await call(
-                getattr(view.handle, method).remote(*args), self.options.call_timeout_s
-            )
+            return await call(getattr(view.handle, method).remote(*args), timeout)
         except asyncio.TimeoutError:
             raise WorkerUnavailable(
-                f"worker {view.name} did not answer within {self.options.call_timeout_s:g} s"
+                f"worker {view.name} did not answer within {timeout:g} s"
             ) from None
         except Exception as exc:
             if _actor_died(exc):
                 raise WorkerUnavailable(f"worker {view.name} is gone") from None
+            if _ray_error(exc):  # ActorUnavailableError: unreachable for now
+                raise WorkerUnavailable(
+                    f"worker {view.name} cannot be reached now: {_first_line(exc)}"
+                ) from None
             raise
 
     async def _registry_call(self, method: str, *args: object) -> Any:
-        try:
-            ref = getattr(self.registry, method).remote(*args)
-            return await call(ref, self.options.call_timeout_s)
-        except asyncio.TimeoutError:
-            raise WorkerUnavailable("the session registry did not answer in time") from None
+        """One call to the registry within `call_timeout_s`. A call lost while Ray restarts
+        the registry (it was in flight when its process died) is sent again until then:
+        calls sent meanwhile wait in Ray's queue for the new process."""
+        timeout = self.options.call_timeout_s
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                ref = getattr(self.registry, method).remote(*args)
+                return await call(ref, max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                raise WorkerUnavailable(
+                    f"the session registry did not answer within {timeout:g} s"
+                ) from None
+            except Exception as exc:
+                if not _ray_error(exc):
+                    raise
+                if time.monotonic() + REGISTRY_RETRY_S >= deadline:
+                    raise WorkerUnavailable(
+                        f"the session registry is unavailable: {_first_line(exc)}"
+                    ) from None
+                await asyncio.sleep(REGISTRY_RETRY_S)
 
     async def sessions(self) -> list[dict]:
         """Every session the registry knows, live ones with their worker's current stats."""
@@ -439,6 +467,16 @@ class WorkerPool:
             except asyncio.TimeoutError:
                 pass
         return True
+
+
+POOL = web.AppKey("facecast-pool", WorkerPool)
+
+
+def _ray_error(exc: BaseException) -> bool:
+    """An actor call failed in Ray (its actor died, restarts or cannot be reached)."""
+    from ray.exceptions import RayActorError
+
+    return isinstance(exc, RayActorError)
 
 
 def _actor_died(exc: BaseException) -> bool:

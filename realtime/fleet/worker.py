@@ -10,9 +10,15 @@ beside their session.
 The actor is asynchronous: every method runs on one event loop in the actor's process,
 the loop aiortc and the sessions live on; the engine works in its own thread or process,
 as in `serve`. Failures a caller should hear about come back as values
-(`{"error", "status"}`), never as Ray exceptions, so the front can answer them as the
+(`fleet/answers.py`), never as Ray exceptions, so the front can answer them as the
 server would. Each session's opening and end are written to the registry
-(`fleet/registry.py`).
+(`fleet/registry.py`), and every `SYNC_INTERVAL_S` the worker sends it the whole of what it
+hosts (`sync`): a registry that Ray restarted empty has the live sessions back within that,
+and a report the registry missed (it was down) is made good.
+
+Beside /offer the worker answers what the front relays for its sessions: WHIP and WHEP
+signalling (the routes' own functions, `realtime.whip` and `realtime.whep`, on this
+worker's app) and the speech socket's channel (`fleet/speech.py`).
 """
 
 from __future__ import annotations
@@ -24,14 +30,18 @@ import secrets
 import tempfile
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
 from aiortc import RTCSessionDescription
 
 from pipeline.startup import EngineOptions
-from realtime.errors import RealtimeError, ServerFull, SessionNotFound
+from realtime.errors import EngineStarting, RealtimeError, ServerFull, SessionNotFound
+from realtime.fleet.answers import failure
+from realtime.fleet.speech import SpeechChannels
 from realtime.server import build_app, metrics_text
 from realtime.service import (
     SERVICE,
@@ -42,9 +52,12 @@ from realtime.service import (
     open_session,
 )
 from realtime.session import PeerSession
+from realtime.whep import add_whep_viewer, check_whep_resource, close_whep_viewer, find_viewer
+from realtime.whip import add_fragment, close_whip_session, open_whip_session, whip_session
 
 log = logging.getLogger(__name__)
 REGISTRY_TIMEOUT_S = 5.0
+SYNC_INTERVAL_S = 2.0  # how often the registry is sent all this worker hosts
 
 
 class FleetWorker:
@@ -71,21 +84,26 @@ class FleetWorker:
         self.node_id, self.node_ip, self.gpu_ids = _node()
         self.draining = False
         self.recently_closed: deque[dict] = deque(maxlen=50)
+        self.speech = SpeechChannels()
+        self._app: web.Application | None = None
         self._service: Service | None = None
         self._start: asyncio.Task | None = None
-        self._pending: set[asyncio.Task] = set()
+        self._sync: asyncio.Task | None = None
 
     # ---- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> dict:
         """Start the engine (once; later calls wait for the same start); returns status."""
         if self._start is None:
-            self._start = asyncio.get_running_loop().create_task(self._start_engine())
+            loop = asyncio.get_running_loop()
+            self._start = loop.create_task(self._start_engine())
+            if self.registry is not None:
+                self._sync = loop.create_task(self._sync_registry(), name="registry-sync")
         await asyncio.shield(self._start)
         return self.status()
 
     async def _start_engine(self) -> None:
-        app = build_app(self.config, engine=None)  # the server's app, never listened on
+        app = self._app = build_app(self.config, engine=None)  # never listened on
         service = self._service = app[SERVICE]
         service.close_listeners.append(self._session_closed)
         await service.start_engine(self.engine_options, self.config.engine_process)
@@ -124,6 +142,8 @@ class FleetWorker:
         return self.status()
 
     async def shutdown(self, reason: str = "worker shutting down") -> None:
+        if self._sync is not None:
+            self._sync.cancel()
         if self._service is not None:
             await close_service(self._service, reason)
 
@@ -131,22 +151,21 @@ class FleetWorker:
 
     async def offer(self, sdp: str, seed: int = 0, kvs_stream: str | None = None) -> dict:
         """Negotiate one offer (already checked by the front); the answer and where it runs."""
+        request = OfferRequest(RTCSessionDescription(sdp=sdp, type="offer"), seed, kvs_stream)
+        return await self._open(lambda service: open_session(service, request))
+
+    async def whip_offer(self, sdp: str) -> dict:
+        """A WHIP offer (POST /whip on the front), opened as the server's route opens it."""
+        return await self._open(lambda service: open_whip_session(self._ready_app(), sdp.encode()))
+
+    async def _open(self, negotiate: Callable[[Service], Awaitable[PeerSession]]) -> dict:
         try:
             if self.draining:
                 raise ServerFull(f"worker {self.name} is draining")
-            service = self._ready_service()
-            request = OfferRequest(RTCSessionDescription(sdp=sdp, type="offer"), seed, kvs_stream)
-            session = await open_session(service, request)
+            session = await negotiate(self._ready_service())
         except RealtimeError as exc:
-            return {"error": str(exc), "status": exc.status}
-        record = {
-            "id": session.id,
-            "worker": self.name,
-            "incarnation": self.incarnation,
-            "node_id": self.node_id,
-            "node_ip": self.node_ip,
-            "created": round(session.created, 3),
-        }
+            return failure(exc)
+        record = self._where(session)
         await self._record("opened", record)
         answer = session.pc.localDescription
         return {"sdp": answer.sdp, "type": answer.type, "session_id": session.id, **record}
@@ -155,18 +174,82 @@ class FleetWorker:
         try:
             return {"played_ms": self._session(session_id).interrupt()}
         except RealtimeError as exc:
-            return {"error": str(exc), "status": exc.status}
+            return failure(exc)
 
     async def close_session(self, session_id: str, reason: str = "deleted by the API") -> dict:
         try:
             session = self._session(session_id)
         except RealtimeError as exc:
-            return {"error": str(exc), "status": exc.status}
+            return failure(exc)
         await session.close(reason)
         return {"closed": session_id}
 
+    # ---- what the front relays: WHIP and WHEP signalling, the speech socket ----------
+
+    async def whip_close(self, session_id: str) -> dict:
+        return await _answer(lambda: close_whip_session(self._ready_app(), session_id))
+
+    async def whip_trickle(self, session_id: str, fragment: str) -> dict:
+        async def trickle() -> dict:
+            await add_fragment(whip_session(self._ready_app(), session_id).pc, fragment)
+            return {}
+
+        return await _answer(trickle)
+
+    async def whep_offer(self, session_id: str, sdp: str) -> dict:
+        """A viewer of `session_id` (POST /whep/{id} on the front): its answer and Location."""
+
+        async def add() -> dict:
+            viewer = await add_whep_viewer(self._ready_app(), session_id, sdp.encode())
+            return {"sdp": viewer.pc.localDescription.sdp, "location": viewer.location}
+
+        return await _answer(add)
+
+    async def whep_close(self, session_id: str, viewer_id: str) -> dict:
+        return await _answer(lambda: close_whep_viewer(self._ready_app(), session_id, viewer_id))
+
+    async def whep_trickle(self, session_id: str, viewer_id: str, fragment: str) -> dict:
+        async def trickle() -> dict:
+            viewer = find_viewer(self._ready_app(), session_id, viewer_id)
+            await add_fragment(viewer.pc, fragment)
+            return {}
+
+        return await _answer(trickle)
+
+    async def whep_check(self, session_id: str, viewer_id: str | None) -> dict:
+        async def check() -> dict:
+            check_whep_resource(self._ready_app(), session_id, viewer_id)
+            return {}
+
+        return await _answer(check)
+
+    async def speech_open(self, session_id: str) -> dict:
+        """A channel for a speech socket the front holds for `session_id`."""
+        try:
+            return {"channel": self.speech.open(self._session(session_id))}
+        except RealtimeError as exc:
+            return failure(exc)
+
+    async def speech_send(self, channel_id: str, messages: list[str | bytes]) -> dict:
+        try:
+            self.speech.send(channel_id, messages)
+        except RealtimeError as exc:
+            return failure(exc)
+        return {}
+
+    async def speech_events(self, channel_id: str, wait_s: float) -> dict:
+        try:
+            return await self.speech.events(channel_id, wait_s)
+        except RealtimeError as exc:
+            return failure(exc)
+
+    async def speech_close(self, channel_id: str) -> dict:
+        self.speech.close(channel_id)
+        return {}
+
     def describe_sessions(self) -> list[dict]:
-        return [s.describe() for s in self._sessions().values()]
+        service = self._service
+        return [service.describe(s) for s in self._sessions().values()] if service else []
 
     async def metrics(self) -> bytes:
         if self._service is None:
@@ -178,14 +261,28 @@ class FleetWorker:
     def _sessions(self) -> dict[str, PeerSession]:
         return self._service.sessions if self._service is not None else {}
 
-    def _ready_service(self):
+    def _ready_service(self) -> Service:
         service = self._service
         if service is None or service.engine is None:
-            from realtime.errors import EngineStarting
-
             why = service.startup_error if service is not None else None
             raise EngineStarting(f"worker {self.name}: " + (why or "the engine is starting"))
         return service
+
+    def _ready_app(self) -> web.Application:
+        self._ready_service()
+        assert self._app is not None  # made with the service
+        return self._app
+
+    def _where(self, session: PeerSession) -> dict:
+        """The registry's record of one of this worker's sessions."""
+        return {
+            "id": session.id,
+            "worker": self.name,
+            "incarnation": self.incarnation,
+            "node_id": self.node_id,
+            "node_ip": self.node_ip,
+            "created": round(session.created, 3),
+        }
 
     def _session(self, session_id: str) -> PeerSession:
         session = self._sessions().get(session_id)
@@ -198,7 +295,8 @@ class FleetWorker:
             "closed_reason": session.close_reason,
             **{k: v for k, v in session.stats().items() if k in FINAL_STATS},
         }
-        self.recently_closed.append({"id": session.id, **final, "closed_at": time.time()})
+        closed_at = round(time.time(), 3)
+        self.recently_closed.append({**self._where(session), **final, "closed_at": closed_at})
         await self._record("closed", session.id, session.close_reason, final)
         if self.draining and not self._sessions():
             log.info("worker %s: drained", self.name)
@@ -212,6 +310,37 @@ class FleetWorker:
             await asyncio.wait_for(asyncio.wrap_future(ref.future()), REGISTRY_TIMEOUT_S)
         except Exception as exc:
             log.warning("worker %s: registry %s failed: %s", self.name, method, exc)
+
+    async def _sync_registry(self) -> None:
+        """Send the registry all this worker hosts, every SYNC_INTERVAL_S. The snapshot
+        and its sending happen in one step of the loop, so the registry sees it in order
+        with this worker's `opened` and `closed` reports."""
+        failing = False
+        while True:
+            await asyncio.sleep(SYNC_INTERVAL_S)
+            live = [self._where(s) for s in self._sessions().values()]
+            try:
+                ref = self.registry.sync.remote(
+                    self.name, self.incarnation, live, list(self.recently_closed)
+                )
+                await asyncio.wait_for(asyncio.wrap_future(ref.future()), REGISTRY_TIMEOUT_S)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # down or restarting: the next sync tries again
+                if not failing:
+                    log.warning("worker %s: registry sync failed: %s", self.name, exc)
+                failing = True
+                continue
+            if failing:
+                log.info("worker %s: registry sync works again", self.name)
+            failing = False
+
+
+async def _answer(work: Callable[[], Awaitable[dict]]) -> dict:
+    try:
+        return await work()
+    except RealtimeError as exc:
+        return failure(exc)
 
 
 FINAL_STATS = ("frames_sent", "frames_fresh", "fresh_share", "ttff_ms")

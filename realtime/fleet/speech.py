@@ -1,0 +1,261 @@
+"""The speech WebSocket through a fleet front: `GET /sessions/{id}/speech` relayed to the
+session's worker over Ray calls.
+
+    agent ──WebSocket──▶ front (relay_speech) ──speech_send / speech_events──▶ worker
+                                                                           (SpeechChannels)
+
+Workers take no HTTP, so the front holds the agent's socket and the worker holds a channel
+in its place: the session's listener, as `realtime.speech_ws` makes the socket one. The
+agent's messages (JSON control, binary PCM chunks) go to the worker in order, in batches,
+one `speech_send` call at a time; the session's events come back by long poll
+(`speech_events` waits up to `POLL_S` for the next one). Both directions are bounded: the
+front reads the socket no faster than the worker takes its messages (`INBOX`), and a
+channel whose events are not collected is ended, as a socket that stops reading is.
+Every call has a timeout: a worker that dies or stops answering ends the socket with an
+`error` event saying so, and its channels end on their own when no front polls them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from realtime.errors import RealtimeError, SessionNotFound
+from realtime.fleet.answers import answer_of
+from realtime.session import PeerSession
+from realtime.speech_ws import MAX_MESSAGE, OUTBOX
+from realtime.utterance import message
+
+if TYPE_CHECKING:
+    from realtime.fleet.pool import WorkerPool, WorkerView
+
+log = logging.getLogger(__name__)
+POLL_S = 5.0  # how long one speech_events call waits for an event
+IDLE_S = 30.0  # a channel no front has polled for this long is ended (its front is gone)
+INBOX = 64  # agent messages read from the socket and not yet handed to the worker
+BATCH_BYTES = 1 << 20  # at most this much of them in one speech_send call
+SEND_TIMEOUT_S = 10.0  # an agent that reads none of its events this long is cut off
+
+
+# ---- the worker's end ----------------------------------------------------------------
+
+
+class Channel:
+    """One relayed socket on the worker: the session's events, queued for the front."""
+
+    def __init__(self, session: PeerSession) -> None:
+        self.session = session
+        self.events: deque[str] = deque()
+        self.closed = False  # the session ended, or the events were not collected
+        self.last_seen = time.monotonic()  # the front's last call for this channel
+        self._ready = asyncio.Event()
+        session.listeners.append(self.push)
+        session.video.on("ended", self.end)  # PeerSession.close() stops its tracks
+
+    def push(self, text: str) -> None:
+        if self.closed:
+            return
+        if len(self.events) >= OUTBOX:  # never collected: end this channel, not the session
+            log.warning("session %s: relayed speech events not read; closing", self.session.id)
+            self.end()
+            return
+        self.events.append(text)
+        self._ready.set()
+
+    def end(self) -> None:
+        """No more events (after the session's `session_closed`, which is queued)."""
+        self.closed = True
+        self._ready.set()
+
+    async def take(self, wait_s: float) -> dict:
+        self.last_seen = time.monotonic()
+        if not self.events and not self.closed:
+            self._ready.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._ready.wait(), wait_s)
+        out = list(self.events)
+        self.events.clear()
+        self.last_seen = time.monotonic()
+        return {"events": out, "closed": self.closed}
+
+    def detach(self) -> None:
+        """Stop listening; an utterance left open by the socket ends where it got to."""
+        self.end()
+        if self.push in self.session.listeners:
+            self.session.listeners.remove(self.push)
+        self.session.video.remove_listener("ended", self.end)
+        self.session.speech.transport_closed()
+
+
+class SpeechChannels:
+    """A worker's relayed speech sockets, by channel id."""
+
+    def __init__(self, idle_s: float = IDLE_S) -> None:
+        self.idle_s = idle_s
+        self._channels: dict[str, Channel] = {}
+        self._reaper: asyncio.Task | None = None
+
+    def open(self, session: PeerSession) -> str:
+        channel_id = secrets.token_urlsafe(12)
+        self._channels[channel_id] = Channel(session)
+        if self._reaper is None:
+            self._reaper = asyncio.get_running_loop().create_task(self._reap())
+        return channel_id
+
+    def send(self, channel_id: str, messages: list[str | bytes]) -> None:
+        """The agent's messages, in order, to the session (errors come back as events)."""
+        channel = self._get(channel_id)
+        channel.last_seen = time.monotonic()
+        for raw in messages:
+            channel.session.handle_message(raw, channel.push)
+
+    async def events(self, channel_id: str, wait_s: float) -> dict:
+        """The events queued (waiting up to `wait_s` for one), and whether that was all."""
+        channel = self._get(channel_id)
+        answer = await channel.take(min(max(wait_s, 0.0), POLL_S))
+        if answer["closed"]:
+            self.close(channel_id)
+        return answer
+
+    def close(self, channel_id: str) -> None:
+        channel = self._channels.pop(channel_id, None)
+        if channel is not None:
+            channel.detach()
+
+    def _get(self, channel_id: str) -> Channel:
+        channel = self._channels.get(channel_id)
+        if channel is None:
+            raise SessionNotFound(f"no open speech channel {channel_id!r} (its session ended)")
+        return channel
+
+    async def _reap(self) -> None:
+        """End the channels of fronts that went away without closing them."""
+        while True:
+            await asyncio.sleep(self.idle_s / 3)
+            now = time.monotonic()
+            for channel_id, channel in list(self._channels.items()):
+                if now - channel.last_seen > self.idle_s:
+                    log.info("session %s: relayed speech channel idle; closed", channel.session.id)
+                    self.close(channel_id)
+
+
+# ---- the front's end -----------------------------------------------------------------
+
+
+async def relay_speech(request: web.Request, pool: WorkerPool) -> web.WebSocketResponse:
+    """The agent's socket for session `id`, wherever it runs: refused before the upgrade
+    (JSON 404/503) when the session or its worker is not there."""
+    session_id = request.match_info["id"]
+    _, view = await pool.session_worker(session_id)
+    channel_id = answer_of(await pool.on_worker(view, "speech_open", session_id))["channel"]
+    ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE, heartbeat=20.0)
+    try:
+        await ws.prepare(request)
+        await _Relay(pool, view, channel_id, ws).run()
+    finally:
+        with contextlib.suppress(RealtimeError):  # a dead worker's channel is gone with it
+            await pool.on_worker(view, "speech_close", channel_id)
+    return ws
+
+
+class _Relay:
+    """One relayed socket: the agent's messages read into a bounded inbox and forwarded,
+    the session's events delivered; the end of either direction ends the socket."""
+
+    def __init__(
+        self, pool: WorkerPool, view: WorkerView, channel_id: str, ws: web.WebSocketResponse
+    ) -> None:
+        self.pool, self.view, self.channel_id, self.ws = pool, view, channel_id, ws
+        self.inbox: asyncio.Queue[str | bytes | None] = asyncio.Queue(INBOX)
+        self.close_code = WSCloseCode.OK
+
+    async def run(self) -> None:
+        reader = asyncio.ensure_future(self._read())
+        loops = [asyncio.ensure_future(self._forward()), asyncio.ensure_future(self._deliver())]
+        try:
+            await asyncio.wait(loops, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (reader, *loops):
+                task.cancel()
+            await asyncio.gather(reader, *loops, return_exceptions=True)
+            await self.ws.close(code=self.close_code)
+
+    async def _read(self) -> None:
+        """The agent's messages into the inbox, then None when its socket closes; waits
+        (stops reading) while the inbox is full."""
+        async for msg in self.ws:
+            if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                await self.inbox.put(msg.data)
+            elif msg.type == WSMsgType.ERROR:
+                log.info("speech relay: socket error: %s", self.ws.exception())
+                break
+        await self.inbox.put(None)
+
+    async def _forward(self) -> None:
+        """The inbox to the worker, in order, a batch a call; returns once the messages
+        the agent sent before closing its socket have all been handed over."""
+        done = False
+        while not done:
+            batch: list[str | bytes] = []
+            size = 0
+            item = await self.inbox.get()
+            while True:
+                if item is None:
+                    done = True
+                    break
+                batch.append(item)
+                size += len(item)
+                if self.inbox.empty() or size >= BATCH_BYTES:
+                    break
+                item = self.inbox.get_nowait()
+            if not batch:
+                continue
+            try:
+                answer = await self.pool.on_worker(self.view, "speech_send", self.channel_id, batch)
+            except RealtimeError as exc:
+                await self._fail(f"the session's worker is unavailable: {exc}")
+                return
+            if "error" in answer:  # the channel ended: _deliver says how
+                log.debug("speech relay: %s", answer["error"])
+
+    async def _deliver(self) -> None:
+        timeout = POLL_S + self.pool.options.call_timeout_s
+        while True:
+            try:
+                answer = await self.pool.on_worker(
+                    self.view, "speech_events", self.channel_id, POLL_S, timeout=timeout
+                )
+            except RealtimeError as exc:
+                await self._fail(f"the session's worker is unavailable: {exc}")
+                return
+            if "error" in answer:  # the worker ended the channel (no front polled it)
+                await self._fail(answer["error"])
+                return
+            for text in answer["events"]:
+                if not await self._send(text):
+                    return
+            if answer["closed"]:
+                return
+
+    async def _send(self, text: str) -> bool:
+        try:
+            await asyncio.wait_for(self.ws.send_str(text), SEND_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            log.warning("speech relay: the agent reads none of its events; closing")
+            return False
+        except (ConnectionError, RuntimeError):  # closing already
+            return False
+        return True
+
+    async def _fail(self, reason: str) -> None:
+        """Say why on the socket (an `error` event), then it closes with 1011."""
+        log.warning("speech relay for worker %s: %s", self.view.name, reason)
+        self.close_code = WSCloseCode.INTERNAL_ERROR
+        await self._send(message("error", message=reason))
