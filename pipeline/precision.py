@@ -115,13 +115,15 @@ def calibrate_input_amax(engine, linears: list[nn.Linear]) -> dict[nn.Linear, Te
     return amax
 
 
-def apply_fp8(engine, scaling: str = "static") -> int:
-    """Swap the DiT blocks' token-wise linears for `Fp8Linear`; returns how many."""
+def apply_fp8(engine, scaling: str = "static", emulate: bool = False) -> int:
+    """Swap the DiT blocks' token-wise linears for `Fp8Linear`; returns how many.
+    `emulate` allows any device: torch's reference kernels compute the same e4m3 products,
+    slowly, which is enough to measure what FP8 does to quality (bench/fp8_quality.py)."""
     from pipeline.errors import ConfigError
 
     if scaling not in SCALINGS:
         raise ConfigError(f"FP8 scaling {scaling!r} is not one of {', '.join(SCALINGS)}")
-    if not fp8_supported(engine.device):
+    if not emulate and not fp8_supported(engine.device):
         raise ConfigError("--precision fp8 needs an FP8 GPU (compute capability 8.9 or 9.0+)")
     if engine.offloader is not None:
         raise ConfigError("--precision fp8 does not combine with --offload yet")
