@@ -79,11 +79,10 @@ def _check_stack(cfg) -> None:
 async def prepare(cfg, data: bytes, name: str):
     """Checked and framed photo (`PreparedPhoto`) from the bytes, or the RealtimeError to
     answer with. Decoding and face detection run in a thread, off the event loop."""
-    from pipeline.photo.face import prepare_photo, read_photo
+    from pipeline.photo.reference import prepare_reference
 
     def work():
-        rgb = read_photo(data, name, cfg.photo)
-        return prepare_photo(rgb, cfg.video.width, cfg.video.height, cfg.photo)
+        return prepare_reference(data, name, cfg.video.width, cfg.video.height, cfg.photo)
 
     try:
         return await asyncio.to_thread(work)
