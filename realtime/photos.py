@@ -2,8 +2,8 @@
 
 `POST /photos` takes the image itself as the body (`Content-Type: image/png`, `image/jpeg`
 or `image/webp`, at most `photo.max_image_bytes`), checks it exactly as `facecast render`
-does (`pipeline.photo.face`: type by magic bytes, pixel count, decoding, one frontal face
-big enough) off the event loop, and answers 201 `{"photo_id", "face"}`. `POST /offer` then
+does (`pipeline.photo.reference`: type by magic bytes, pixel count, decoding, one frontal
+face big enough, or a synthetic reference that names its identity) off the event loop, and answers 201 `{"photo_id", "face"}`. `POST /offer` then
 names it with `"photo_id"`, or carries a small photo inline as `"photo"` (base64, within the
 offer's body limit). Every refusal is one line of JSON: 415 for a type that is not an
 image we read, 413 for too many bytes or pixels, 400 for a corrupt file, 422 for a photo
