@@ -249,11 +249,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cascade(FACE_CASCADE)
     if args.reference is not None and cfg.runtime.stack == "photo":
         # a photo without one clear face fails here too, not in the first peer's session
-        from pipeline.media import load_reference
-        from pipeline.photo.face import prepare_photo
+        from pipeline.photo.reference import load_prepared
 
-        image = load_reference(args.reference, cfg)
-        prepare_photo(image, cfg.video.width, cfg.video.height, cfg.photo)
+        load_prepared(args.reference, cfg)
     try:
         config = config_from_args(args)
     except ValueError as exc:

@@ -1,5 +1,8 @@
 """Media in and out with PyAV: images, streamed audio decoding, and the MP4 writer.
 
+PNGs can carry short text (tEXt chunks: `write_png(..., text=)`, `png_text`), which the
+synthetic world uses to say which identity a reference shows (`pipeline.synth.reference`).
+
 Audio of any container, codec, rate and channel count is decoded block by block and
 resampled with FFmpeg's resampler (never by slicing), so a file of any length is read in
 constant memory. The writer encodes H.264 (yuv420p) + AAC at 25 fps into a temporary file
@@ -10,6 +13,8 @@ under the requested name.
 from __future__ import annotations
 
 import os
+import struct
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,16 +65,57 @@ def load_image(path: str | Path) -> np.ndarray:
         raise MediaError(f"cannot read reference image {path}: {exc}") from None
 
 
-def write_png(path: str | Path, rgb: np.ndarray) -> Path:
-    """uint8 (H, W, 3) RGB → a PNG file (FFmpeg's encoder: the same image, the same bytes)."""
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def write_png(path: str | Path, rgb: np.ndarray, text: dict[str, str] | None = None) -> Path:
+    """uint8 (H, W, 3) RGB → a PNG file (FFmpeg's encoder: the same image, the same bytes),
+    with `text` as tEXt chunks (ASCII keys and values) right after the header."""
     img = np.ascontiguousarray(rgb, dtype=np.uint8)
     if img.ndim != 3 or img.shape[2] != 3:
         raise ValueError(f"expected an (H, W, 3) RGB image, got shape {img.shape}")
     codec = av.CodecContext.create("png", "w")
     codec.width, codec.height, codec.pix_fmt = img.shape[1], img.shape[0], "rgb24"
     packets = codec.encode(av.VideoFrame.from_ndarray(img, format="rgb24")) + codec.encode(None)
-    Path(path).write_bytes(b"".join(bytes(p) for p in packets))
+    data = b"".join(bytes(p) for p in packets)
+    if text:
+        header_end = len(_PNG_SIGNATURE) + 25  # IHDR: length, type, 13 bytes, CRC
+        chunks = b"".join(_png_chunk(b"tEXt", _text_body(k, v)) for k, v in text.items())
+        data = data[:header_end] + chunks + data[header_end:]
+    Path(path).write_bytes(data)
     return Path(path)
+
+
+def _text_body(key: str, value: str) -> bytes:
+    if not (0 < len(key) < 80 and key.isascii() and value.isascii() and "\0" not in key + value):
+        raise ValueError(f"PNG text needs an ASCII key of 1-79 characters and ASCII text: {key!r}")
+    return key.encode("ascii") + b"\0" + value.encode("ascii")
+
+
+def _png_chunk(kind: bytes, body: bytes) -> bytes:
+    crc = zlib.crc32(kind + body)
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+
+
+def png_text(data: bytes) -> dict[str, str]:
+    """The tEXt chunks of PNG bytes as {key: text}; {} for anything else. Chunks that are
+    cut off or fail their CRC are skipped, never trusted."""
+    out: dict[str, str] = {}
+    if not data.startswith(_PNG_SIGNATURE):
+        return out
+    at = len(_PNG_SIGNATURE)
+    while at + 12 <= len(data):
+        (length,) = struct.unpack(">I", data[at : at + 4])
+        kind, end = data[at + 4 : at + 8], at + 12 + length
+        if end > len(data) or kind == b"IEND":
+            break
+        body = data[at + 8 : at + 8 + length]
+        (crc,) = struct.unpack(">I", data[end - 4 : end])
+        if kind == b"tEXt" and b"\0" in body and zlib.crc32(kind + body) == crc:
+            key, value = body.split(b"\0", 1)
+            out[key.decode("latin-1")] = value.decode("latin-1")
+        at = end
+    return out
 
 
 def read_audio(path: str | Path, rate: int = MODEL_RATE) -> np.ndarray:

@@ -17,6 +17,7 @@ from pipeline.clock import FPS, MODEL_RATE
 from pipeline.engine import Engine, FrameBatch
 from pipeline.errors import MediaError
 from pipeline.media import Mp4Writer, iter_audio, load_reference
+from pipeline.stream import Reference
 
 
 @dataclass
@@ -43,7 +44,12 @@ def render_file(
     seed: int = 0,
     progress: bool = True,
 ) -> RenderResult:
-    image = load_reference(reference, engine.cfg)
+    if engine.cfg.runtime.stack == "photo":  # from the bytes: a synthetic PNG names its face
+        from pipeline.photo.reference import load_prepared
+
+        image: Reference = load_prepared(reference, engine.cfg)
+    else:
+        image = load_reference(reference, engine.cfg)
     v = engine.cfg.video
     session = engine.new_stream(image, seed=seed)  # finds the face: fails before any file
     writer = Mp4Writer(out, v.width, v.height, v.fps)

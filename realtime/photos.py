@@ -2,8 +2,8 @@
 
 `POST /photos` takes the image itself as the body (`Content-Type: image/png`, `image/jpeg`
 or `image/webp`, at most `photo.max_image_bytes`), checks it exactly as `facecast render`
-does (`pipeline.photo.face`: type by magic bytes, pixel count, decoding, one frontal face
-big enough) off the event loop, and answers 201 `{"photo_id", "face"}`. `POST /offer` then
+does (`pipeline.photo.reference`: type by magic bytes, pixel count, decoding, one frontal
+face big enough, or a synthetic reference that names its identity) off the event loop, and answers 201 `{"photo_id", "face"}`. `POST /offer` then
 names it with `"photo_id"`, or carries a small photo inline as `"photo"` (base64, within the
 offer's body limit). Every refusal is one line of JSON: 415 for a type that is not an
 image we read, 413 for too many bytes or pixels, 400 for a corrupt file, 422 for a photo
@@ -79,11 +79,10 @@ def _check_stack(cfg) -> None:
 async def prepare(cfg, data: bytes, name: str):
     """Checked and framed photo (`PreparedPhoto`) from the bytes, or the RealtimeError to
     answer with. Decoding and face detection run in a thread, off the event loop."""
-    from pipeline.photo.face import prepare_photo, read_photo
+    from pipeline.photo.reference import prepare_reference
 
     def work():
-        rgb = read_photo(data, name, cfg.photo)
-        return prepare_photo(rgb, cfg.video.width, cfg.video.height, cfg.photo)
+        return prepare_reference(data, name, cfg.video.width, cfg.video.height, cfg.photo)
 
     try:
         return await asyncio.to_thread(work)

@@ -460,11 +460,11 @@ def load_reference(path: str | None, cfg: FacecastConfig) -> Reference:
         if not packaged.exists():
             return _placeholder_reference(width, height)
         path = str(packaged)
-    rgb = load(path, cfg)
     if cfg.runtime.stack == "photo":
-        from pipeline.photo.face import prepare_photo
+        from pipeline.photo.reference import load_prepared
 
-        return prepare_photo(rgb, width, height, cfg.photo)
+        return load_prepared(path, cfg)
+    rgb = load(path, cfg)
     if rgb.shape[:2] != (height, width):
         frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
         rgb = frame.to_ndarray(width=width, height=height, format="rgb24")

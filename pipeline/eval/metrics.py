@@ -21,6 +21,9 @@ How a frame is measured (working resolution WORK x WORK, RGB in [0, 1]):
   region without the mouth. Distance = RMS thumbnail difference + half the L1
   histogram difference (both in [0, ~1]).
 - Frame change: mean absolute RGB difference between consecutive frames.
+- Corner error: mean absolute RGB error of the bottom-left `CORNER` pixels against a
+  target (the ground-truth render, or the reference), beside the error everywhere else, at
+  the video's own resolution: the demo VAE decoder saturates that corner (bench/RESULTS.md).
 
 Shapes: N frames, S = WORK pixels a side.
 """
@@ -243,6 +246,20 @@ def frame_change(x: np.ndarray, prev: np.ndarray | None) -> np.ndarray:
     if prev is None:
         d[0] = np.nan
     return d.astype(np.float32)
+
+
+CORNER = (8, 16)  # rows x columns at the bottom-left of the frame
+
+
+def corner_error(frames: np.ndarray, target: np.ndarray) -> tuple[float, float]:
+    """Mean absolute error (grey levels) of uint8 `frames` (N, H, W, 3) against `target`,
+    the same shape or one (H, W, 3) image: in the bottom-left `CORNER`, and elsewhere."""
+    x = np.asarray(frames, np.float32)
+    err = np.abs(x - np.asarray(target, np.float32)).mean(axis=-1)  # (N, H, W)
+    rows, cols = CORNER
+    corner = np.zeros(err.shape[1:], bool)
+    corner[-rows:, :cols] = True
+    return float(err[:, corner].mean()), float(err[:, ~corner].mean())
 
 
 # ---------------------------------------------------------------------------

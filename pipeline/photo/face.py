@@ -85,12 +85,16 @@ def read_photo(data: bytes, name: str, cfg: PhotoConfig) -> np.ndarray:
 
 def load_photo(path: str, cfg: PhotoConfig) -> np.ndarray:
     """A photo file → uint8 (H, W, 3) RGB, with the checks of `read_photo`."""
+    return read_photo(read_photo_file(path, cfg), str(path), cfg)
+
+
+def read_photo_file(path: str, cfg: PhotoConfig) -> bytes:
+    """A photo file's bytes, one past the size limit at most (`read_photo` refuses those)."""
     try:
         with open(path, "rb") as f:
-            data = f.read(cfg.max_image_bytes + 1)
+            return f.read(cfg.max_image_bytes + 1)
     except OSError as exc:
         raise PhotoError(f"cannot read photo {path}: {exc.strerror or exc}", "corrupt") from None
-    return read_photo(data, str(path), cfg)
 
 
 _CASCADES: dict[str, cv2.CascadeClassifier] = {}
@@ -158,6 +162,9 @@ class Framing:
         x, y, w, h = np.asarray(box, np.float64) * self.scale
         return np.array([x - self.left, y - self.top, w, h])
 
+    def point(self, x: float, y: float) -> tuple[float, float]:
+        return x * self.scale - self.left, y * self.scale - self.top
+
 
 def centre_framing(shape: tuple[int, ...], width: int, height: int) -> Framing:
     """Scale to cover width x height, centre-crop (the issue's framing)."""
@@ -196,7 +203,8 @@ def prepare_photo(rgb: np.ndarray, width: int, height: int, cfg: PhotoConfig) ->
     if len(faces) == 0:
         raise PhotoError(
             "no face found in the photo: use a sharp, well-lit, frontal photo of one face "
-            "(synthetic faces from `facecast make-reference` need --config demo)",
+            "(a synthetic face from `facecast make-reference` works as the PNG it writes, "
+            "unchanged)",
             "face",
         )
     areas = faces[:, 2] * faces[:, 3]
@@ -206,10 +214,20 @@ def prepare_photo(rgb: np.ndarray, width: int, height: int, cfg: PhotoConfig) ->
             "crop it to the one person who should talk",
             "face",
         )
-    framing = centre_framing(rgb.shape, width, height)
-    box = framing.box(faces[0])
-    framing = _slide_to_fit(framing, box, rgb.shape)
-    box = framing.box(faces[0])
+    framing, box = frame_face(rgb.shape, faces[0], width, height, cfg)
+    framed = framing.apply(rgb)
+    return PreparedPhoto(framed, measure_face(framed, box))
+
+
+def frame_face(
+    shape: tuple[int, ...], face_box: np.ndarray, width: int, height: int, cfg: PhotoConfig
+) -> tuple[Framing, np.ndarray]:
+    """The framing of a photo of `shape` whose face box (x, y, w, h, photo pixels) is
+    `face_box`: centre-cropped, slid to hold the face; and the face box in video pixels.
+    A face too small or cut off by the frame is a `PhotoError`."""
+    framing = centre_framing(shape, width, height)
+    framing = _slide_to_fit(framing, framing.box(face_box), shape)
+    box = framing.box(face_box)
     if box[2] < cfg.min_face_px:
         raise PhotoError(
             f"the face is {box[2]:.0f} px wide in the {width}x{height} video (at least "
@@ -223,8 +241,7 @@ def prepare_photo(rgb: np.ndarray, width: int, height: int, cfg: PhotoConfig) ->
             "face has some room around it",
             "face",
         )
-    framed = framing.apply(rgb)
-    return PreparedPhoto(framed, measure_face(framed, box))
+    return framing, box
 
 
 def _slide_to_fit(framing: Framing, box: np.ndarray, shape: tuple[int, ...]) -> Framing:

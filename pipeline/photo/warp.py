@@ -95,7 +95,10 @@ class WarpDecoder:
         self.pivot = (x + 0.5 * w, y + 1.25 * h)  # the neck
         lips = torch.tensor(face.lips, device=device) / 255.0
         skin_lum = float(np.mean(face.skin)) / 255.0
-        self.cavity_rgb = (lips * 0.45 + 0.03).view(1, 3, 1, 1)
+        # the cavity is a fixed share of the lips' colour, so an open mouth is as much darker
+        # than the lips on every skin tone; an added floor (+0.03) had made it relatively
+        # lighter the darker the lips, and the mouth read half as open on dark skin
+        self.cavity_rgb = (lips * 0.45).view(1, 3, 1, 1)
         self.teeth_rgb = (
             torch.tensor([0.95, 0.92, 0.84], device=device) * min(1.0, 0.55 + 0.5 * skin_lum)
         ).view(1, 3, 1, 1)

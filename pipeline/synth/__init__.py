@@ -1,6 +1,8 @@
 """The synthetic face world: a procedural talking face whose ground truth is known.
 
-- `face`     — identities and the vectorised numpy renderer (`render_frames`).
+- `face`     — identities, the vectorised numpy renderer (`render_frames`) and where it
+               paints the face (`landmarks`).
+- `reference` — a reference PNG that names its identity, checked by re-rendering.
 - `motion`   — per-frame mouth, blink and head tracks driven by 16 kHz audio.
 - `speech`   — offline speech with Debian's espeak-ng (voices, languages, pauses).
 - `dataset`  — deterministic training shards (frames + audio + per-frame params).

@@ -12,6 +12,7 @@ from pipeline.clock import MODEL_RATE
 from pipeline.media import write_png, write_wav
 from pipeline.synth.dataset import build_dataset
 from pipeline.synth.face import random_identity, render_reference
+from pipeline.synth.reference import identity_text
 from pipeline.synth.speech import synthesize
 
 # The bundled pipeline/assets/reference.png is this identity.
@@ -19,10 +20,13 @@ DEFAULT_REFERENCE_SEED = 13
 
 
 def make_reference_main(argv: list[str] | None = None) -> int:
-    """Render a synthetic identity's neutral frame to a PNG."""
+    """Render a synthetic identity's neutral frame to a PNG that names the identity (a
+    tEXt chunk, `pipeline.synth.reference`), so the photo stack knows where its face is."""
     p = argparse.ArgumentParser(
         prog="facecast make-reference",
-        description="Render a reference image of a synthetic identity (neutral pose).",
+        description="Render a reference image of a synthetic identity (neutral pose). The PNG "
+        "carries the identity's parameters, so every config animates it; keep the file as it "
+        "is written (a re-encoded copy loses them).",
     )
     p.add_argument("--seed", type=int, default=DEFAULT_REFERENCE_SEED, help="identity seed")
     p.add_argument("--size", type=int, default=256, help="image side in pixels")
@@ -31,7 +35,7 @@ def make_reference_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     ident = random_identity(args.seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_png(args.out, render_reference(ident, args.size))
+    write_png(args.out, render_reference(ident, args.size), text=identity_text(ident))
     if args.params:
         args.params.write_text(json.dumps(ident.to_dict(), indent=1))
     print(f"wrote {args.out} ({args.size}x{args.size}, identity seed {args.seed})")

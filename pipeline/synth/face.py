@@ -50,6 +50,8 @@ _HAIR_COLOURS = np.array(
     ],
     dtype=np.float32,
 )
+# An open eye's half-height over its half-width (the sclera's ellipse).
+_EYE_ASPECT = 0.55
 _HAIR_WEIGHTS = np.array([0.22, 0.22, 0.16, 0.08, 0.12, 0.08, 0.08, 0.04])
 _IRIS_COLOURS = np.array(
     [
@@ -301,6 +303,43 @@ def render_frames(
 def render_reference(identity: FaceIdentity, size: int) -> np.ndarray:
     """The identity's neutral frame (mouth closed, eyes open, head still): (H, W, 3)."""
     return render_frames(identity, MotionTrack.neutral(1), size)[0]
+
+
+Box = tuple[float, float, float, float]
+
+
+@dataclass(frozen=True)
+class FaceLandmarks:
+    """Where the neutral face lies in a `size` x `size` render, in continuous pixels
+    (pixel i spans [i, i + 1), its centre is i + 0.5), x right and y down."""
+
+    outline: Box  # the face outline's bounding box x, y, w, h, jaw closed
+    eyes: tuple[Box, Box]  # each open eye's box x, y, w, h, image-left first
+    mouth: tuple[float, float]  # centre of the closed mouth
+    mouth_half_width: float  # the closed lips' half width (to the corners)
+
+
+def landmarks(identity: FaceIdentity, size: int) -> FaceLandmarks:
+    """The layout `render_reference(identity, size)` paints: the same quantities the
+    painters below draw with, turned into pixels."""
+    scale = size / 2.0  # normalised units (the frame spans 2.0) to pixels
+
+    def to_px(c: float) -> float:
+        return (c + 1.0) * scale
+
+    fy, fw, fh = identity.face_y, identity.face_width, identity.face_height
+    ey, ew = fy + identity.eye_y, identity.eye_size
+    eh = ew * _EYE_ASPECT
+    eyes = tuple(
+        (to_px(s * identity.eye_spacing - ew), to_px(ey - eh), 2 * ew * scale, 2 * eh * scale)
+        for s in (-1.0, 1.0)
+    )
+    return FaceLandmarks(
+        outline=(to_px(-fw), to_px(fy - fh), 2 * fw * scale, 2 * fh * scale),
+        eyes=(eyes[0], eyes[1]),
+        mouth=(to_px(0.0), to_px(fy + identity.mouth_y)),
+        mouth_half_width=identity.mouth_width * scale,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -560,7 +599,7 @@ def _paint_mouth(c: _Canvas, ident: FaceIdentity, m: MotionTrack, skin) -> None:
 def _paint_eyes(c: _Canvas, ident: FaceIdentity, m: MotionTrack, skin) -> None:
     ey = ident.face_y + ident.eye_y
     ew = ident.eye_size
-    eh = ew * 0.55
+    eh = ew * _EYE_ASPECT
     open_ = (1.0 - m.blink)[:, None, None].astype(np.float32)
     gx = (0.35 * ew * m.gaze_x)[:, None, None].astype(np.float32)
     gy = (0.2 * eh * m.gaze_y)[:, None, None].astype(np.float32)

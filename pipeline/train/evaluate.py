@@ -2,10 +2,14 @@
 
     python -m pipeline.train.evaluate --config demo --seconds 12 [--no-seams] [--recon]
         [--set schedule.boundary_latents=0] [--strip PNG]
+    python -m pipeline.train.evaluate --config photo --seconds 12 --identity N
 
 The person and the sentences are drawn from seeds the training data never used. Every
 number is measured from the generated pixels by `pipeline.eval.metrics`; the ground truth
-is the mouth track the synthetic world derives from the same audio.
+is the mouth track the synthetic world derives from the same audio. The engine is the
+config's (`pipeline.startup.load_engine`): the diffusion stack gets the reference image,
+the photo stack the same image with the world's own face geometry
+(`pipeline.photo.reference.prepare_synthetic`), as a `facecast make-reference` PNG gives it.
 """
 
 from __future__ import annotations
@@ -20,8 +24,13 @@ import torch
 from pipeline.clock import FPS, model_samples
 from pipeline.config import load_config, parse_overrides
 from pipeline.engine import Engine
+from pipeline.errors import ConfigError
 from pipeline.eval import metrics as M
 from pipeline.media import write_png
+from pipeline.photo.engine import PhotoEngine
+from pipeline.photo.reference import prepare_synthetic
+from pipeline.startup import load_engine
+from pipeline.stream import Reference
 from pipeline.synth.dataset import identity_for
 from pipeline.synth.face import render_frames, render_reference
 from pipeline.synth.motion import motion_from_audio, mouth_track_from_audio
@@ -36,7 +45,9 @@ def held_out_speech(seconds: float, seed: int = EVAL_SEED) -> np.ndarray:
     return audio[: model_samples(seconds)]
 
 
-def generate(engine: Engine, reference: np.ndarray, audio: np.ndarray, block_s: float = 1.0):
+def generate(
+    engine: Engine | PhotoEngine, reference: Reference, audio: np.ndarray, block_s: float = 1.0
+):
     """Stream `audio` through a session in blocks; frames, the first frame of every
     separately generated piece (the seams), CPU seconds and wall seconds."""
     session = engine.new_stream(reference, seed=0)
@@ -103,6 +114,18 @@ def score(
     }
 
 
+def corner_scores(frames: np.ndarray, truth: np.ndarray, reference: np.ndarray) -> dict:
+    """The bottom-left corner's error (`metrics.corner_error`) against the ground-truth
+    render of the same speech and against the reference, beside the rest of the frame's."""
+    n = min(len(frames), len(truth))
+    out = {}
+    for name, target in (("truth", truth[:n]), ("reference", reference)):
+        corner, elsewhere = M.corner_error(frames[:n], target)
+        out[f"corner_mae_{name}"] = round(corner, 2)
+        out[f"elsewhere_mae_{name}"] = round(elsewhere, 2)
+    return out
+
+
 def reconstruct(engine: Engine, frames: np.ndarray, piece: int = 16) -> np.ndarray:
     """The engine VAE's encode → decode of `frames` (N, H, W, 3) uint8, `piece` frames at a
     time with the decoder's cache carried (memory stays flat on long clips): what the
@@ -159,16 +182,30 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"schedule.seam_latents": 0} if args.no_seams else {}
     overrides.update(parse_overrides(args.set))
     cfg = load_config(args.config, overrides or None)
-    engine = Engine.load(cfg)
+    photo = cfg.runtime.stack == "photo"
+    if args.recon and photo:
+        raise ConfigError(f"--recon scores a VAE; config {cfg.name!r} is the photo stack")
+    if cfg.video.width != cfg.video.height:
+        raise ConfigError(f"the synthetic world is square; config {cfg.name!r} is not")
+    engine = load_engine(cfg)
     identity = identity_for(EVAL_SEED, args.identity)
     reference = render_reference(identity, cfg.video.width)
     audio = held_out_speech(args.seconds)
-    frames, seams, cpu, wall, stage_s = generate(engine, reference, audio)
+    given: Reference = reference
+    if photo:  # what a `facecast make-reference` PNG of this identity gives the photo stack
+        v = cfg.video
+        given = prepare_synthetic(reference, identity, v.width, v.height, cfg.photo)
+    frames, seams, cpu, wall, stage_s = generate(engine, given, audio)
     truth = render_frames(identity, motion_from_audio(audio, seed=EVAL_SEED), cfg.video.width)
-    result = score(frames, reference, audio, seams, truth, cfg.vae.temporal_ratio)
+    period = cfg.frames_per_latent
+    result = score(frames, reference, audio, seams, truth, period)
+    result.update(corner_scores(frames, truth, reference))
     if args.recon:
+        assert isinstance(engine, Engine)
         recon = reconstruct(engine, truth)
-        result.update(recon_scores(recon, reference, audio, seams, cfg.vae.temporal_ratio))
+        result.update(recon_scores(recon, reference, audio, seams, period))
+        recon_corner = corner_scores(recon, truth[: len(recon)], reference)
+        result.update({f"recon_{k}": v for k, v in recon_corner.items()})
     video_s = len(frames) / FPS
     result.update(
         frames=len(frames),
