@@ -10,7 +10,9 @@ image we read, 413 for too many bytes or pixels, 400 for a corrupt file, 422 for
 without exactly one usable face.
 
 Uploads are held in a bounded store (oldest dropped first), so they never pile up; they
-are only usable with the photo stack (`runtime.stack: photo`).
+are only usable with the photo stack (`runtime.stack: photo`). The checks take the engine's
+config and a store, not a server, so the fleet's front (`realtime/fleet/front.py`) runs the
+very same ones and sends the prepared photo with the offer to the worker it places on.
 """
 
 from __future__ import annotations
@@ -115,37 +117,47 @@ async def read_limited(request: web.Request, limit: int, timeout_s: float) -> by
 
 
 async def upload(request: web.Request, service) -> web.Response:
-    """POST /photos: the image as the body → 201 {"photo_id", "face"}."""
+    """POST /photos on the server: the image as the body → 201 {"photo_id", "face"}."""
+    timeout = service.config.security.body_timeout_s
+    return await upload_to(request, service.engine.cfg, service.photos, timeout)
+
+
+async def upload_to(request: web.Request, cfg, store: PhotoStore, timeout: float) -> web.Response:
+    """POST /photos for an engine of `cfg`, the checked photo kept in `store`."""
     from pipeline.photo.face import IMAGE_TYPES
 
-    cfg = service.engine.cfg
     _check_stack(cfg)
     if request.content_type not in IMAGE_TYPES:
         raise UnsupportedMediaType(
             f"send the photo as the body with Content-Type one of {', '.join(IMAGE_TYPES)} "
             f"(got {request.content_type!r})"
         )
-    timeout = service.config.security.body_timeout_s
     data = await read_limited(request, cfg.photo.max_image_bytes, timeout)
     prepared = await prepare(cfg, data, "upload")
-    photo_id = service.photos.add(prepared)
+    photo_id = store.add(prepared)
     face = [round(v, 1) for v in prepared.face.box]
     return web.json_response({"photo_id": photo_id, "face": face}, status=201)
 
 
 async def offer_photo(service, body: dict) -> Any:
     """The offer's own photo (`photo_id` or inline `photo`), or None for the server's."""
+    if body.get("photo_id") is None and body.get("photo") is None:
+        return None  # no engine needed to say so
+    return await photo_of_offer(service.engine.cfg, service.photos, body)
+
+
+async def photo_of_offer(cfg, store: PhotoStore, body: dict) -> Any:
+    """The offer's own photo for an engine of `cfg`, by id from `store` or inline; None."""
     photo_id, inline = body.get("photo_id"), body.get("photo")
     if photo_id is None and inline is None:
         return None
-    cfg = service.engine.cfg
     _check_stack(cfg)
     if photo_id is not None and inline is not None:
         raise BadRequest("give 'photo_id' or 'photo', not both")
     if photo_id is not None:
         if not isinstance(photo_id, str):
             raise BadRequest("'photo_id' must be the string POST /photos answered")
-        return service.photos.get(photo_id)
+        return store.get(photo_id)
     if not isinstance(inline, str):
         raise BadRequest("'photo' must be the image as a base64 string")
     try:

@@ -10,6 +10,7 @@ that know only the RFCs (WHIP, WHEP) or the speech socket's messages.
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import contextlib
 import json
@@ -20,9 +21,11 @@ import time
 from collections.abc import Callable
 
 import aiohttp
+import numpy as np
 import pytest
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import AudioStreamTrack, MediaStreamError
+from support.photos import PORTRAIT, write_bad_photos
 from support.realtime import RATE, espeak, make_offer, wait_until, whip_publish
 from support.whep import whep_watch
 
@@ -450,6 +453,74 @@ async def test_a_restarted_registry_lists_the_live_sessions_again(cluster):
         ended = session_of(listing, gone.location.rsplit("/", 1)[1])
         assert ended["state"] == "closed" and ended["reason"] == "ended by the WHIP client"
     assert deleted == [200, 200]  # through the second front and the restarted registry
+
+
+def framed(path) -> np.ndarray:
+    """A portrait framed as the photo stack's engine frames it (its rest frame)."""
+    from pipeline.config import load_config
+    from realtime.service import load_reference
+
+    return load_reference(str(path), load_config("photo")).framed.astype(np.float32)
+
+
+async def upload(http, url: str, data: bytes, kind: str = "image/jpeg") -> tuple[int, dict]:
+    async with http.post(f"{url}/photos", data=data, headers={"Content-Type": kind}) as r:
+        return r.status, await r.json()
+
+
+@pytest.mark.slow  # end to end: a photo-stack worker starts (10-20 s on 2 cores)
+@pytest.mark.timeout(240)
+async def test_the_pages_own_photo_through_the_front(cluster, tmp_path):
+    """POST /photos on the front checks the photo as the server does; an offer naming it
+    (or carrying it inline) gets a session on a worker that shows that photo."""
+    own = PORTRAIT.parent / "astronaut.jpg"  # not the workers' default (PORTRAIT)
+    bad = write_bad_photos(tmp_path)
+    refused = {"faceless": 422, "corrupt": 400, "not an image": 415, "too many bytes": 413}
+    async with (
+        running_front("relay-photos", workers=1, per_worker=2, config="photo") as (url, pool),
+        aiohttp.ClientSession() as http,
+    ):
+        status, shipped = await upload(http, url, PORTRAIT.read_bytes())
+        assert status == 201 and shipped["photo_id"] and len(shipped["face"]) == 4, shipped
+        answers = {}
+        for case in refused:
+            path, message = bad[case]
+            answers[case] = await upload(http, url, path.read_bytes(), "image/png")
+            assert message in answers[case][1]["error"], (case, answers[case])
+        status, wrong_type = await upload(http, url, PORTRAIT.read_bytes(), "text/plain")
+        assert status == 415 and "Content-Type" in wrong_type["error"], wrong_type
+        status, mine = await upload(http, url, own.read_bytes())
+        assert status == 201, mine
+
+        offer = {"sdp": await make_offer(), "type": "offer"}
+        async with http.post(f"{url}/offer", json={**offer, "photo_id": "nope"}) as r:
+            unknown = r.status, await r.json()
+        async with http.post(f"{url}/offer", json={**offer, "photo": "not base64!"}) as r:
+            not_base64 = r.status, await r.json()
+
+        await ready(pool, 1)
+        by_id = await connect(url, keep_frames=True, offer_options={"photo_id": mine["photo_id"]})
+        inline = base64.b64encode(own.read_bytes()).decode()
+        by_bytes = await connect(url, keep_frames=True, offer_options={"photo": inline})
+        await by_id.wait_frames(10)
+        await by_bytes.wait_frames(10)
+        frames = {
+            "photo_id": np.stack(by_id.received.frames[:10]).astype(np.float32),
+            "photo": np.stack(by_bytes.received.frames[:10]).astype(np.float32),
+        }
+        await by_id.close()
+        await by_bytes.close()
+
+    assert {case: status for case, (status, _) in answers.items()} == refused, answers
+    assert unknown[0] == 400 and "POST /photos" in unknown[1]["error"], unknown
+    assert not_base64[0] == 400 and "base64" in not_base64[1]["error"], not_base64
+    want, default = framed(own), framed(PORTRAIT)
+    for how, got in frames.items():
+        assert got.shape[1:] == want.shape, (how, got.shape)
+        # The idle motion (blinks, sway) and VP8 change a few pixels; another face, most.
+        mine_diff = float(np.abs(got - want).mean())
+        default_diff = float(np.abs(got - default).mean())
+        assert mine_diff < 15 and mine_diff < default_diff / 3, (how, mine_diff, default_diff)
 
 
 def test_a_workers_sync_refills_an_empty_registry_and_makes_good_lost_reports():
