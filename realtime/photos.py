@@ -22,7 +22,7 @@ import base64
 import binascii
 import secrets
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -48,7 +48,8 @@ _STATUS = {"type": UnsupportedMediaType, "size": PayloadTooLarge, "corrupt": Bad
 
 
 class PhotoStore:
-    """Checked photos by id, the newest `MAX_PHOTOS`."""
+    """Checked photos by id, the newest `MAX_PHOTOS`. The server keeps one; so does the
+    fleet's session registry (`realtime/fleet/registry.py`), for every front."""
 
     def __init__(self, limit: int = MAX_PHOTOS) -> None:
         self.limit = limit
@@ -61,13 +62,25 @@ class PhotoStore:
             self._photos.popitem(last=False)
         return photo_id
 
-    def get(self, photo_id: str) -> Any:
-        if photo_id not in self._photos:
-            raise BadRequest(
-                f"unknown photo_id {photo_id!r}: upload the photo with POST /photos first "
-                f"(the server keeps the latest {self.limit})"
-            )
-        return self._photos[photo_id]
+    def find(self, photo_id: str) -> Any | None:
+        return self._photos.get(photo_id)
+
+    # The routes' calls, awaited so that the fleet's front, whose store is a Ray actor,
+    # makes the same ones (fleet/photos.py); here they return at once.
+
+    async def keep(self, prepared: Any) -> str:
+        return self.add(prepared)
+
+    async def lookup(self, photo_id: str) -> Any | None:
+        return self.find(photo_id)
+
+
+class Photos(Protocol):
+    """Where the routes keep and find checked photos."""
+
+    async def keep(self, prepared: Any) -> str: ...
+
+    async def lookup(self, photo_id: str) -> Any | None: ...
 
 
 def _check_stack(cfg) -> None:
@@ -122,7 +135,7 @@ async def upload(request: web.Request, service) -> web.Response:
     return await upload_to(request, service.engine.cfg, service.photos, timeout)
 
 
-async def upload_to(request: web.Request, cfg, store: PhotoStore, timeout: float) -> web.Response:
+async def upload_to(request: web.Request, cfg, store: Photos, timeout: float) -> web.Response:
     """POST /photos for an engine of `cfg`, the checked photo kept in `store`."""
     from pipeline.photo.face import IMAGE_TYPES
 
@@ -134,7 +147,7 @@ async def upload_to(request: web.Request, cfg, store: PhotoStore, timeout: float
         )
     data = await read_limited(request, cfg.photo.max_image_bytes, timeout)
     prepared = await prepare(cfg, data, "upload")
-    photo_id = store.add(prepared)
+    photo_id = await store.keep(prepared)
     face = [round(v, 1) for v in prepared.face.box]
     return web.json_response({"photo_id": photo_id, "face": face}, status=201)
 
@@ -146,7 +159,7 @@ async def offer_photo(service, body: dict) -> Any:
     return await photo_of_offer(service.engine.cfg, service.photos, body)
 
 
-async def photo_of_offer(cfg, store: PhotoStore, body: dict) -> Any:
+async def photo_of_offer(cfg, store: Photos, body: dict) -> Any:
     """The offer's own photo for an engine of `cfg`, by id from `store` or inline; None."""
     photo_id, inline = body.get("photo_id"), body.get("photo")
     if photo_id is None and inline is None:
@@ -157,7 +170,13 @@ async def photo_of_offer(cfg, store: PhotoStore, body: dict) -> Any:
     if photo_id is not None:
         if not isinstance(photo_id, str):
             raise BadRequest("'photo_id' must be the string POST /photos answered")
-        return store.get(photo_id)
+        prepared = await store.lookup(photo_id)
+        if prepared is None:
+            raise BadRequest(
+                f"unknown photo_id {photo_id!r}: upload the photo with POST /photos first "
+                f"(the server keeps the latest {MAX_PHOTOS})"
+            )
+        return prepared
     if not isinstance(inline, str):
         raise BadRequest("'photo' must be the image as a base64 string")
     try:
