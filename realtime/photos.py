@@ -11,8 +11,8 @@ without exactly one usable face.
 
 Uploads are held in a bounded store (oldest dropped first), so they never pile up; they
 are only usable with the photo stack (`runtime.stack: photo`). The checks take the engine's
-config and a store, not a server, so the fleet's front (`realtime/fleet/front.py`) runs the
-very same ones and sends the prepared photo with the offer to the worker it places on.
+config and a store, not a server, so the fleet's front (`realtime/fleet/photos.py`) runs
+the very same ones, keeping the photos in the cluster's session registry.
 """
 
 from __future__ import annotations

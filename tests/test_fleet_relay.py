@@ -240,6 +240,60 @@ async def test_a_dead_or_silent_worker_is_a_json_503_within_the_timeout(monkeypa
     assert not ray.is_initialized()
 
 
+@pytest.mark.timeout(60)
+async def test_the_fronts_photo_routes_keep_photos_in_the_registry_and_send_them_along():
+    """No cluster: stand-ins for the registry (a real SessionRegistry's table) and a worker
+    that notes what its `offer` was given."""
+    from realtime.fleet.registry import SessionRegistry
+
+    timeout = 0.3
+    options = FleetOptions(call_timeout_s=timeout, offer_timeout_s=timeout)
+    pool = WorkerPool(options, ServerConfig(), EngineOptions(config="photo"), "cpu")
+    table = SessionRegistry()
+    pool.registry = FakeActor(add_photo=table.add_photo, photo=table.photo)
+    given: list[tuple] = []
+
+    def offer(*args: object) -> dict:
+        given.append(args)
+        where = {"worker": "w-ok", "node_id": "n1", "node_ip": "127.0.0.1"}
+        return {"sdp": "v=0\r\n", "type": "answer", "session_id": "s1", **where}
+
+    status = {"max_sessions": 4, "sessions": [], "reserved": 0, "draining": False}
+    pool.workers["w-ok"] = WorkerView("w-ok", FakeActor(offer=offer), state="ok", status=status)
+    config = ServerConfig(port=0, token="secret")
+    auth = {"Authorization": "Bearer secret"}
+    async with serving(build_front_app(config, pool)) as url, aiohttp.ClientSession() as http:
+        jpeg = {"Content-Type": "image/jpeg", **auth}
+        async with http.post(f"{url}/photos", data=PORTRAIT.read_bytes()) as r:
+            assert r.status == 401, await r.json()  # the front's token, as on every route
+        async with http.post(f"{url}/photos", data=PORTRAIT.read_bytes(), headers=jpeg) as r:
+            up = r.status, await r.json()
+        async with http.post(f"{url}/photos", data=b"hello" * 20, headers=jpeg) as r:
+            not_image = r.status, await r.json()
+        sdp = await make_offer()
+        answers = []
+        for extra in ({"photo_id": up[1]["photo_id"]}, {"photo_id": "nope"}, {"photo": "!"}):
+            body = {"sdp": sdp, "type": "offer", **extra}
+            async with http.post(f"{url}/offer", json=body, headers=auth) as r:
+                answers.append((r.status, await r.json()))
+        pool.registry = FakeActor()  # silent: the upload is a 503 within the timeout
+        status_, silent, took = await timed(
+            http, "POST", f"{url}/photos", data=PORTRAIT.read_bytes(), headers=jpeg
+        )
+
+    assert up[0] == 201 and len(up[1]["face"]) == 4, up
+    assert not_image[0] == 415 and "not a PNG, JPEG or WebP" in not_image[1]["error"]
+    assert answers[0][0] == 200 and answers[0][1]["session_id"] == "s1", answers
+    assert answers[1][0] == 400 and "unknown photo_id 'nope'" in answers[1][1]["error"]
+    assert answers[2][0] == 400 and "base64" in answers[2][1]["error"]
+    assert len(given) == 1  # refused offers never reach a worker
+    photo = given[0][3]
+    assert photo is table.photo(up[1]["photo_id"]) and photo.framed.shape == (256, 256, 3)
+    assert status_ == 503 and "registry did not answer" in silent["error"], silent
+    assert took < timeout + 2.0, took  # the face search, then at most the call timeout
+    assert not ray.is_initialized()
+
+
 async def recvonly_offer() -> str:
     pc = RTCPeerConnection()
     pc.addTransceiver("audio", direction="recvonly")
