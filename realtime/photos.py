@@ -10,7 +10,9 @@ image we read, 413 for too many bytes or pixels, 400 for a corrupt file, 422 for
 without exactly one usable face.
 
 Uploads are held in a bounded store (oldest dropped first), so they never pile up; they
-are only usable with the photo stack (`runtime.stack: photo`).
+are only usable with the photo stack (`runtime.stack: photo`). The checks take the engine's
+config and a store, not a server, so the fleet's front (`realtime/fleet/photos.py`) runs
+the very same ones, keeping the photos in the cluster's session registry.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import base64
 import binascii
 import secrets
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -46,7 +48,8 @@ _STATUS = {"type": UnsupportedMediaType, "size": PayloadTooLarge, "corrupt": Bad
 
 
 class PhotoStore:
-    """Checked photos by id, the newest `MAX_PHOTOS`."""
+    """Checked photos by id, the newest `MAX_PHOTOS`. The server keeps one; so does the
+    fleet's session registry (`realtime/fleet/registry.py`), for every front."""
 
     def __init__(self, limit: int = MAX_PHOTOS) -> None:
         self.limit = limit
@@ -59,13 +62,25 @@ class PhotoStore:
             self._photos.popitem(last=False)
         return photo_id
 
-    def get(self, photo_id: str) -> Any:
-        if photo_id not in self._photos:
-            raise BadRequest(
-                f"unknown photo_id {photo_id!r}: upload the photo with POST /photos first "
-                f"(the server keeps the latest {self.limit})"
-            )
-        return self._photos[photo_id]
+    def find(self, photo_id: str) -> Any | None:
+        return self._photos.get(photo_id)
+
+    # The routes' calls, awaited so that the fleet's front, whose store is a Ray actor,
+    # makes the same ones (fleet/photos.py); here they return at once.
+
+    async def keep(self, prepared: Any) -> str:
+        return self.add(prepared)
+
+    async def lookup(self, photo_id: str) -> Any | None:
+        return self.find(photo_id)
+
+
+class Photos(Protocol):
+    """Where the routes keep and find checked photos."""
+
+    async def keep(self, prepared: Any) -> str: ...
+
+    async def lookup(self, photo_id: str) -> Any | None: ...
 
 
 def _check_stack(cfg) -> None:
@@ -114,37 +129,53 @@ async def read_limited(request: web.Request, limit: int, timeout_s: float) -> by
 
 
 async def upload(request: web.Request, service) -> web.Response:
-    """POST /photos: the image as the body → 201 {"photo_id", "face"}."""
+    """POST /photos on the server: the image as the body → 201 {"photo_id", "face"}."""
+    timeout = service.config.security.body_timeout_s
+    return await upload_to(request, service.engine.cfg, service.photos, timeout)
+
+
+async def upload_to(request: web.Request, cfg, store: Photos, timeout: float) -> web.Response:
+    """POST /photos for an engine of `cfg`, the checked photo kept in `store`."""
     from pipeline.photo.face import IMAGE_TYPES
 
-    cfg = service.engine.cfg
     _check_stack(cfg)
     if request.content_type not in IMAGE_TYPES:
         raise UnsupportedMediaType(
             f"send the photo as the body with Content-Type one of {', '.join(IMAGE_TYPES)} "
             f"(got {request.content_type!r})"
         )
-    timeout = service.config.security.body_timeout_s
     data = await read_limited(request, cfg.photo.max_image_bytes, timeout)
     prepared = await prepare(cfg, data, "upload")
-    photo_id = service.photos.add(prepared)
+    photo_id = await store.keep(prepared)
     face = [round(v, 1) for v in prepared.face.box]
     return web.json_response({"photo_id": photo_id, "face": face}, status=201)
 
 
 async def offer_photo(service, body: dict) -> Any:
     """The offer's own photo (`photo_id` or inline `photo`), or None for the server's."""
+    if body.get("photo_id") is None and body.get("photo") is None:
+        return None  # no engine needed to say so
+    return await photo_of_offer(service.engine.cfg, service.photos, body)
+
+
+async def photo_of_offer(cfg, store: Photos, body: dict) -> Any:
+    """The offer's own photo for an engine of `cfg`, by id from `store` or inline; None."""
     photo_id, inline = body.get("photo_id"), body.get("photo")
     if photo_id is None and inline is None:
         return None
-    cfg = service.engine.cfg
     _check_stack(cfg)
     if photo_id is not None and inline is not None:
         raise BadRequest("give 'photo_id' or 'photo', not both")
     if photo_id is not None:
         if not isinstance(photo_id, str):
             raise BadRequest("'photo_id' must be the string POST /photos answered")
-        return service.photos.get(photo_id)
+        prepared = await store.lookup(photo_id)
+        if prepared is None:
+            raise BadRequest(
+                f"unknown photo_id {photo_id!r}: upload the photo with POST /photos first "
+                f"(the server keeps the latest {MAX_PHOTOS})"
+            )
+        return prepared
     if not isinstance(inline, str):
         raise BadRequest("'photo' must be the image as a base64 string")
     try:

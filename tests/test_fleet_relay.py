@@ -10,6 +10,7 @@ that know only the RFCs (WHIP, WHEP) or the speech socket's messages.
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import contextlib
 import json
@@ -20,9 +21,11 @@ import time
 from collections.abc import Callable
 
 import aiohttp
+import numpy as np
 import pytest
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import AudioStreamTrack, MediaStreamError
+from support.photos import PORTRAIT, write_bad_photos
 from support.realtime import RATE, espeak, make_offer, wait_until, whip_publish
 from support.whep import whep_watch
 
@@ -234,6 +237,60 @@ async def test_a_dead_or_silent_worker_is_a_json_503_within_the_timeout(monkeypa
                 assert r.status == 201 and await r.text() == "v=0\r\n"
                 assert r.headers["Location"] == "/whip/s1"
                 assert r.headers.getall("Link") == link_header(turn)
+    assert not ray.is_initialized()
+
+
+@pytest.mark.timeout(60)
+async def test_the_fronts_photo_routes_keep_photos_in_the_registry_and_send_them_along():
+    """No cluster: stand-ins for the registry (a real SessionRegistry's table) and a worker
+    that notes what its `offer` was given."""
+    from realtime.fleet.registry import SessionRegistry
+
+    timeout = 0.3
+    options = FleetOptions(call_timeout_s=timeout, offer_timeout_s=timeout)
+    pool = WorkerPool(options, ServerConfig(), EngineOptions(config="photo"), "cpu")
+    table = SessionRegistry()
+    pool.registry = FakeActor(add_photo=table.add_photo, photo=table.photo)
+    given: list[tuple] = []
+
+    def offer(*args: object) -> dict:
+        given.append(args)
+        where = {"worker": "w-ok", "node_id": "n1", "node_ip": "127.0.0.1"}
+        return {"sdp": "v=0\r\n", "type": "answer", "session_id": "s1", **where}
+
+    status = {"max_sessions": 4, "sessions": [], "reserved": 0, "draining": False}
+    pool.workers["w-ok"] = WorkerView("w-ok", FakeActor(offer=offer), state="ok", status=status)
+    config = ServerConfig(port=0, token="secret")
+    auth = {"Authorization": "Bearer secret"}
+    async with serving(build_front_app(config, pool)) as url, aiohttp.ClientSession() as http:
+        jpeg = {"Content-Type": "image/jpeg", **auth}
+        async with http.post(f"{url}/photos", data=PORTRAIT.read_bytes()) as r:
+            assert r.status == 401, await r.json()  # the front's token, as on every route
+        async with http.post(f"{url}/photos", data=PORTRAIT.read_bytes(), headers=jpeg) as r:
+            up = r.status, await r.json()
+        async with http.post(f"{url}/photos", data=b"hello" * 20, headers=jpeg) as r:
+            not_image = r.status, await r.json()
+        sdp = await make_offer()
+        answers = []
+        for extra in ({"photo_id": up[1]["photo_id"]}, {"photo_id": "nope"}, {"photo": "!"}):
+            body = {"sdp": sdp, "type": "offer", **extra}
+            async with http.post(f"{url}/offer", json=body, headers=auth) as r:
+                answers.append((r.status, await r.json()))
+        pool.registry = FakeActor()  # silent: the upload is a 503 within the timeout
+        status_, silent, took = await timed(
+            http, "POST", f"{url}/photos", data=PORTRAIT.read_bytes(), headers=jpeg
+        )
+
+    assert up[0] == 201 and len(up[1]["face"]) == 4, up
+    assert not_image[0] == 415 and "not a PNG, JPEG or WebP" in not_image[1]["error"]
+    assert answers[0][0] == 200 and answers[0][1]["session_id"] == "s1", answers
+    assert answers[1][0] == 400 and "unknown photo_id 'nope'" in answers[1][1]["error"]
+    assert answers[2][0] == 400 and "base64" in answers[2][1]["error"]
+    assert len(given) == 1  # refused offers never reach a worker
+    photo = given[0][3]
+    assert photo is table.photo(up[1]["photo_id"]) and photo.framed.shape == (256, 256, 3)
+    assert status_ == 503 and "registry did not answer" in silent["error"], silent
+    assert took < timeout + 2.0, took  # the face search, then at most the call timeout
     assert not ray.is_initialized()
 
 
@@ -450,6 +507,99 @@ async def test_a_restarted_registry_lists_the_live_sessions_again(cluster):
         ended = session_of(listing, gone.location.rsplit("/", 1)[1])
         assert ended["state"] == "closed" and ended["reason"] == "ended by the WHIP client"
     assert deleted == [200, 200]  # through the second front and the restarted registry
+
+
+def framed(path) -> np.ndarray:
+    """A portrait framed as the photo stack's engine frames it (its rest frame)."""
+    from pipeline.config import load_config
+    from realtime.service import load_reference
+
+    return load_reference(str(path), load_config("photo")).framed.astype(np.float32)
+
+
+async def upload(http, url: str, data: bytes, kind: str = "image/jpeg") -> tuple[int, dict]:
+    async with http.post(f"{url}/photos", data=data, headers={"Content-Type": kind}) as r:
+        return r.status, await r.json()
+
+
+@pytest.mark.slow  # end to end: a photo-stack worker starts (10-20 s on 2 cores)
+@pytest.mark.timeout(240)
+async def test_the_pages_own_photo_through_the_front(cluster, tmp_path):
+    """POST /photos on the front checks the photo as the server does; an offer naming it
+    (or carrying it inline) gets a session on a worker that shows that photo."""
+    import cv2
+
+    own = PORTRAIT.parent / "astronaut.jpg"  # not the workers' default (PORTRAIT)
+    small = tmp_path / "small.jpg"  # inline photos must fit the offer's 64 KiB body
+    image = cv2.imread(str(own))
+    cv2.imwrite(str(small), cv2.resize(image, (256, 256)), [cv2.IMWRITE_JPEG_QUALITY, 80])
+    bad = write_bad_photos(tmp_path)
+    refused = {"faceless": 422, "corrupt": 400, "not an image": 415, "too many bytes": 413}
+    async with (
+        running_front("relay-photos", workers=1, per_worker=2, engine_config="photo") as (
+            url,
+            pool,
+        ),
+        aiohttp.ClientSession() as http,
+    ):
+        status, shipped = await upload(http, url, PORTRAIT.read_bytes())
+        assert status == 201 and shipped["photo_id"] and len(shipped["face"]) == 4, shipped
+        answers = {}
+        for case in refused:
+            path, message = bad[case]
+            answers[case] = await upload(http, url, path.read_bytes(), "image/png")
+            assert message in answers[case][1]["error"], (case, answers[case])
+        status, wrong_type = await upload(http, url, PORTRAIT.read_bytes(), "text/plain")
+        assert status == 415 and "Content-Type" in wrong_type["error"], wrong_type
+        status, mine = await upload(http, url, own.read_bytes())
+        assert status == 201, mine
+
+        offer = {"sdp": await make_offer(), "type": "offer"}
+        async with http.post(f"{url}/offer", json={**offer, "photo_id": "nope"}) as r:
+            unknown = r.status, await r.json()
+        async with http.post(f"{url}/offer", json={**offer, "photo": "not base64!"}) as r:
+            not_base64 = r.status, await r.json()
+
+        await ready(pool, 1)
+        by_id = await connect(url, keep_frames=True, offer_options={"photo_id": mine["photo_id"]})
+        inline = base64.b64encode(small.read_bytes()).decode()
+        by_bytes = await connect(url, keep_frames=True, offer_options={"photo": inline})
+        await by_id.wait_frames(10)
+        await by_bytes.wait_frames(10)
+        frames = {
+            "photo_id": np.stack(by_id.received.frames[:10]).astype(np.float32),
+            "photo": np.stack(by_bytes.received.frames[:10]).astype(np.float32),
+        }
+        await by_id.close()
+        await by_bytes.close()
+
+        # a second front (another process would find the same registry and workers)
+        async with running_front(
+            "relay-photos", workers=1, per_worker=2, engine_config="photo", end=False
+        ) as (url2, pool2):
+            await ready(pool2, 1)
+            elsewhere = await connect(
+                url2, keep_frames=True, offer_options={"photo_id": mine["photo_id"]}
+            )
+            await elsewhere.wait_frames(10)
+            frames["photo_id, second front"] = np.stack(elsewhere.received.frames[:10])
+            await elsewhere.close()
+
+    assert {case: status for case, (status, _) in answers.items()} == refused, answers
+    assert unknown[0] == 400 and "POST /photos" in unknown[1]["error"], unknown
+    assert not_base64[0] == 400 and "base64" in not_base64[1]["error"], not_base64
+    wants, default = {"photo_id": framed(own), "photo": framed(small)}, framed(PORTRAIT)
+    for how, got in frames.items():
+        got, want = got.astype(np.float32), wants[how.split(",")[0]]
+        assert got.shape[1:] == want.shape, (how, got.shape)
+        # The idle motion (blinks, sway) and VP8 change a few pixels; another face, most.
+        mine_diff = float(np.abs(got - want).mean())
+        default_diff = float(np.abs(got - default).mean())
+        print(
+            f"fleet photo ({how}): {mine_diff:.1f} from it, {default_diff:.1f} from the default",
+            file=sys.stderr,
+        )
+        assert mine_diff < 10 and mine_diff < default_diff / 5, (how, mine_diff, default_diff)
 
 
 def test_a_workers_sync_refills_an_empty_registry_and_makes_good_lost_reports():

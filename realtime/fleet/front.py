@@ -4,7 +4,9 @@ Routes (as the server's, with the same token, same-origin guard and request limi
     GET  /                          the web client
     POST /offer                     placed on the worker with the most free slots →
                                     {sdp, type, session_id, worker, node_id, node_ip};
-                                    503 with a reason when every worker is full
+                                    503 with a reason when every worker is full; its
+                                    photo (photo_id or inline) sent along (fleet/photos.py)
+    POST /photos                    a photo for a session, checked here (fleet/photos.py)
     GET  /sessions                  every session of the cluster: worker, node, state, and
                                     for ended ones their final state and reason
     DELETE /sessions/{id}           ended on its worker, wherever it runs
@@ -45,6 +47,7 @@ from realtime.edge import run_app
 from realtime.fleet.answers import answer_of
 from realtime.fleet.metrics import METRICS, FleetMetrics
 from realtime.fleet.options import CPU_WORKER, FleetOptions
+from realtime.fleet.photos import add_photo_routes, offer_photo
 from realtime.fleet.pool import POOL, WorkerPool
 from realtime.fleet.relay import add_relay_routes, place
 from realtime.fleet.speech import relay_speech
@@ -63,6 +66,7 @@ def build_front_app(config: ServerConfig, pool: WorkerPool) -> web.Application:
     app[METRICS] = metrics = FleetMetrics()
     pool.on_lost.append(lambda view: metrics.lost.inc())
     app.router.add_post("/offer", _offer)
+    add_photo_routes(app, pool.engine_options)
     app.router.add_get("/sessions", _sessions)
     app.router.add_delete("/sessions/{id}", _delete)
     app.router.add_post("/sessions/{id}/interrupt", _interrupt)
@@ -90,7 +94,9 @@ def worker_config(config: ServerConfig, options: FleetOptions) -> ServerConfig:
 async def _offer(request: web.Request) -> web.Response:
     body = await json_body(request)
     offer = parse_offer(body, kvs=request.app[POOL].worker_config.kvs is not None)
-    answer = await place(request.app, "offer", offer.description.sdp, offer.seed, offer.kvs_stream)
+    photo = await offer_photo(request, body)  # checked before any worker is asked
+    sdp = offer.description.sdp
+    answer = await place(request.app, "offer", sdp, offer.seed, offer.kvs_stream, photo)
     keep = ("sdp", "type", "session_id", "worker", "node_id", "node_ip")
     return web.json_response({k: answer[k] for k in keep})
 

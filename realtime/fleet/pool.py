@@ -283,7 +283,7 @@ class WorkerPool:
 
     async def _end_sessions(self, view: WorkerView, incarnation: str, reason: str) -> None:
         try:
-            ended = await self._registry_call("worker_lost", view.name, incarnation, reason)
+            ended = await self.registry_call("worker_lost", view.name, incarnation, reason)
             if ended:
                 log.info("fleet: sessions %s ended (%s)", ", ".join(ended), reason)
         except Exception as exc:
@@ -376,7 +376,7 @@ class WorkerPool:
 
     async def session_worker(self, session_id: str) -> tuple[dict, WorkerView]:
         """The registry's record of a live session and its worker (404 if not live)."""
-        record = await self._registry_call("lookup", session_id)
+        record = await self.registry_call("lookup", session_id)
         if record is None:
             raise SessionNotFound(f"no live session {session_id!r}")
         if record["state"] != "live":
@@ -409,7 +409,7 @@ class WorkerPool:
                 ) from None
             raise
 
-    async def _registry_call(self, method: str, *args: object) -> Any:
+    async def registry_call(self, method: str, *args: object) -> Any:
         """One call to the registry within `call_timeout_s`. A call lost while Ray restarts
         the registry (it was in flight when its process died) is sent again until then:
         calls sent meanwhile wait in Ray's queue for the new process."""
@@ -434,7 +434,7 @@ class WorkerPool:
 
     async def sessions(self) -> list[dict]:
         """Every session the registry knows, live ones with their worker's current stats."""
-        records = await self._registry_call("list")
+        records = await self.registry_call("list")
         live = [v for v in self.workers.values() if v.state in ("ok", "draining")]
         answers = await asyncio.gather(
             *(self.on_worker(v, "describe_sessions") for v in live), return_exceptions=True

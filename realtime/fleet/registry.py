@@ -5,6 +5,9 @@ cluster reads the same table and a front can be restarted without losing it. Wor
 it (a session opened, a session closed and why); fronts write it when a worker is lost (its
 sessions end with the worker's reason) and read it to route interrupt and delete calls.
 Closed sessions stay listed, with their final state, for the last `keep_closed` of them.
+It also keeps the page's uploaded photos, checked and prepared by the front that took them
+(`fleet/photos.py`), the newest `MAX_PHOTOS` (each one video-sized frame), so an offer
+through any front can name one.
 
 The workers are the source of truth for what they host: each sends its whole picture every
 few seconds (`sync`). So a registry whose process died, which Ray restarts empty
@@ -18,6 +21,9 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
+from typing import Any
+
+from realtime.photos import PhotoStore
 
 REGISTRY = "facecast-registry"
 
@@ -31,6 +37,7 @@ class SessionRegistry:
         self._keep = keep_closed
         self._synced: set[tuple[str, str]] = set()  # (worker, incarnation) heard since start
         self._started = round(time.time(), 3)
+        self._photos = PhotoStore()
 
     def opened(self, record: dict) -> None:
         """`record`: id, worker, incarnation, node_id, node_ip, created."""
@@ -87,6 +94,13 @@ class SessionRegistry:
                 reason = record.get("closed_reason") or f"ended on worker {worker}"
                 self._closed[record["id"]] = {**record, "state": "closed", "reason": reason}
         self._trim()
+
+    def add_photo(self, prepared: Any) -> str:
+        """Keep a photo a front checked (`PreparedPhoto`); its id for the offer."""
+        return self._photos.add(prepared)
+
+    def photo(self, photo_id: str) -> Any | None:
+        return self._photos.find(photo_id)
 
     def about(self) -> dict:
         """This process of the registry: a restart shows as a new pid and start time."""

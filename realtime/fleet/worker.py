@@ -149,9 +149,14 @@ class FleetWorker:
 
     # ---- sessions --------------------------------------------------------------------
 
-    async def offer(self, sdp: str, seed: int = 0, kvs_stream: str | None = None) -> dict:
-        """Negotiate one offer (already checked by the front); the answer and where it runs."""
-        request = OfferRequest(RTCSessionDescription(sdp=sdp, type="offer"), seed, kvs_stream)
+    async def offer(
+        self, sdp: str, seed: int = 0, kvs_stream: str | None = None, photo: Any = None
+    ) -> dict:
+        """Negotiate one offer (already checked by the front); the answer and where it runs.
+        `photo`: the session's own photo, checked and prepared by the front (a
+        `PreparedPhoto`, fleet/photos.py); None for this worker's reference."""
+        description = RTCSessionDescription(sdp=sdp, type="offer")
+        request = OfferRequest(description, seed, kvs_stream, photo)
         return await self._open(lambda service: open_session(service, request))
 
     async def whip_offer(self, sdp: str) -> dict:

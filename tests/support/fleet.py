@@ -44,9 +44,11 @@ async def running_front(
     per_worker: int,
     device: str = "cpu",
     end: bool = True,
+    engine_config: str = "tiny",
     **fleet: object,
 ) -> AsyncIterator[tuple[str, object]]:
-    """A front on a loopback port with its own workers (`fleet`: more FleetOptions);
+    """A front on a loopback port with its own workers of engine config `engine_config` (`fleet`: more
+    FleetOptions);
     yields (url, pool). With `end`, every actor of the namespace is ended afterwards, so
     the nodes' room is free for the next test."""
     from aiohttp import web
@@ -58,7 +60,7 @@ async def running_front(
     options = FleetOptions(
         workers=workers, sessions_per_worker=per_worker, namespace=namespace, **fleet
     )
-    pool = make_pool(config, EngineOptions(config="tiny", device=device), options)
+    pool = make_pool(config, EngineOptions(config=engine_config, device=device), options)
     app = build_front_app(config, pool)
     runner = FacecastRunner(app, handle_signals=False)
     await runner.setup()
