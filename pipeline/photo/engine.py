@@ -28,13 +28,7 @@ from pipeline.clock import MODEL_SAMPLES_PER_FRAME as SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
 from pipeline.engine import FrameBatch, StageTimes
 from pipeline.module import Module, build_seeded, resolve_weights_dir
-from pipeline.photo.face import (
-    FACE_CASCADE,
-    FaceGeometry,
-    PreparedPhoto,
-    cascade,
-    prepare_photo,
-)
+from pipeline.photo.face import FaceGeometry, PreparedPhoto, prepare_photo
 from pipeline.photo.idle import IdleMotion
 from pipeline.photo.motion import MotionNet, window_frames
 from pipeline.photo.warp import WarpDecoder
@@ -56,7 +50,6 @@ class PhotoEngine:
 
     @classmethod
     def load(cls, cfg: FacecastConfig, device: str = "cpu") -> PhotoEngine:
-        cascade(FACE_CASCADE)  # every session needs the detector: fail at start-up, not there
         dev = torch.device(device)
         net = build_seeded(lambda: MotionNet(cfg.photo), cfg.runtime.init_seed, dev)
         weights = resolve_weights_dir(cfg.runtime.weights) if cfg.runtime.weights else None
