@@ -23,7 +23,8 @@ import numpy as np
 
 from pipeline.clock import FPS
 from pipeline.clock import MODEL_SAMPLES_PER_FRAME as SAMPLES_PER_FRAME
-from pipeline.media import ASSETS, load_reference
+from pipeline.media import ASSETS
+from pipeline.photo.reference import load_prepared
 from pipeline.startup import EngineOptions, start_engine
 from pipeline.train.evaluate import held_out_speech
 
@@ -41,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         EngineOptions(config=args.config, device=args.device, threads=args.threads)
     )
     audio = held_out_speech(args.seconds)
-    session = engine.new_stream(load_reference(args.reference, engine.cfg))
+    # the product's path: a real photo through the face detector, a synthetic reference
+    # with the geometry its PNG carries (no detector needed)
+    session = engine.new_stream(load_prepared(args.reference, engine.cfg))
     times, frames, k = [], 0, 0
     while True:
         need = engine.stream_step(k).audio_frames * SAMPLES_PER_FRAME
