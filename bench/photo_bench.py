@@ -8,7 +8,7 @@ streams `--seconds` of held-out espeak-ng speech through one session in the sche
 steps, timing each `generate_ready()` (motion model + warp + frame copy). It reports
 frames per second of engine time, the step times (first, p50, p95, max) and what the
 schedule makes of them: the first frame can leave once step 0's audio has arrived and
-step 0 has run.
+step 0 has run. `--wav` streams a speech file instead, where espeak-ng is missing.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.clock import FPS
+from pipeline.clock import FPS, model_samples
 from pipeline.clock import MODEL_SAMPLES_PER_FRAME as SAMPLES_PER_FRAME
-from pipeline.media import ASSETS
+from pipeline.media import ASSETS, read_audio
 from pipeline.photo.reference import load_prepared
 from pipeline.startup import EngineOptions, start_engine
 from pipeline.train.evaluate import held_out_speech
@@ -36,12 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--reference", default=str(ASSETS / "portraits" / "grace_hopper.jpg"))
     p.add_argument("--device", default="cpu")
+    p.add_argument("--wav", help="speech to stream (default: held-out espeak-ng speech)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     engine, report = start_engine(
         EngineOptions(config=args.config, device=args.device, threads=args.threads)
     )
-    audio = held_out_speech(args.seconds)
+    # a machine without espeak-ng (the lent GPU) streams a WAV made elsewhere
+    audio = read_audio(args.wav)[: model_samples(args.seconds)] if args.wav else None
+    audio = held_out_speech(args.seconds) if audio is None else audio
     # the product's path: a real photo through the face detector, a synthetic reference
     # with the geometry its PNG carries (no detector needed)
     session = engine.new_stream(load_prepared(args.reference, engine.cfg))

@@ -122,7 +122,7 @@ def summary(config: str, call: dict) -> str:
     return (
         f"{config} {call['mode']}: fresh {s.get('fresh_share')} "
         f"({s.get('frames_fresh')}/{s.get('frames_sent')}, dropped {s.get('frames_dropped')}, "
-        f"skipped {s.get('frames_skipped')}), ttff {s.get('ttff_ms')} ms, "
+        f"skipped {s.get('frames_skipped')}, deadlines missed {s.get('frames_missed')}), ttff {s.get('ttff_ms')} ms, "
         f"speech-to-lips p50/p95 {s.get('speech_to_lips_p50_ms')}/"
         f"{s.get('speech_to_lips_p95_ms')} ms, delay {s.get('playout_delay_ms')}→"
         f"{s.get('playout_delay_now_ms')} ms, gen RTF {call['generation_rtf'] or 0:.3f}, "
@@ -140,7 +140,7 @@ def markdown(res: dict) -> str:
         f"{m['date']} · commit `{m['commit']}` · start-up {res['startup_seconds']} s",
         f"`{m['command']}`",
         "",
-        "| call | fresh share (fresh/sent) | dropped · skipped | time to first frame | "
+        "| call | fresh share (fresh/sent) | dropped · skipped · missed | time to first frame | "
         "speech-to-lips p50 / p95 | playout delay start → now | generation RTF | "
         "client fps · A/V · max gap | round trip p50 / p95 | GPU peak |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -152,7 +152,8 @@ def markdown(res: dict) -> str:
         lines.append(
             f"| {call['mode']} ×{call['speed']:g}, {call['seconds']:.0f} s | "
             f"{s.get('fresh_share')} ({s.get('frames_fresh')}/{s.get('frames_sent')}) | "
-            f"{s.get('frames_dropped')} · {s.get('frames_skipped')} | {s.get('ttff_ms')} ms | "
+            f"{s.get('frames_dropped')} · {s.get('frames_skipped')} · {s.get('frames_missed')} | "
+            f"{s.get('ttff_ms')} ms | "
             f"{s.get('speech_to_lips_p50_ms')} / {s.get('speech_to_lips_p95_ms')} ms | "
             f"{s.get('playout_delay_ms')} → {s.get('playout_delay_now_ms')} ms | "
             f"{'–' if rtf is None else f'{rtf:.3f}'} | "

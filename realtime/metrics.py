@@ -23,6 +23,7 @@ class RealtimeMetrics:
         r = self.registry
         self._sent = 0
         self._fresh = 0
+        self._missed = 0  # frame deadlines skipped by a late sender
         self.active_sessions = Gauge(
             "facecast_active_sessions", "Peers with a live session", registry=r
         )
@@ -74,7 +75,14 @@ class RealtimeMetrics:
         )
         self.fresh_share = Gauge(
             "facecast_video_fresh_share",
-            "Fresh frames over frames sent, all sessions since start (1.0 = none repeated)",
+            "Fresh frames over frame deadlines (sent or missed), all sessions since start "
+            "(1.0 = every deadline got a new frame)",
+            registry=r,
+        )
+        self.deadlines_missed = Counter(
+            "facecast_video_deadlines_missed_total",
+            "Frame deadlines the sender reached too late and skipped (a stalled encoder or "
+            "media loop): the viewer kept the previous frame",
             registry=r,
         )
         self.speech_to_lips = Histogram(
@@ -109,7 +117,7 @@ class RealtimeMetrics:
         )
         self.frames_dropped = Counter(
             "facecast_video_frames_dropped_total",
-            "Frames that arrived after their deadline",
+            "Generated frames never sent: late for their deadline, or their deadline was skipped",
             registry=r,
         )
         self.frames_skipped = Counter(
@@ -139,7 +147,13 @@ class RealtimeMetrics:
             self._fresh += 1
         else:
             self.frames_repeated.inc()
-        self.fresh_share.set(self._fresh / self._sent)
+        self.fresh_share.set(self._fresh / (self._sent + self._missed))
+
+    def deadlines_skipped(self, n: int) -> None:
+        """Count `n` frame deadlines a late sender skipped: frames the viewer never got."""
+        self.deadlines_missed.inc(n)
+        self._missed += n
+        self.fresh_share.set(self._fresh / max(1, self._sent + self._missed))
 
     def render(self) -> bytes:
         """The registry in Prometheus text exposition format."""

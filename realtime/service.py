@@ -29,7 +29,7 @@ from aiortc.codecs import CODECS
 from aiortc.sdp import SessionDescription
 
 from pipeline.clock import FPS
-from pipeline.config import FacecastConfig
+from pipeline.config import FacecastConfig, load_config
 from pipeline.startup import EngineOptions, start_engine
 from pipeline.stream import AvatarStream, Reference, StreamingEngine
 from realtime.engine_process import EngineProcess
@@ -61,6 +61,21 @@ log = logging.getLogger(__name__)
 
 
 OFFER_OPTIONS = {"sdp", "type", "seed", "kvs_stream", "photo_id", "photo"}
+
+
+def engine_in_own_process(options: EngineOptions) -> bool:
+    """Where the engine runs unless told: in a process of its own on a CPU, and for the
+    photo stack anywhere; in the server's process for the diffusion engine on a GPU.
+
+    The photo stack at 1280x720 assembles ~2.8 MB frames on the host, several times faster
+    than real time: in the server's process that host work and the media loop share one GIL,
+    and on the H200 the viewer got 17.8 fps of 25 (the sender missed deadlines) against
+    25.0 fps from the engine's own process (bench/RESULTS.md, "The photo stack at 720p").
+    The diffusion engine on a GPU mostly waits on its kernels; there the extra copy through
+    shared memory cost speech-to-lips time instead."""
+    if options.device == "cpu":
+        return True
+    return load_config(options.config).runtime.stack == "photo"
 
 
 @dataclass
@@ -127,7 +142,7 @@ class Service:
         """Start the engine off the event loop, in a process of its own unless told not to
         (`realtime.engine_process`); sessions are refused until it is warm."""
         if own_process is None:
-            own_process = options.device == "cpu"
+            own_process = engine_in_own_process(options)
         if own_process and options.device == "cpu" and options.threads is None:
             # leave a core to the media loop: an engine whose threads outnumber the free
             # cores stalls at every barrier (the demo on 2 cores beside a busy loop: 0.25 s

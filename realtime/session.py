@@ -689,6 +689,7 @@ class PeerSession:
     def stats(self) -> dict:
         """Playout counters and latencies so far (also sent to the peer as `stats`)."""
         sent, fresh = self.video.sent, self.video.sent - self.video.repeated
+        due = sent + self.video.missed  # a skipped deadline is a frame the viewer never got
         lips = sorted(self.speech_to_lips)
 
         def ms(x: float | None) -> int | None:
@@ -699,10 +700,11 @@ class PeerSession:
             "frames_fresh": fresh,
             "frames_repeated": self.video.repeated,
             "frames_dropped": self.video.dropped,
+            "frames_missed": self.video.missed,
             "frames_generated": self.generated,
             "frames_skipped": self.worker.skipped_frames_total,
             "frames_queued": self.frames.depth(),  # made, not yet due
-            "fresh_share": round(fresh / sent, 4) if sent else None,
+            "fresh_share": round(fresh / due, 4) if due else None,
             "ttff_ms": ms(self.ttff_s),
             "playout_delay_ms": ms(self.playout_delay_s),
             "playout_delay_now_ms": ms(

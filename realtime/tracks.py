@@ -184,6 +184,7 @@ class AvatarVideoTrack(_PacedTrack):
         self.sent = 0
         self.repeated = 0
         self.dropped = 0
+        self.missed = 0  # deadlines skipped because the sender came too late
 
     def stop(self) -> None:
         super().stop()
@@ -196,6 +197,8 @@ class AvatarVideoTrack(_PacedTrack):
         behind = int((time.monotonic() - t0) * FPS) - self._index
         if behind > MAX_CATCHUP_FRAMES:
             self._index += behind - 1
+            self.missed += behind - 1  # the viewer kept the last frame over these
+            self._metrics.deadlines_skipped(behind - 1)
         index = await self._wait_deadline(FRAME_SECONDS)
         try:
             rgb = self._next_rgb(index)

@@ -45,7 +45,7 @@ def test_real_portrait_talks_and_keeps_its_likeness(tmp_path, speech10):
     args = ["render", "--reference", str(PORTRAIT), "--audio", str(speech10), "--out", str(out)]
     assert main([*args, "--quiet", "--threads", "1"]) == 0
     audio = np.concatenate([b.model for b in iter_audio(speech10)])
-    scores = run_photo_eval(out, load_reference(PORTRAIT, load_config("photo")), audio)
+    scores = run_photo_eval(out, PORTRAIT, audio)
     assert scores.n_frames == 250
     assert scores.ssim_outside_mouth >= 0.6, scores
     assert scores.mouth_speech_r >= 0.5, scores

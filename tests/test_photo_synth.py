@@ -5,6 +5,8 @@ chunk is not true of it is treated like any photo, so a faceless one is still re
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from support.photos import write_bad_photos
@@ -85,13 +87,21 @@ def test_geometry_is_where_the_world_painted_the_face(group):
 def test_make_reference_png_renders_with_the_default_photo_stack(tmp_path, capsys):
     """`facecast make-reference` → `facecast render` (default config: photo) works on a
     dark face that the Haar detector does not find; the same picture re-encoded without
-    its text is a plain photo again, and is refused in one line."""
+    its text is a plain photo again, and is refused in one line. `facecast eval --photo`
+    scores the video against it."""
     ref, out = tmp_path / "dark.png", tmp_path / "dark.mp4"
     assert main(["make-reference", "--seed", str(DARK_SEED), "--out", str(ref)]) == 0
     wav = write_wav(tmp_path / "a.wav", held_out_speech(2.0))
     args = ["render", "--reference", str(ref), "--audio", str(wav), "--quiet", "--threads", "1"]
     assert main([*args, "--out", str(out)]) == 0
     assert out.stat().st_size > 0
+    # `facecast eval --photo` scores it too, with the face box its geometry gives
+    scored = tmp_path / "scores.json"
+    evaluate = ["eval", "--photo", str(ref), "--video", str(out), "--audio", str(wav)]
+    assert main([*evaluate, "--json", str(scored)]) == 0
+    scores = json.loads(scored.read_text())
+    assert scores["n_frames"] == 50 and scores["ssim_outside_mouth"] >= 0.9, scores
+    assert scores["mouth_speech_r_best"] >= 0.5, scores
     plain = write_png(tmp_path / "plain.png", load_image(ref))  # the pixels, no chunk
     code = main(["render", "--reference", str(plain), "--audio", str(wav), "--out", str(out)])
     err = capsys.readouterr().err.strip().splitlines()

@@ -130,3 +130,15 @@ async def test_healthz_ready_only_after_warmup_and_first_call_pays_nothing_extra
         out, _ = server.communicate(timeout=30)
     # serve says where it listens, and when it is ready, at the default log level
     assert f"facecast serve: {url}/" in out and "ready in" in out, out
+
+
+def test_engine_runs_in_its_own_process_on_a_cpu_and_for_the_photo_stack():
+    from pipeline.startup import EngineOptions
+    from realtime.service import engine_in_own_process
+
+    # the photo stack's host-side frame assembly would share the media loop's GIL
+    # (bench/RESULTS.md: 17.8 of 25 fps at 720p on the H200 in-process, 25.0 on its own)
+    assert engine_in_own_process(EngineOptions(config="photo720", device="cuda"))
+    assert engine_in_own_process(EngineOptions(config="photo", device="cpu"))
+    assert engine_in_own_process(EngineOptions(config="tiny", device="cpu"))
+    assert not engine_in_own_process(EngineOptions(config="rt720", device="cuda"))

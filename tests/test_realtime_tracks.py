@@ -48,6 +48,11 @@ async def test_video_track_survives_bad_frames_and_skips_when_behind():
     f1 = await video.recv()
     assert f0.pts >= 24 * 3600 and f1.pts == f0.pts + 3600
     assert f0.width == 16 and video.dropped >= 1
+    # the skipped deadlines are frames the viewer never got: counted, and not fresh
+    assert video.missed == f0.pts // 3600 >= 24
+    assert metrics.deadlines_missed._value.get() == video.missed
+    fresh = [s.value for s in metrics.fresh_share.collect()[0].samples][0]
+    assert fresh < 0.1, "two frames sent over ~26 deadlines: the share says so"
 
 
 def test_frame_queue_waits_for_room():

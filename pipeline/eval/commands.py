@@ -22,12 +22,10 @@ def _seams(args: argparse.Namespace, n_frames: int) -> list[int]:
 
 
 def _photo_eval(args: argparse.Namespace) -> int:
-    from pipeline.config import PhotoConfig
     from pipeline.eval.photo import run_photo_eval, write_json
     from pipeline.media import iter_audio
-    from pipeline.photo.face import load_photo
 
-    photo = load_photo(str(args.photo), PhotoConfig())
+    photo = args.photo
     audio = np.concatenate([b.model for b in iter_audio(args.audio)] or [np.zeros(0, np.float32)])
     scores = run_photo_eval(args.video, photo, audio, window_s=args.window_s or 10.0)
     print(scores.summary())

@@ -2,9 +2,13 @@
 
 The measurement of issue 16, for any stack (demo, photo, …) and any real portrait:
 
-- the photo is framed as the video shows it: scaled to cover the frame, centre-cropped;
-- the face box is OpenCV's frontal-face Haar cascade on the framed photo (the largest);
-  the mouth box is its lower 40 % × middle 60 %;
+- the photo is framed as the photo stack shows it (`pipeline.photo.reference`): scaled to
+  cover the frame, centre-cropped, and the crop slid the least that keeps the face in (a
+  portrait photo in a 16:9 frame would lose the head to a plain centre crop; on the square
+  CPU default the two are the same);
+- the face box is OpenCV's frontal-face Haar cascade on the framed photo (the largest); a
+  synthetic reference where the cascade finds none (it misses the darkest synthetic faces)
+  uses the box its own geometry gives. The mouth box is its lower 40 % × middle 60 %;
 - identity: per frame, mean SSIM (Gaussian window, sigma 1.5, on luma) against the framed
   photo over every pixel outside the mouth box; drift = mean of the last `window_s`
   seconds minus the first;
@@ -28,9 +32,14 @@ import numpy as np
 
 from pipeline.clock import FPS
 from pipeline.clock import MODEL_SAMPLES_PER_FRAME as SAMPLES_PER_FRAME
+from pipeline.config import PhotoConfig
 from pipeline.errors import MediaError
 from pipeline.eval.evaluate import _batches
-from pipeline.photo.face import detect_faces, frame_photo
+from pipeline.photo.face import detect_faces, read_photo_file
+from pipeline.photo.reference import prepare_reference
+
+# scoring takes any face the photo stack would, and smaller ones: the video is given
+SCORING = PhotoConfig(min_face_px=1)
 
 
 @dataclass(frozen=True)
@@ -102,8 +111,21 @@ def _iou(a, b) -> float:
     return inter / (aw * ah + bw * bh - inter)
 
 
-def run_photo_eval(video, photo_rgb: np.ndarray, audio_16k: np.ndarray, window_s: float = 10.0):
-    """Score `video` (a file, frames or batches) against the photo it animates."""
+def framed_photo(photo: str | Path, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+    """The photo file as a `width` x `height` video shows it at rest, and the face box the
+    scores use (x, y, w, h)."""
+    data = read_photo_file(str(photo), SCORING)
+    prepared = prepare_reference(data, str(photo), width, height, SCORING)
+    faces = detect_faces(prepared.framed)
+    if len(faces) == 0:  # only a synthetic reference gets here: a photo's needs the cascade
+        return prepared.framed, np.array(prepared.face.box)
+    return prepared.framed, faces[0]
+
+
+def run_photo_eval(
+    video, photo: str | Path, audio_16k: np.ndarray, window_s: float = 10.0
+) -> PhotoScores:
+    """Score `video` (a file, frames or batches) against the photo file it animates."""
     ref = framed = box = None
     mouth_mask = None
     ssim, motion, found = [], [], []
@@ -111,11 +133,7 @@ def run_photo_eval(video, photo_rgb: np.ndarray, audio_16k: np.ndarray, window_s
     for batch in _batches(video):
         if framed is None:
             H, W = batch.shape[1:3]
-            framed = frame_photo(photo_rgb, W, H)
-            faces = detect_faces(framed)
-            if len(faces) == 0:
-                raise MediaError("no face found in the framed photo: it cannot be scored")
-            box = faces[0]
+            framed, box = framed_photo(photo, W, H)
             x, y, w, h = box
             mb = (
                 int(x + 0.2 * w),
@@ -161,7 +179,7 @@ def run_photo_eval(video, photo_rgb: np.ndarray, audio_16k: np.ndarray, window_s
     )
 
 
-def face_strip(video, photo_rgb: np.ndarray, scores: PhotoScores, n: int = 8, side: int = 192):
+def face_strip(video, photo: str | Path, scores: PhotoScores, n: int = 8, side: int = 192):
     """The framed photo, then `n` frames spread over the clip, each cropped around the face
     (1.8x the face box) and scaled to `side` pixels: what a person looks at first."""
     picks = set(np.linspace(12, scores.n_frames - 1, n).astype(int).tolist())
@@ -171,7 +189,7 @@ def face_strip(video, photo_rgb: np.ndarray, scores: PhotoScores, n: int = 8, si
     tiles, framed = [], None
     for i, frame in enumerate(f for batch in _batches(video) for f in batch):
         if framed is None:
-            framed = frame_photo(photo_rgb, frame.shape[1], frame.shape[0])
+            framed, _ = framed_photo(photo, frame.shape[1], frame.shape[0])
             tiles.append(_crop(framed, cx, cy, half, side))
         if i in picks:
             tiles.append(_crop(frame, cx, cy, half, side))
