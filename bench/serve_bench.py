@@ -140,7 +140,7 @@ def markdown(res: dict) -> str:
         f"{m['date']} · commit `{m['commit']}` · start-up {res['startup_seconds']} s",
         f"`{m['command']}`",
         "",
-        "| call | fresh share (fresh/sent) | dropped · skipped · missed | time to first frame | "
+        "| call | fresh share of deadlines (fresh/sent) | dropped · skipped · missed | time to first frame | "
         "speech-to-lips p50 / p95 | playout delay start → now | generation RTF | "
         "client fps · A/V · max gap | round trip p50 / p95 | GPU peak |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",

@@ -15,7 +15,8 @@ each a closed form in the face's geometry (`FaceGeometry`, units of the face box
 The photo is sampled once at the traced positions (bilinear), and the gap between the lips
 is painted: a dark cavity shaded from the lip colour and, when `teeth` is up, a band of
 upper teeth. Pixels no map moves keep the photo's exact values, so outside the moving
-region (and at 1280x720, outside the face) the output is the photo at full resolution.
+region (at 1280x720, outside the head's ellipse, unless the face fills the frame) the
+output is the photo at full resolution.
 
 Everything is batched over a chunk's frames and runs in torch on the engine's device.
 Legend: T frames, H/W output pixels (of the region of interest), P params.
