@@ -132,11 +132,23 @@ def detect_faces(rgb: np.ndarray, min_side_frac: float = 0.06) -> np.ndarray:
         grey = cv2.resize(grey, (round(w * s), round(h * s)), interpolation=cv2.INTER_AREA)
     # no histogram equalisation: on the astronaut it turned the shuttle into a face
     side = max(20, int(min_side_frac * min(grey.shape)))
-    found = cascade(FACE_CASCADE).detectMultiScale(
-        grey, scaleFactor=1.08, minNeighbors=6, minSize=(side, side)
-    )
+    found = _cascade_boxes(grey, side)
+    if len(found) == 0:
+        # A second look with the shadows lifted (gamma 0.5), only where the first found
+        # nothing: Haar misses dark skin more often. On 38 synthetic faces it finds 6 of
+        # the 12 darkest instead of 4, and no face appears on the faceless test images.
+        found = _cascade_boxes(cv2.LUT(grey, _LIFT_SHADOWS), side)
     boxes = np.asarray(found, np.float64).reshape(-1, 4) / s
     return boxes[np.argsort(-boxes[:, 2] * boxes[:, 3])]
+
+
+_LIFT_SHADOWS = (255 * np.sqrt(np.arange(256) / 255)).astype(np.uint8)
+
+
+def _cascade_boxes(grey: np.ndarray, side: int) -> np.ndarray:
+    return cascade(FACE_CASCADE).detectMultiScale(
+        grey, scaleFactor=1.08, minNeighbors=6, minSize=(side, side)
+    )
 
 
 @dataclass(frozen=True)
