@@ -308,7 +308,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="run the engine in its own process, off the media loop's GIL "
-        "(default: on a CPU, and for the photo stack on a GPU too; see bench/RESULTS.md)",
+        "(default: on a CPU, not on a GPU; see bench/RESULTS.md)",
     )
     add_kvs_arguments(parser)
     add_ice_arguments(parser)

@@ -29,7 +29,7 @@ from aiortc.codecs import CODECS
 from aiortc.sdp import SessionDescription
 
 from pipeline.clock import FPS
-from pipeline.config import FacecastConfig, load_config
+from pipeline.config import FacecastConfig
 from pipeline.startup import EngineOptions, start_engine
 from pipeline.stream import AvatarStream, Reference, StreamingEngine
 from realtime.engine_process import EngineProcess
@@ -64,18 +64,22 @@ OFFER_OPTIONS = {"sdp", "type", "seed", "kvs_stream", "photo_id", "photo"}
 
 
 def engine_in_own_process(options: EngineOptions) -> bool:
-    """Where the engine runs unless told: in a process of its own on a CPU, and for the
-    photo stack anywhere; in the server's process for the diffusion engine on a GPU.
+    """Where the engine runs unless told: in a process of its own on a CPU (one core left
+    to the media loop), in the server's process on a GPU (bench/RESULTS.md has both)."""
+    return options.device == "cpu"
 
-    The photo stack at 1280x720 assembles ~2.8 MB frames on the host, several times faster
-    than real time: in the server's process that host work and the media loop share one GIL,
-    and on the H200 the viewer got 17.8 fps of 25 (the sender missed deadlines) against
-    25.0 fps from the engine's own process (bench/RESULTS.md, "The photo stack at 720p").
-    The diffusion engine on a GPU mostly waits on its kernels; there the extra copy through
-    shared memory cost speech-to-lips time instead."""
-    if options.device == "cpu":
-        return True
-    return load_config(options.config).runtime.stack == "photo"
+
+def torch_threads_in_process(options: EngineOptions, stack: str) -> int | None:
+    """torch's CPU thread count for a server whose engine runs in the server's process (None:
+    leave it). On a GPU the photo stack computes nothing on the CPU with torch, and torch's
+    threads serve the VAD's 512-sample windows: 16 of them beside the media loop kept the
+    VAD thread 79 % busy, and `photo720` reached the viewer at 15-17 fps of 25; with one,
+    100 % fresh at 25 fps (bench/RESULTS.md, "The photo stack at 720p"). The diffusion
+    engine keeps its threads: with one, rt720-low-latency's served steps took 0.55-0.78 s
+    against 0.44 s, and its first live call waited 33 s for a frame."""
+    if options.threads is not None or options.device == "cpu" or stack != "photo":
+        return None
+    return 1
 
 
 @dataclass
@@ -154,11 +158,9 @@ class Service:
                 torch.set_num_threads(1)  # this process only runs the VAD now
             else:
                 engine, _ = await asyncio.to_thread(start_engine, options)
-                if options.device != "cpu" and options.threads is None:
-                    # The engine computes on the GPU; torch's CPU threads here serve the
-                    # VAD's 512-sample windows, and 16 of them beside a busy media loop
-                    # spent 79 % of the VAD thread's time in its model (5 % on one thread).
-                    torch.set_num_threads(1)
+                threads = torch_threads_in_process(options, engine.cfg.runtime.stack)
+                if threads is not None:
+                    torch.set_num_threads(threads)
         except Exception as exc:  # reported by /healthz and by `serve`, which then exits
             self.startup_error = f"{type(exc).__name__}: {exc}"
             log.error("engine start-up failed: %s", self.startup_error)

@@ -132,13 +132,18 @@ async def test_healthz_ready_only_after_warmup_and_first_call_pays_nothing_extra
     assert f"facecast serve: {url}/" in out and "ready in" in out, out
 
 
-def test_engine_runs_in_its_own_process_on_a_cpu_and_for_the_photo_stack():
+def test_engine_placement_and_threads_follow_the_measurements():
+    """On a CPU the engine gets its own process; on a GPU it shares the server's, and the
+    photo stack there leaves torch one CPU thread for the VAD (bench/RESULTS.md: with 16,
+    photo720 reached the viewer at 15-17 fps of 25; with one, 25.0 and 100 % fresh)."""
     from pipeline.startup import EngineOptions
-    from realtime.service import engine_in_own_process
+    from realtime.service import engine_in_own_process, torch_threads_in_process
 
-    # the photo stack's host-side frame assembly would share the media loop's GIL
-    # (bench/RESULTS.md: 17.8 of 25 fps at 720p on the H200 in-process, 25.0 on its own)
-    assert engine_in_own_process(EngineOptions(config="photo720", device="cuda"))
     assert engine_in_own_process(EngineOptions(config="photo", device="cpu"))
-    assert engine_in_own_process(EngineOptions(config="tiny", device="cpu"))
-    assert not engine_in_own_process(EngineOptions(config="rt720", device="cuda"))
+    assert not engine_in_own_process(EngineOptions(config="photo720", device="cuda"))
+    assert torch_threads_in_process(EngineOptions(config="photo720", device="cuda"), "photo") == 1
+    gpu_diffusion = EngineOptions(config="rt720", device="cuda")
+    assert torch_threads_in_process(gpu_diffusion, "diffusion") is None  # it needs them
+    told = EngineOptions(config="photo720", device="cuda", threads=4)
+    assert torch_threads_in_process(told, "photo") is None  # --threads wins
+    assert torch_threads_in_process(EngineOptions(config="photo", device="cpu"), "photo") is None
