@@ -42,9 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     engine, report = start_engine(
         EngineOptions(config=args.config, device=args.device, threads=args.threads)
     )
-    # a machine without espeak-ng (the lent GPU) streams a WAV made elsewhere
-    audio = read_audio(args.wav)[: model_samples(args.seconds)] if args.wav else None
-    audio = held_out_speech(args.seconds) if audio is None else audio
+    if args.wav:  # a machine without espeak-ng (the lent GPU) streams a WAV made elsewhere
+        audio = read_audio(args.wav)[: model_samples(args.seconds)]
+    else:
+        audio = held_out_speech(args.seconds)
     # the product's path: a real photo through the face detector, a synthetic reference
     # with the geometry its PNG carries (no detector needed)
     session = engine.new_stream(load_prepared(args.reference, engine.cfg))

@@ -147,12 +147,15 @@ class RealtimeMetrics:
             self._fresh += 1
         else:
             self.frames_repeated.inc()
-        self.fresh_share.set(self._fresh / (self._sent + self._missed))
+        self._update_fresh_share()
 
     def deadlines_skipped(self, n: int) -> None:
         """Count `n` frame deadlines a late sender skipped: frames the viewer never got."""
         self.deadlines_missed.inc(n)
         self._missed += n
+        self._update_fresh_share()
+
+    def _update_fresh_share(self) -> None:
         self.fresh_share.set(self._fresh / max(1, self._sent + self._missed))
 
     def render(self) -> bytes:

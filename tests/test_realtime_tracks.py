@@ -50,8 +50,9 @@ async def test_video_track_survives_bad_frames_and_skips_when_behind():
     assert f0.width == 16 and video.dropped >= 1
     # the skipped deadlines are frames the viewer never got: counted, and not fresh
     assert video.missed == f0.pts // 3600 >= 24
-    assert metrics.deadlines_missed._value.get() == video.missed
-    fresh = [s.value for s in metrics.fresh_share.collect()[0].samples][0]
+    scrape = metrics.registry.get_sample_value
+    assert scrape("facecast_video_deadlines_missed_total") == video.missed
+    fresh = scrape("facecast_video_fresh_share")
     assert fresh < 0.1, "two frames sent over ~26 deadlines: the share says so"
 
 
