@@ -26,7 +26,7 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = "photo"
 ATTENTION_BACKENDS = ("sdpa", "flex", "facecast")
 DTYPES = ("float32", "bfloat16", "float16")
-STACKS = ("diffusion", "photo")
+STACKS = ("diffusion", "photo", "flashhead")
 
 
 @dataclass
@@ -183,6 +183,41 @@ class PhotoConfig:
 
 
 @dataclass
+class FlashHeadConfig:
+    """SoulX-FlashHead from its published checkpoint (`runtime.stack: flashhead`,
+    `pipeline/flashhead/`). Numbers are the authors' inference settings."""
+
+    variant: str = "pro"  # "pro": Wan 2.1 VAE; "lite": LTX-Video VAE
+    weights: str | None = None  # the release folder (Model_Pro/, VAE_Wan/, …); --weights
+    wav2vec: str | None = None  # a facebook/wav2vec2-base-960h folder; --wav2vec
+    chunk_frames: int = 33  # video frames a chunk generates, motion frames included
+    motion_latents: int = 2  # latent frames handed from each chunk to the next
+    steps: int = 4  # sampling steps, no guidance
+    shift: float = 5.0  # timestep shift of the sampler
+    color_correction: float = 1.0  # 0: off; 1: each frame's Lab statistics → the reference's
+    audio_window_seconds: int = 8  # wav2vec2 re-reads this much audio every chunk
+    face_ratio: float = 2.0  # the reference square is this many face widths wide
+    dtype: str = "bfloat16"
+
+    def validate(self) -> None:
+        _check(self.variant in ("pro", "lite"), "flashhead.variant", "must be pro or lite")
+        _check(self.chunk_frames >= 9, "flashhead.chunk_frames", "must be >= 9")
+        _check(self.motion_latents >= 1, "flashhead.motion_latents", "must be >= 1")
+        _check(1 <= self.steps <= 50, "flashhead.steps", "must be in [1, 50]")
+        _check(self.shift > 0, "flashhead.shift", "must be > 0")
+        _check(
+            0.0 <= self.color_correction <= 1.0, "flashhead.color_correction", "must be in [0, 1]"
+        )
+        _check(
+            self.audio_window_seconds * FPS >= self.chunk_frames,
+            "flashhead.audio_window_seconds",
+            "must cover a chunk",
+        )
+        _check(1.0 <= self.face_ratio <= 4.0, "flashhead.face_ratio", "must be in [1, 4]")
+        _check(self.dtype in DTYPES, "flashhead.dtype", f"must be one of {DTYPES}")
+
+
+@dataclass
 class RuntimeConfig:
     stack: str = "diffusion"  # "diffusion": VAE + A2V/SR DiTs; "photo": warp the photo
     dtype: str = "float32"
@@ -211,19 +246,31 @@ class FacecastConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     photo: PhotoConfig = field(default_factory=PhotoConfig)
+    flashhead: FlashHeadConfig = field(default_factory=FlashHeadConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     @property
     def frames_per_latent(self) -> int:
-        """Video frames per schedule unit: the VAE's temporal ratio, or 1 for the photo
-        stack (its chunks are counted in video frames)."""
-        return 1 if self.runtime.stack == "photo" else self.vae.temporal_ratio
+        """Video frames per schedule unit: the VAE's temporal ratio for the project's diffusion
+        stack; 1 for the others (their chunks are counted in video frames)."""
+        return self.vae.temporal_ratio if self.runtime.stack == "diffusion" else 1
+
+    @property
+    def flashhead_new_frames(self) -> int:
+        """Video frames a FlashHead chunk adds: its frames less the motion frames, which
+        repeat the previous chunk's last ones (the first motion latent is one frame, each
+        later one a temporal stride of frames)."""
+        fh = self.flashhead
+        stride = 4 if fh.variant == "pro" else 8
+        return fh.chunk_frames - ((fh.motion_latents - 1) * stride + 1)
 
     @property
     def lookahead_frames(self) -> int:
         """Audio frames a chunk reads past its own end before it can run."""
         if self.runtime.stack == "photo":
             return self.photo.lookahead_frames
+        if self.runtime.stack == "flashhead":
+            return 0  # a chunk's last frames read their audio clamped at the chunk's end
         return self.audio.lookahead_frames
 
     def validate(self) -> None:
@@ -231,6 +278,22 @@ class FacecastConfig:
             value = getattr(self, f.name)
             if dataclasses.is_dataclass(value):
                 value.validate()
+        if self.runtime.stack == "flashhead":
+            new = self.flashhead_new_frames
+            fh, sch = self.flashhead, self.schedule
+            stride = 4 if fh.variant == "pro" else 8
+            _check(
+                (fh.chunk_frames - 1) % stride == 0,
+                "flashhead.chunk_frames",
+                f"must be 1 + a multiple of the VAE's temporal stride {stride}",
+            )
+            _check(
+                sch.chunk_latents == new and sch.first_chunk_latents == new,
+                "schedule",
+                f"a FlashHead chunk adds {new} frames: chunk_latents and first_chunk_latents "
+                f"must be {new}, seam and boundary 0",
+            )
+            _check(sch.seam_latents == 0 and sch.boundary_latents == 0, "schedule", "no seams")
         grid = latent_grid(self)
         _check(
             grid.full_h % self.a2v.downscale == 0 and grid.full_w % self.a2v.downscale == 0,

@@ -16,12 +16,11 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
@@ -37,6 +36,7 @@ from pipeline.stages.context import ContextStage
 from pipeline.stages.decode import DecodeStage
 from pipeline.stages.init import InitStage, ReferenceCond
 from pipeline.stages.sr import SRStage
+from pipeline.stream import FrameBatch, StageTimes
 from pipeline.timeline import AudioTimeline
 
 if TYPE_CHECKING:
@@ -44,22 +44,6 @@ if TYPE_CHECKING:
     from pipeline.stream import Reference
 
 log = logging.getLogger("facecast.engine")
-
-
-@dataclass
-class FrameBatch:
-    start: int  # index of the first frame; frame n covers audio [n*40 ms, (n+1)*40 ms)
-    frames: np.ndarray  # uint8 (N, H, W, 3) RGB
-
-
-@dataclass
-class StageTimes:
-    """Wall seconds per stage, accumulated; used by progress output and benchmarks."""
-
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    def add(self, stage: str, dt: float) -> None:
-        self.seconds[stage] = self.seconds.get(stage, 0.0) + dt
 
 
 class Engine:
@@ -106,49 +90,41 @@ class Engine:
         return engine
 
     def warmup(self, seed: int = 0) -> float:
-        """Run one throwaway session over every chunk shape (N_0, N, I, each SR segment, the
-        end-of-stream tail) so that compilation, autotuning and kernel plans happen at start-up
-        and never inside a session's time to first frame; then a second, timed one, step by
-        step, for `step_seconds`. Returns the seconds it all took."""
-        t = time.perf_counter()
-        self.run_every_shape(seed)
-        self.step_seconds = self._warm_session(seed, timed=True)
-        self.warmup_seconds = time.perf_counter() - t
-        return self.warmup_seconds
+        """Every chunk shape once, then a timed session for `step_seconds`
+        (`pipeline.warmup`)."""
+        from pipeline.warmup import warm_up
+
+        return warm_up(self, seed)
 
     def run_every_shape(self, seed: int = 0) -> None:
         """One throwaway session over every chunk shape (warm-up's first pass; FP8's
         calibration records its inputs)."""
-        self._warm_session(seed, timed=False)
+        from pipeline.warmup import warm_session
+
+        warm_session(self, seed, timed=False)
+
+    def warmup_reference(self) -> np.ndarray:
+        h, w = self.cfg.video.height, self.cfg.video.width
+        return np.full((h, w, 3), 127, np.uint8)
+
+    def fp8_targets(self, scaling: str) -> list[tuple[nn.Module, str]]:
+        """(parent, attribute) of every linear layer FP8 replaces (`pipeline.precision`)."""
+        out: list[tuple[nn.Module, str]] = []
+        for name in ("a2v", "sr"):
+            for block in self.modules[name].model.transformer.blocks:
+                out.append((block.attn, "qkv"))
+                if scaling == "row":
+                    out.append((block.attn, "out"))
+                out += [(block.mlp, "0"), (block.mlp, "2")]
+                if block.cond is not None:
+                    out.append((block, "cond"))
+        return out
 
     def stream_step(self, k: int) -> StreamStep:
         """What step k of a stream waits for and emits (video frames), from the schedule."""
         cfg = self.cfg
         plan = ChunkPlan(cfg.schedule)
         return plan.step(k, cfg.frames_per_latent, cfg.lookahead_frames)
-
-    def _warm_session(self, seed: int, timed: bool) -> dict[str, float]:
-        steps = 6
-        spf = MODEL_SAMPLES_PER_FRAME
-        frames = self.stream_step(steps - 1).audio_frames
-        audio = (0.1 * np.sin(np.arange(frames * spf) * 0.07)).astype(np.float32)
-        h, w = self.cfg.video.height, self.cfg.video.width
-        session = self.new_stream(np.full((h, w, 3), 127, np.uint8), seed=seed)
-        seconds = []
-        for k in range(steps if timed else 1):
-            end = len(audio) if not timed else self.stream_step(k).audio_frames * spf
-            session.push_audio(audio[session.timeline.total : end])
-            t = time.perf_counter()
-            session.generate_ready()  # returns frames on the host: the GPU work is done
-            seconds.append(time.perf_counter() - t)
-        session.finish()
-        session.close()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        # the median: a first use left over from the untimed pass (a kernel plan, a page
-        # fault) must not set the plan
-        later = sorted(seconds[1:]) or seconds
-        return {"first": seconds[0], "steady": later[len(later) // 2]}
 
     def new_stream(
         self,

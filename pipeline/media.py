@@ -29,16 +29,25 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 
 
 def default_reference(cfg) -> Path:
-    """The bundled identity of a config: a real public-domain portrait for the photo stack,
-    a synthetic-world face for the diffusion stacks."""
-    if cfg.runtime.stack == "photo":
+    """The bundled identity of a config: a real public-domain portrait for the photo stack
+    and the real models, a synthetic-world face for the project's diffusion stacks."""
+    if cfg.runtime.stack in ("photo", "flashhead"):
         return ASSETS / "portraits" / "grace_hopper.jpg"
     return ASSETS / "reference.png"
 
 
 def load_reference(path: str | Path, cfg) -> np.ndarray:
     """A reference image for `cfg` → uint8 (H, W, 3) RGB. The photo stack checks it first
-    (bytes, type, pixels: `pipeline.photo.face.load_photo`)."""
+    (bytes, type, pixels: `pipeline.photo.face.load_photo`); FlashHead gets it checked the
+    same way and framed as the face-centred square it expects (`pipeline.flashhead.framing`)."""
+    if cfg.runtime.stack == "flashhead":
+        from pipeline.flashhead.framing import face_square
+        from pipeline.photo.face import load_photo
+
+        if not Path(path).is_file():
+            raise MediaError(f"reference image not found: {path}")
+        rgb = load_photo(str(path), cfg.photo)
+        return face_square(rgb, cfg.flashhead.face_ratio, cfg.video.width)
     if cfg.runtime.stack == "photo":
         from pipeline.photo.face import load_photo
 

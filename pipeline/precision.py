@@ -85,17 +85,9 @@ SCALINGS = ("static", "row")
 
 
 def fp8_layers(engine, scaling: str) -> list[tuple[nn.Module, str]]:
-    """(parent, attribute) of every linear layer FP8 replaces."""
-    out: list[tuple[nn.Module, str]] = []
-    for name in ("a2v", "sr"):
-        for block in engine.modules[name].model.transformer.blocks:
-            out.append((block.attn, "qkv"))
-            if scaling == "row":
-                out.append((block.attn, "out"))
-            out += [(block.mlp, "0"), (block.mlp, "2")]
-            if block.cond is not None:
-                out.append((block, "cond"))
-    return out
+    """(parent, attribute) of every linear layer FP8 replaces: the family's choice
+    (`engine.fp8_targets`), the token-wise linears of its DiT blocks."""
+    return engine.fp8_targets(scaling)
 
 
 def calibrate_input_amax(engine, linears: list[nn.Linear]) -> dict[nn.Linear, Tensor]:

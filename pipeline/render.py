@@ -14,10 +14,9 @@ import av
 from tqdm import tqdm
 
 from pipeline.clock import FPS, MODEL_RATE
-from pipeline.engine import Engine, FrameBatch
 from pipeline.errors import MediaError
 from pipeline.media import Mp4Writer, iter_audio, load_reference
-from pipeline.stream import Reference
+from pipeline.stream import FrameBatch, Reference, StreamingEngine
 
 
 @dataclass
@@ -37,7 +36,7 @@ def estimate_frames(audio_path: str | Path) -> int | None:
 
 
 def render_file(
-    engine: Engine,
+    engine: StreamingEngine,
     reference: str | Path,
     audio: str | Path,
     out: str | Path,

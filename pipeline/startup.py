@@ -16,13 +16,13 @@ import torch
 
 from pipeline.config import ATTENTION_BACKENDS, DEFAULT_CONFIG, load_config
 from pipeline.errors import ConfigError
+from pipeline.families import REAL_MODELS, family_of
 from pipeline.module import resolve_device
 
 if TYPE_CHECKING:
     from pipeline.config import FacecastConfig
-    from pipeline.engine import Engine
-    from pipeline.photo.engine import PhotoEngine
     from pipeline.placement import Placement
+    from pipeline.stream import StreamingEngine
 
 # "fp8": FP8 DiT linears with static activation scales calibrated at start-up;
 # "fp8-rowwise": scales computed per token on every call (pipeline/precision.py)
@@ -50,6 +50,10 @@ class EngineOptions:
     threads: int | None = None  # torch's CPU threads for the engine (None: torch's default)
     precision: str = "default"  # "default": the config's dtype; or one of PRECISIONS
     overrides: dict = field(default_factory=dict)  # dotted config keys → values
+    # a real model (`pipeline.families.REAL_MODELS`) instead of `config`, with its weights
+    model: str | None = None
+    weights: str | None = None  # the release folder users download
+    wav2vec: str | None = None  # a wav2vec2 model folder (FlashHead)
 
     def validate(self) -> None:
         if self.attention is not None and self.attention not in ATTENTION_BACKENDS:
@@ -70,6 +74,27 @@ class EngineOptions:
             raise ConfigError(f"threads must be >= 1 (got {self.threads})")
         if self.offload_budget_gb is not None and self.offload is not True:
             raise ConfigError("an offload budget needs --offload")
+        if self.model is not None and self.model not in REAL_MODELS:
+            raise ConfigError(f"model {self.model!r} is not one of {', '.join(REAL_MODELS)}")
+        if self.model is not None and (self.weights is None or self.wav2vec is None):
+            raise ConfigError(
+                f"--model {self.model} needs --weights DIR (the release folder) and "
+                "--wav2vec DIR (facebook/wav2vec2-base-960h): README, 'Run a real model'"
+            )
+        if self.model is None and (self.weights or self.wav2vec):
+            raise ConfigError("--weights and --wav2vec go with --model NAME")
+
+    def config_and_overrides(self) -> tuple[str, dict]:
+        """The preset to load and the dotted overrides on it (`--model` picks a real
+        model's preset and points it at the user's weights)."""
+        overrides = dict(self.overrides)
+        if self.attention:
+            overrides["runtime.attention"] = self.attention
+        if self.model is None:
+            return self.config, overrides
+        overrides["flashhead.weights"] = self.weights
+        overrides["flashhead.wav2vec"] = self.wav2vec
+        return self.model, overrides
 
 
 @dataclass
@@ -82,22 +107,15 @@ class StartupReport:
         return {"load_seconds": self.load_seconds, **self.prepare, "startup_seconds": self.seconds}
 
 
-def load_engine(
-    cfg: FacecastConfig, device: str = "cpu", placement: Placement | None = None
-) -> Engine | PhotoEngine:
-    """The engine of a config: `Engine` for the diffusion stack, or the photo stack's
-    `pipeline.photo.engine.PhotoEngine` (the same streaming seam, `pipeline.stream`)."""
-    if cfg.runtime.stack == "photo":
-        from pipeline.photo.engine import PhotoEngine
-
-        return PhotoEngine.load(cfg, device)
-    from pipeline.engine import Engine
-
-    return Engine.load(cfg, device, placement)
+def load_engine(cfg: FacecastConfig, device: str = "cpu", placement: Placement | None = None):
+    """The engine of a config's model family (`pipeline.families`), loaded, not warmed."""
+    return family_of(cfg).load(cfg, device, placement)
 
 
-def start_engine(opts: EngineOptions):
-    """Load the engine `opts` describe and make it ready for work; returns (engine, report)."""
+def start_engine(opts: EngineOptions) -> tuple[StreamingEngine, StartupReport]:
+    """Load the engine `opts` describe and make it ready for work; returns (engine, report).
+    The same for every family: load; FP8 (before compile: the graphs are traced with it);
+    kernel picks, compile and warm-up where the family has them."""
     from pipeline.compile import compile_engine, prepare
     from pipeline.offload import OffloadConfig
     from pipeline.placement import plan_placement
@@ -106,51 +124,60 @@ def start_engine(opts: EngineOptions):
     if opts.threads is not None:
         torch.set_num_threads(opts.threads)
     t = time.perf_counter()
-    overrides = dict(opts.overrides)
-    if opts.attention:
-        overrides["runtime.attention"] = opts.attention
-    cfg = load_config(opts.config, overrides=overrides)
+    name, overrides = opts.config_and_overrides()
+    cfg = load_config(name, overrides=overrides)
+    family = family_of(cfg)
+    wanted = {
+        "--compile": opts.compile,
+        "--offload": opts.offload,
+        "--precision": opts.precision != "default",
+    }
+    allowed = {
+        "--compile": family.compiles,
+        "--offload": family.offloads,
+        "--precision": family.fp8,
+    }
+    refused = [flag for flag, on in wanted.items() if on and not allowed[flag]]
+    if refused:
+        raise ConfigError(
+            f"config {cfg.name!r} ({family.summary}): {', '.join(refused)} does not apply to it"
+        )
     device = torch.device(resolve_device(opts.device))
     cap = None
     if opts.memory_cap_gb and device.type == "cuda":
         cap = int(opts.memory_cap_gb * 1e9)
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device.index or 0)
-    offload = (
-        OffloadConfig(
-            prefetch=opts.prefetch,
-            budget_gb=opts.offload_budget_gb,
-            record_stalls=opts.record_stalls,
+    placement = None
+    if family.offloads:
+        offload = (
+            OffloadConfig(
+                prefetch=opts.prefetch,
+                budget_gb=opts.offload_budget_gb,
+                record_stalls=opts.record_stalls,
+            )
+            if opts.offload
+            else opts.offload  # False: resident; None: the plan decides
         )
-        if opts.offload
-        else opts.offload  # False: resident; None: the plan decides
-    )
-    if cfg.runtime.stack == "photo" and (
-        opts.compile or opts.offload or opts.precision != "default"
-    ):
-        raise ConfigError(
-            f"config {cfg.name!r} is the photo stack: --compile, --offload and --precision "
-            "apply to the diffusion stack's DiTs only"
-        )
-    placement = plan_placement(cfg, device, offload, memory_cap_bytes=cap)
+        placement = plan_placement(cfg, device, offload, memory_cap_bytes=cap)
     engine = load_engine(cfg, str(device), placement)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     report = StartupReport(load_seconds=time.perf_counter() - t)
-    if cfg.runtime.stack == "photo":  # no kernels to pick or compile: warm up only
-        if opts.warmup:
-            report.prepare["warmup_seconds"] = engine.warmup()
-        report.seconds = time.perf_counter() - t
-        engine.startup = report
-        return engine, report
-    if opts.precision in FP8_SCALING:  # before compile: the graphs are traced with FP8
+    if opts.precision in FP8_SCALING:
         from pipeline.precision import apply_fp8
 
         report.prepare["fp8_linears"] = apply_fp8(engine, FP8_SCALING[opts.precision])
-    if opts.warmup:
-        report.prepare |= prepare(engine, compile_blocks=opts.compile, sdpa_pick=opts.sdpa_pick)
-    elif opts.compile:
-        report.prepare["compiled_blocks"] = compile_engine(engine)
+    if family.picks_sdpa:  # the project's diffusion stack: kernel picks and its compile
+        if opts.warmup:
+            report.prepare |= prepare(engine, compile_blocks=opts.compile, sdpa_pick=opts.sdpa_pick)
+        elif opts.compile:
+            report.prepare["compiled_blocks"] = compile_engine(engine)
+    else:
+        if opts.compile:
+            report.prepare["compiled_blocks"] = engine.compile()
+        if opts.warmup:
+            report.prepare["warmup_seconds"] = engine.warmup()
     report.seconds = time.perf_counter() - t
     engine.startup = report
     return engine, report

@@ -1,14 +1,17 @@
 """The seam between the engine and what drives it (the realtime worker, render, tests).
 
 `AvatarStream` is what one open-ended stream offers: push audio, ask how much the next step
-needs, generate what is ready, finish, close. `StreamingEngine` is what a server needs of an
-engine: its config, its measured step times, the schedule's steps, and new streams. The
-in-process `pipeline.engine.Engine` and the child-process `realtime.engine_process` proxy
-both satisfy them; the type checker holds them to it.
+needs, generate what is ready, finish, close; it hands out `FrameBatch`es and keeps its
+`StageTimes`. `StreamingEngine` is what a server needs of an engine: its config, its
+measured step times, the schedule's steps, and new streams. Every model family's engine
+(the project's diffusion `pipeline.engine.Engine`, the photo stack's
+`pipeline.photo.engine.PhotoEngine`, `pipeline.flashhead.engine.FlashHeadEngine`) and the
+child-process `realtime.engine_process` proxy satisfy them; the type checker holds them to it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, Union
 
 import numpy as np
@@ -16,10 +19,26 @@ import torch
 
 if TYPE_CHECKING:
     from pipeline.config import FacecastConfig
-    from pipeline.engine import FrameBatch
     from pipeline.photo.face import PreparedPhoto
     from pipeline.schedule import StreamStep
     from pipeline.startup import StartupReport
+
+
+@dataclass
+class FrameBatch:
+    start: int  # index of the first frame; frame n covers audio [n*40 ms, (n+1)*40 ms)
+    frames: np.ndarray  # uint8 (N, H, W, 3) RGB
+
+
+@dataclass
+class StageTimes:
+    """Wall seconds per stage, accumulated; used by progress output and benchmarks."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, stage: str, dt: float) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + dt
+
 
 # Who the avatar is: an identity image (uint8 H x W x 3), or a photo the photo stack has
 # already checked and framed (`pipeline.photo.face.prepare_photo`, done once per server).

@@ -25,7 +25,7 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 import torch
 
-from pipeline.engine import FrameBatch
+from pipeline.stream import FrameBatch
 from pipeline.schedule import ChunkPlan, StreamStep
 from pipeline.startup import EngineOptions, StartupReport
 from pipeline.stream import Reference

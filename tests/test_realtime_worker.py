@@ -26,7 +26,7 @@ class ScriptedEngineSession:
         return max(0, (self.emitted + 16) * 640 - self.audio)
 
     def generate_ready(self):
-        from pipeline.engine import FrameBatch
+        from pipeline.stream import FrameBatch
 
         out = []
         while self.audio >= (self.emitted + 16) * 640:

@@ -24,15 +24,15 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from pipeline.clock import MODEL_SAMPLES_PER_FRAME as SAMPLES_PER_FRAME
+from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
-from pipeline.engine import FrameBatch, StageTimes
 from pipeline.module import Module, build_seeded, resolve_weights_dir
 from pipeline.photo.face import FaceGeometry, PreparedPhoto, prepare_photo
 from pipeline.photo.idle import IdleMotion
 from pipeline.photo.motion import MotionNet, window_frames
 from pipeline.photo.warp import WarpDecoder
 from pipeline.schedule import Chunk, ChunkPlan, StreamStep
+from pipeline.stream import FrameBatch, StageTimes
 from pipeline.timeline import AudioTimeline
 
 
@@ -68,29 +68,18 @@ class PhotoEngine:
         return PhotoStream(self, reference_rgb, seed, sinks or [])
 
     def warmup(self, seed: int = 0) -> float:
-        """Every chunk shape once, then a timed pass for `step_seconds` (as `Engine`)."""
-        t = time.perf_counter()
-        self._warm_session(seed, timed=False)
-        self.step_seconds = self._warm_session(seed, timed=True)
-        self.warmup_seconds = time.perf_counter() - t
-        return self.warmup_seconds
+        """Every chunk shape once, then a timed pass for `step_seconds` (`pipeline.warmup`)."""
+        from pipeline.warmup import warm_up
 
-    def _warm_session(self, seed: int, timed: bool) -> dict[str, float]:
-        steps = 6
-        frames = self.stream_step(steps - 1).audio_frames
-        audio = (0.1 * np.sin(np.arange(frames * SAMPLES_PER_FRAME) * 0.07)).astype(np.float32)
-        session = self.new_stream(warmup_photo(self.cfg), seed=seed)
-        seconds = []
-        for k in range(steps if timed else 1):
-            end = len(audio) if not timed else self.stream_step(k).audio_frames * SAMPLES_PER_FRAME
-            session.push_audio(audio[session.timeline.total : end])
-            t = time.perf_counter()
-            session.generate_ready()
-            seconds.append(time.perf_counter() - t)
-        session.finish()
-        session.close()
-        later = sorted(seconds[1:]) or seconds
-        return {"first": seconds[0], "steady": later[len(later) // 2]}
+        return warm_up(self, seed)
+
+    def run_every_shape(self, seed: int = 0) -> None:
+        from pipeline.warmup import warm_session
+
+        warm_session(self, seed, timed=False)
+
+    def warmup_reference(self) -> PreparedPhoto:
+        return warmup_photo(self.cfg)
 
 
 def warmup_photo(cfg: FacecastConfig) -> PreparedPhoto:
@@ -165,7 +154,7 @@ class PhotoStream:
     def finish(self) -> list[FrameBatch]:
         if self.total_frames is not None:
             return []
-        self.total_frames = round(self.timeline.total / SAMPLES_PER_FRAME)
+        self.total_frames = round(self.timeline.total / MODEL_SAMPLES_PER_FRAME)
         out: list[FrameBatch] = []
         while self.frames_emitted < self.total_frames:
             out += self._advance()

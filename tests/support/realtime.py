@@ -206,7 +206,7 @@ class ScriptedStream:
 
     def generate_ready(self):
 
-        from pipeline.engine import FrameBatch
+        from pipeline.stream import FrameBatch
 
         out = []
         audio = np.concatenate(self.audio) if self.audio else np.zeros(0, np.float32)

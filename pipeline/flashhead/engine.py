@@ -1,0 +1,324 @@
+"""The FlashHead family behind the engine seam (`pipeline.stream`).
+
+A chunk is `chunk_frames` (33) video frames: the first `motion_latents` latent frames are
+the previous chunk's last frames re-encoded (its motion, 5 frames for Pro), the rest are
+new (28 for Pro). For each chunk, as the authors' stream mode does:
+
+1. audio: wav2vec2 re-reads the last `audio_window_seconds` of audio (zeros before the
+   stream began); each of the chunk's frames takes a 5-frame window of those features,
+   clamped at the window's end (no audio past the chunk is read);
+2. sampling: `steps` Euler-like steps of the DiT from fresh noise, the motion latents
+   pinned at the front before every step, each step's clean estimate re-noised to the
+   next timestep with fresh noise (the distilled model's sampler);
+3. decode: the Wan 2.1 (Pro) or LTX-Video (Lite) VAE; colour correction against the
+   reference; the new frames leave, the last motion frames are re-encoded for the next chunk.
+
+Rolling memory: a stream keeps the reference's latents and colour statistics, the motion
+latents and the audio the next window reads; nothing else outlives a chunk.
+
+Legend: C latent channels, T latent frames, F video frames, h, w latent rows and columns,
+H, W pixels.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pipeline.clock import FPS, MODEL_RATE, MODEL_SAMPLES_PER_FRAME
+from pipeline.config import FacecastConfig
+from pipeline.errors import ConfigError
+from pipeline.flashhead.color import ColorMatch
+from pipeline.flashhead.framing import cover_and_crop
+from pipeline.flashhead.weights import load_dit, release_paths
+from pipeline.models.wan.dit import WanAudioDiT
+from pipeline.models.wav2vec2 import SpeechFeatures
+from pipeline.module import DTYPES
+from pipeline.schedule import Chunk, ChunkPlan, StreamStep
+from pipeline.stream import FrameBatch, StageTimes
+from pipeline.timeline import AudioTimeline
+
+
+def sampling_timesteps(steps: int, shift: float, device: torch.device) -> list[Tensor]:
+    """The distilled sampler's timesteps (0..1000, then 0), shifted toward the noisy end:
+    t' = shift·t / (1 + (shift − 1)·t) on t in [0, 1]."""
+    if steps == 4:
+        ts = [1000.0, 750.0, 500.0, 250.0]
+    elif steps == 2:
+        ts = [1000.0, 500.0]
+    else:
+        ts = [float(t) for t in np.linspace(1000, 1, steps, dtype=np.float32)]
+    out = []
+    for t in [*ts, 0.0]:
+        u = torch.tensor([t], device=device) / 1000
+        out.append(shift * u / (1 + (shift - 1) * u) * 1000)
+    return out
+
+
+def sample_chunk(
+    dit: WanAudioDiT,
+    noise_CTHW: Tensor,
+    motion_CTHW: Tensor,
+    ref_CTHW: Tensor,
+    ctx_BTMD: Tensor,
+    timesteps: list[Tensor],
+    generator: torch.Generator,
+) -> Tensor:
+    """One chunk's latents from its noise: the hot path (no host syncs)."""
+    x = noise_CTHW
+    m = motion_CTHW.shape[1]
+    for i in range(len(timesteps) - 1):
+        x[:, :m] = motion_CTHW
+        flow = dit(x[None], timesteps[i], ctx_BTMD, ref_CTHW[None])[0]
+        t_now = (timesteps[i] / 1000).to(x.dtype)
+        t_next = (timesteps[i + 1] / 1000).to(x.dtype)
+        clean = x - flow * t_now
+        fresh = torch.randn(clean.shape, dtype=x.dtype, device=x.device, generator=generator)
+        x = (1 - t_next) * clean + t_next * fresh
+    x[:, :m] = motion_CTHW
+    return x
+
+
+def window_indices(frames: int, end: int) -> Tensor:
+    """(frames, 5) feature rows: each of the last `frames` frames before `end` with its
+    neighbours ±2, clamped to the window [0, end)."""
+    centre = torch.arange(end - frames, end)[:, None] + torch.arange(-2, 3)[None, :]
+    return centre.clamp(0, end - 1)
+
+
+@dataclass
+class FlashHeadModels:
+    dit: WanAudioDiT
+    vae: object  # pipeline.models.wan.vae (Pro) or pipeline.models.ltx.vae (Lite)
+    speech: SpeechFeatures
+
+
+class FlashHeadEngine:
+    """The release's models, loaded once; every stream shares them."""
+
+    def __init__(self, cfg: FacecastConfig, models: FlashHeadModels, device: torch.device):
+        self.cfg = cfg
+        self.models = models
+        self.device = device
+        self.dtype = DTYPES[cfg.flashhead.dtype]
+        self.offloader = None
+        self.compiled = False
+        self.precision = "default"
+        self.warmup_seconds: float | None = None
+        self.step_seconds: dict[str, float] | None = None
+        self.startup = None
+        self.warmup_steps = 3  # one chunk shape: the first step, then two steady ones
+        fh = cfg.flashhead
+        self.timesteps = sampling_timesteps(fh.steps, fh.shift, device)
+        self.stride = 4 if fh.variant == "pro" else 8
+        self.motion_frames = (fh.motion_latents - 1) * self.stride + 1
+        self.new_frames = cfg.flashhead_new_frames
+
+    @classmethod
+    def load(cls, cfg: FacecastConfig, device: str = "cpu") -> FlashHeadEngine:
+        fh = cfg.flashhead
+        if fh.weights is None or fh.wav2vec is None:
+            raise ConfigError(
+                f"--model {cfg.name} needs --weights DIR (the release folder) and --wav2vec "
+                "DIR (a facebook/wav2vec2-base-960h folder): README, 'Run a real model'"
+            )
+        dev = torch.device(device)
+        dtype = DTYPES[fh.dtype]
+        dit_dir, vae_path = release_paths(fh.weights, fh.variant)
+        speech = SpeechFeatures(fh.wav2vec, dev)
+        dit = load_dit(dit_dir, dev, dtype, speech.layers, speech.width)
+        if fh.variant == "pro":
+            from pipeline.models.wan.vae import load_wan_vae
+
+            vae = load_wan_vae(vae_path, dev, dtype)
+        else:
+            from pipeline.models.ltx.vae import load_ltx_vae
+
+            vae = load_ltx_vae(vae_path, dev, dtype)
+        if dit.cfg.vae_stride[0] != (4 if fh.variant == "pro" else 8):
+            raise ConfigError(
+                f"{dit_dir / 'config.json'}: vae_stride {dit.cfg.vae_stride} is not the "
+                f"{fh.variant} variant's"
+            )
+        return cls(cfg, FlashHeadModels(dit, vae, speech), dev)
+
+    def stream_step(self, k: int) -> StreamStep:
+        return ChunkPlan(self.cfg.schedule).step(k, 1, 0)
+
+    def new_stream(
+        self,
+        reference_rgb,
+        seed: int = 0,
+        sinks: list[Callable[[FrameBatch], None]] | None = None,
+    ) -> FlashHeadStream:
+        if not isinstance(reference_rgb, np.ndarray):  # a prepared photo: its framed image
+            reference_rgb = reference_rgb.framed
+        return FlashHeadStream(self, reference_rgb, seed, sinks or [])
+
+    def warmup_reference(self) -> np.ndarray:
+        v = self.cfg.video
+        return np.full((v.height, v.width, 3), 127, np.uint8)
+
+    def warmup(self, seed: int = 0) -> float:
+        from pipeline.warmup import warm_up
+
+        return warm_up(self, seed)
+
+    def run_every_shape(self, seed: int = 0) -> None:
+        from pipeline.warmup import warm_session
+
+        warm_session(self, seed, timed=False)
+
+    def fp8_targets(self, scaling: str) -> list[tuple[torch.nn.Module, str]]:
+        """(parent, attribute) of the linears FP8 replaces: the blocks' token-wise ones."""
+        out: list[tuple[torch.nn.Module, str]] = []
+        for block in self.models.dit.blocks:
+            out += [(block.self_attn, "qkv"), (block.cross_attn, "q")]
+            if scaling == "row":
+                out += [(block.self_attn, "o"), (block.cross_attn, "o")]
+            out += [(block.ffn, "0"), (block.ffn, "2")]
+        return out
+
+    def compile(self, mode: str | None = None) -> int:
+        """torch.compile each DiT block and, on a GPU, the VAE's decoder; returns blocks."""
+        for block in self.models.dit.blocks:
+            block.forward = torch.compile(block.forward, mode=mode)
+        compile_vae = getattr(self.models.vae, "compile", None)
+        if compile_vae is not None and self.device.type == "cuda":
+            compile_vae(mode)
+        self.compiled = True
+        return len(self.models.dit.blocks)
+
+
+class FlashHeadStream:
+    """One open-ended stream of one reference: push audio, collect frames in order."""
+
+    def __init__(
+        self,
+        engine: FlashHeadEngine,
+        reference_rgb: np.ndarray,
+        seed: int,
+        sinks: list[Callable[[FrameBatch], None]],
+    ) -> None:
+        self.engine = engine
+        self.cfg = engine.cfg
+        fh = self.cfg.flashhead
+        self.sinks = sinks
+        self.plan = ChunkPlan(self.cfg.schedule)
+        self.times = StageTimes()
+        self.timeline = AudioTimeline()
+        self.window = fh.audio_window_seconds * MODEL_RATE
+        self.generator = torch.Generator(device=engine.device).manual_seed(seed)
+        t = time.perf_counter()
+        v, dev, dtype = self.cfg.video, engine.device, engine.dtype
+        with torch.inference_mode():
+            image = cover_and_crop(reference_rgb, v.width, v.height)
+            ref = torch.from_numpy(image).to(dev).permute(2, 0, 1)[None, :, None].to(dtype)
+            ref = (ref / 255 - 0.5) * 2  # (1, 3, 1, H, W) in [-1, 1], in the model's dtype
+            self.color = ColorMatch(ref[:, :, 0], fh.color_correction)
+            self.ref_lat: Tensor | None = engine.models.vae.encode(
+                ref.repeat(1, 1, fh.chunk_frames, 1, 1)
+            )[0]
+            self.motion: Tensor | None = self.ref_lat[:, :1].clone()
+        self.times.add("init", time.perf_counter() - t)
+        self.next_n = 0
+        self.frames_emitted = 0
+        self.total_frames: int | None = None
+        self.chunk_log: deque[Chunk] = deque(maxlen=64)
+        self.closed = False
+
+    # -- streaming API (pipeline.stream.AvatarStream) --------------------------------------
+    def push_audio(self, samples: np.ndarray) -> None:
+        if self.total_frames is not None:
+            raise RuntimeError("push_audio after finish(): the stream has ended")
+        self.timeline.append(samples)
+
+    def samples_needed(self) -> int:
+        if self.total_frames is not None:
+            return 0
+        return max(0, self._chunk_end(self.next_n) - self.timeline.total)
+
+    def generate_ready(self) -> list[FrameBatch]:
+        out: list[FrameBatch] = []
+        while self.total_frames is None and self.timeline.total >= self._chunk_end(self.next_n):
+            out.append(self._advance())
+        return out
+
+    def finish(self) -> list[FrameBatch]:
+        """End of audio: the chunks that cover it (silence after it), frames trimmed."""
+        if self.total_frames is not None:
+            return []
+        self.total_frames = round(self.timeline.total / MODEL_SAMPLES_PER_FRAME)
+        out: list[FrameBatch] = []
+        while self.frames_emitted < self.total_frames:
+            out.append(self._advance())
+        self._release()
+        return out
+
+    def close(self) -> None:
+        self._release()
+        self.closed = True
+
+    # -- internals ---------------------------------------------------------------------
+    def _chunk_end(self, k: int) -> int:
+        """The model-rate sample chunk k's audio ends at."""
+        return self.plan.n_end(k) * MODEL_SAMPLES_PER_FRAME
+
+    def _audio(self, k: int) -> Tensor:
+        """(1, F, 5, layers, width): the chunk's frames' feature windows."""
+        end = self._chunk_end(k)
+        audio = self.timeline.read(end - self.window, end)
+        window_frames = self.window * FPS // MODEL_RATE
+        feats = self.engine.models.speech.frames(audio, window_frames)
+        idx = window_indices(self.cfg.flashhead.chunk_frames, window_frames).to(feats.device)
+        return feats[idx][None]
+
+    def _advance(self) -> FrameBatch:
+        if self.ref_lat is None or self.motion is None:
+            raise RuntimeError("the stream is closed")
+        engine, k = self.engine, self.next_n
+        models, dev, dtype = engine.models, engine.device, engine.dtype
+        chunk = self.plan.n_chunk(k)
+        self.chunk_log.append(chunk)
+        t = time.perf_counter()
+        with torch.inference_mode():
+            audio = self._audio(k).to(dev)
+            self.times.add("audio", time.perf_counter() - t)
+            t = time.perf_counter()
+            ctx = models.dit.project_audio(audio)
+            C, T, h, w = self.ref_lat.shape
+            noise = torch.randn((C, T, h, w), dtype=dtype, device=dev, generator=self.generator)
+            lat = sample_chunk(
+                models.dit, noise, self.motion, self.ref_lat, ctx, engine.timesteps, self.generator
+            )
+            self.times.add("dit", time.perf_counter() - t)
+            t = time.perf_counter()
+            video = self.color(models.vae.decode(lat[None]))  # (1, 3, F, H, W) in [-1, 1]
+            self.times.add("decode", time.perf_counter() - t)
+            t = time.perf_counter()
+            self.motion = models.vae.encode(video[:, :, -engine.motion_frames :])[0]
+            self.times.add("encode", time.perf_counter() - t)
+            new = video[0, :, engine.motion_frames :].float()
+            # [-1, 1] → 0..255, truncated as the authors' writer does (astype(uint8))
+            frames = (((new + 1) / 2).clamp(0, 1) * 255).permute(1, 2, 3, 0).to(torch.uint8)
+            frames_np = frames.cpu().numpy()
+        self.next_n += 1
+        self.timeline.drop_before(self._chunk_end(self.next_n) - self.window)
+        start = chunk.start
+        if self.total_frames is not None:
+            frames_np = frames_np[: max(0, self.total_frames - start)]
+        batch = FrameBatch(start, frames_np)
+        self.frames_emitted = start + len(frames_np)
+        for sink in self.sinks:
+            sink(batch)
+        return batch
+
+    def _release(self) -> None:
+        self.ref_lat = None
+        self.motion = None

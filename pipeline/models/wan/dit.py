@@ -1,0 +1,276 @@
+"""The Wan 2.1 DiT core with per-frame audio cross-attention: SoulX-FlashHead's transformer.
+
+One forward denoises a chunk's latents. The input is the noisy latents and the reference
+image's latents concatenated on the channel axis, patchified 1x2x2 into tokens; each of
+the `layers` blocks is six-way adaLN modulation from the timestep, self-attention with
+RMS-normed queries and keys and 3-D RoPE, cross-attention of each latent frame's tokens to
+that frame's audio tokens only, and a tanh-GELU FFN. Audio enters as per-video-frame
+wav2vec2 features (a 5-frame window of 12 hidden layers each), which `AudioProjection`
+turns into `context_tokens` tokens per latent frame; it runs once per chunk
+(`project_audio`), not once per sampling step, since it does not depend on the timestep.
+
+Parameter names follow the published checkpoint (`Model_Pro/`, `Model_Lite/`) so that the
+loader's mapping table stays short; self-attention's q, k, v and cross-attention's k, v
+are fused into one matrix each at load time (`pipeline.families.flashhead.weights`).
+
+Legend: B batch, C latent channels, T latent frames, F video frames, W audio window,
+S wav2vec2 layers, A wav2vec2 width, L tokens, P tokens per latent frame, M audio tokens
+per latent frame, D model width, N heads, H head dim.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pipeline.models.attention import Attention
+from pipeline.models.layers import grid_positions, rope_angles
+
+
+@dataclass(frozen=True)
+class WanDiTConfig:
+    """The fields of the release's `config.json` that shape the network."""
+
+    dim: int = 1536
+    in_dim: int = 32  # noisy latents + reference latents
+    ffn_dim: int = 8960
+    out_dim: int = 16
+    text_dim: int = 4096  # the release keeps a text embedding it never uses
+    freq_dim: int = 256
+    eps: float = 1e-6
+    vae_stride: tuple[int, int, int] = (4, 8, 8)
+    patch_size: tuple[int, int, int] = (1, 2, 2)
+    num_heads: int = 12
+    num_layers: int = 30
+    # fixed by the authors' code, not in config.json
+    audio_dim: int = 768  # wav2vec2-base width
+    audio_layers: int = 12  # hidden states stacked per frame
+    audio_window: int = 5  # video frames of audio per frame (centre ±2)
+    audio_hidden: int = 512
+    context_tokens: int = 32
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @property
+    def frames_per_latent(self) -> int:
+        return self.vae_stride[0]
+
+
+class RMSNorm(nn.Module):
+    """RMS norm over the whole width, computed in fp32, weight applied in the input dtype
+    (the published model's order of operations)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * (
+            self.weight
+        )
+
+
+def apply_rope(x_BLNH: Tensor, cos_LH: Tensor, sin_LH: Tensor) -> Tensor:
+    """Rotate adjacent channel pairs by the token's angles, in fp32."""
+    x1, x2 = x_BLNH.float().unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = cos_LH[:, None, :], sin_LH[:, None, :]
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.flatten(-2).type_as(x_BLNH)
+
+
+def sinusoid(t_B: Tensor, dim: int) -> Tensor:
+    """Wan's timestep features: cos then sin, position t itself (not scaled), in fp64."""
+    half = dim // 2
+    freqs = torch.pow(10000.0, -torch.arange(half, dtype=torch.float64, device=t_B.device) / half)
+    args = torch.outer(t_B.double(), freqs)
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=1)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, dim: int, heads: int, eps: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.o = nn.Linear(dim, dim)
+        self.norm_q = RMSNorm(dim, eps)
+        self.norm_k = RMSNorm(dim, eps)
+        self.attend = Attention("sdpa")
+
+    def forward(self, x_BLD: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+        B, L, D = x_BLD.shape
+        q, k, v = self.qkv(x_BLD).chunk(3, dim=-1)
+        N = self.heads
+        q_BLNH = apply_rope(self.norm_q(q).view(B, L, N, -1), *rope)
+        k_BLNH = apply_rope(self.norm_k(k).view(B, L, N, -1), *rope)
+        v_BLNH = v.view(B, L, N, -1)
+        o_BNLH = self.attend(q_BLNH.transpose(1, 2), k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2))
+        return self.o(o_BNLH.transpose(1, 2).reshape(B, L, D))
+
+
+class FrameCrossAttention(nn.Module):
+    """Each latent frame's tokens attend to that frame's audio tokens, and nothing else."""
+
+    def __init__(self, dim: int, heads: int, eps: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * dim)
+        self.o = nn.Linear(dim, dim)
+        self.norm_q = RMSNorm(dim, eps)
+        self.norm_k = RMSNorm(dim, eps)
+
+    def forward(self, x_BLD: Tensor, ctx_BTMD: Tensor) -> Tensor:
+        B, L, D = x_BLD.shape
+        T, M, N = ctx_BTMD.shape[1], ctx_BTMD.shape[2], self.heads
+        x_GPD = x_BLD.reshape(B * T, L // T, D)  # G = B*T groups: one per latent frame
+        k, v = self.kv(ctx_BTMD.reshape(B * T, M, D)).chunk(2, dim=-1)
+        q_GNPH = self.norm_q(self.q(x_GPD)).unflatten(-1, (N, -1)).transpose(1, 2)
+        k_GNMH = self.norm_k(k).unflatten(-1, (N, -1)).transpose(1, 2)
+        v_GNMH = v.unflatten(-1, (N, -1)).transpose(1, 2)
+        o_GNPH = F.scaled_dot_product_attention(q_GNPH, k_GNMH, v_GNMH)
+        return self.o(o_GNPH.transpose(1, 2).reshape(B, L, D))
+
+
+class AudioBlock(nn.Module):
+    def __init__(self, cfg: WanDiTConfig) -> None:
+        super().__init__()
+        d, eps = cfg.dim, cfg.eps
+        self.norm1 = nn.LayerNorm(d, eps=eps, elementwise_affine=False)
+        self.self_attn = SelfAttention(d, cfg.num_heads, eps)
+        self.norm3 = nn.LayerNorm(d, eps=eps)
+        self.cross_attn = FrameCrossAttention(d, cfg.num_heads, eps)
+        self.norm2 = nn.LayerNorm(d, eps=eps, elementwise_affine=False)
+        self.ffn = nn.Sequential(
+            nn.Linear(d, cfg.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_dim, d)
+        )
+        self.modulation = nn.Parameter(torch.randn(1, 6, d) / d**0.5)
+
+    def forward(
+        self, x_BLD: Tensor, ctx_BTMD: Tensor, mod_B6D: Tensor, rope: tuple[Tensor, Tensor]
+    ) -> Tensor:
+        shift1, scale1, gate1, shift2, scale2, gate2 = (self.modulation + mod_B6D).chunk(6, dim=1)
+        y = self.self_attn(self.norm1(x_BLD) * (1 + scale1) + shift1, rope)
+        x_BLD = x_BLD + y * gate1
+        x_BLD = x_BLD + self.cross_attn(self.norm3(x_BLD), ctx_BTMD)
+        y = self.ffn(self.norm2(x_BLD) * (1 + scale2) + shift2)
+        return x_BLD + y * gate2
+
+
+class AudioProjection(nn.Module):
+    """Per latent frame: its video frames' audio windows → `context_tokens` tokens of width D.
+
+    A chunk's first latent frame stands for one video frame (its whole 5-frame window);
+    each later one for `frames_per_latent` frames, whose windows are trimmed so that the
+    group reads its audio once: the group's first frame keeps the window's past and centre,
+    the middle frames their centre, the last its centre and future.
+    """
+
+    def __init__(self, cfg: WanDiTConfig) -> None:
+        super().__init__()
+        w, r = cfg.audio_window, cfg.frames_per_latent
+        per_frame = cfg.audio_layers * cfg.audio_dim
+        self.window = w
+        self.r = r
+        self.tokens = cfg.context_tokens
+        self.proj1 = nn.Linear(w * per_frame, cfg.audio_hidden)
+        self.proj1_vf = nn.Linear((w + r - 1) * per_frame, cfg.audio_hidden)
+        self.proj2 = nn.Linear(cfg.audio_hidden, cfg.audio_hidden)
+        self.proj3 = nn.Linear(cfg.audio_hidden, cfg.context_tokens * cfg.dim)
+        self.norm = nn.LayerNorm(cfg.dim)
+
+    def group_windows(self, audio_BFWSA: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, 1+r*k, W, S, A) → the first frame's window (B, 1, W·S·A) and each later
+        latent frame's trimmed windows (B, k, (W+r-1)·S·A)."""
+        B = audio_BFWSA.shape[0]
+        mid = self.window // 2
+        first = audio_BFWSA[:, :1].flatten(2)
+        groups = audio_BFWSA[:, 1:].unflatten(1, (-1, self.r))  # (B, k, r, W, S, A)
+        later = torch.cat(
+            [
+                groups[:, :, :1, : mid + 1].flatten(2, 3),
+                groups[:, :, 1:-1, mid : mid + 1].flatten(2, 3),
+                groups[:, :, -1:, mid:].flatten(2, 3),
+            ],
+            dim=2,
+        )
+        return first, later.reshape(B, later.shape[1], -1)
+
+    def forward(self, audio_BFWSA: Tensor) -> Tensor:
+        first, later = self.group_windows(audio_BFWSA)
+        h = torch.cat([torch.relu(self.proj1(first)), torch.relu(self.proj1_vf(later))], dim=1)
+        h = torch.relu(self.proj2(h))
+        B, T = h.shape[:2]
+        tokens = self.proj3(h).reshape(B, T, self.tokens, -1)
+        return self.norm(tokens)
+
+
+class Head(nn.Module):
+    def __init__(self, cfg: WanDiTConfig) -> None:
+        super().__init__()
+        d = cfg.dim
+        self.norm = nn.LayerNorm(d, eps=cfg.eps, elementwise_affine=False)
+        self.head = nn.Linear(d, cfg.out_dim * math.prod(cfg.patch_size))
+        self.modulation = nn.Parameter(torch.randn(1, 2, d) / d**0.5)
+
+    def forward(self, x_BLD: Tensor, t_BD: Tensor) -> Tensor:
+        shift, scale = (self.modulation + t_BD[:, None, :]).chunk(2, dim=1)
+        return self.head(self.norm(x_BLD) * (1 + scale) + shift)
+
+
+class WanAudioDiT(nn.Module):
+    def __init__(self, cfg: WanDiTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.dim
+        self.patch_embedding = nn.Conv3d(
+            cfg.in_dim, d, kernel_size=cfg.patch_size, stride=cfg.patch_size
+        )
+        self.time_embedding = nn.Sequential(nn.Linear(cfg.freq_dim, d), nn.SiLU(), nn.Linear(d, d))
+        self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(d, 6 * d))
+        self.blocks = nn.ModuleList([AudioBlock(cfg) for _ in range(cfg.num_layers)])
+        self.head = Head(cfg)
+        self.audio_proj = AudioProjection(cfg)
+        self._rope: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+    def rope(self, grid: tuple[int, int, int], device: torch.device) -> tuple[Tensor, Tensor]:
+        """cos/sin (L, H/2) for a (T, h, w) token grid; built once per shape and kept."""
+        key = (grid, device)
+        if key not in self._rope:
+            angles = rope_angles(grid_positions(*grid), self.cfg.head_dim).to(device)
+            self._rope[key] = (angles.cos(), angles.sin())
+        return self._rope[key]
+
+    def project_audio(self, audio_BFWSA: Tensor) -> Tensor:
+        """Audio tokens (B, T, M, D) of one chunk; shared by all its sampling steps."""
+        dtype = self.patch_embedding.weight.dtype
+        return self.audio_proj(audio_BFWSA.to(dtype))
+
+    def forward(self, x_BCTHW: Tensor, t_B: Tensor, ctx_BTMD: Tensor, ref_BCTHW: Tensor) -> Tensor:
+        """The flow (velocity) prediction for noisy latents `x` at timestep `t` (0..1000)."""
+        dtype = self.patch_embedding.weight.dtype
+        tokens = self.patch_embedding(torch.cat([x_BCTHW, ref_BCTHW], dim=1).to(dtype))
+        grid = tuple(tokens.shape[2:])
+        x_BLD = tokens.flatten(2).transpose(1, 2)
+        # the release rounds the timestep to the weights' dtype before its sinusoid
+        t_BD = self.time_embedding(sinusoid(t_B.to(dtype), self.cfg.freq_dim).to(dtype))
+        mod_B6D = self.time_projection(t_BD).unflatten(1, (6, self.cfg.dim))
+        rope = self.rope(grid, x_BLD.device)  # type: ignore[arg-type]
+        for block in self.blocks:
+            x_BLD = block(x_BLD, ctx_BTMD, mod_B6D, rope)
+        return self.unpatchify(self.head(x_BLD, t_BD), grid)  # type: ignore[arg-type]
+
+    def unpatchify(self, x_BLK: Tensor, grid: tuple[int, int, int]) -> Tensor:
+        T, h, w = grid
+        pt, ph, pw = self.cfg.patch_size
+        x = x_BLK.reshape(x_BLK.shape[0], T, h, w, pt, ph, pw, self.cfg.out_dim)
+        return x.permute(0, 7, 1, 4, 2, 5, 3, 6).reshape(
+            x_BLK.shape[0], self.cfg.out_dim, T * pt, h * ph, w * pw
+        )

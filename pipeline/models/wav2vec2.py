@@ -1,0 +1,71 @@
+"""wav2vec2 speech features per video frame, as the Wan-based avatar models read them.
+
+The network and its weights are transformers' (`Wav2Vec2Model` from a local model folder,
+e.g. `facebook/wav2vec2-base-960h` as `huggingface-cli download` writes it; nothing is ever
+downloaded here). What these models add is the timing: the convolutional features (50 per
+second) are linearly resampled to exactly one per video frame before the transformer, and
+every transformer layer's output is kept, so a frame's feature is (layers, width).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from pipeline.clock import FPS, MODEL_RATE
+from pipeline.errors import CheckpointError
+
+
+class SpeechFeatures:
+    """A wav2vec2 model folder, loaded once; `frames()` maps audio to per-frame features."""
+
+    def __init__(self, folder: str | Path, device: torch.device | str = "cpu") -> None:
+        from transformers import Wav2Vec2FeatureExtractor, Wav2Vec2Model
+
+        folder = Path(folder)
+        for name in ("config.json", "preprocessor_config.json"):
+            if not (folder / name).is_file():
+                raise CheckpointError(
+                    f"{folder / name}: file not found (--wav2vec wants the folder of "
+                    "`huggingface-cli download facebook/wav2vec2-base-960h`)"
+                )
+        try:
+            self.model = Wav2Vec2Model.from_pretrained(folder, local_files_only=True)
+            self.extractor = Wav2Vec2FeatureExtractor.from_pretrained(folder, local_files_only=True)
+        except (OSError, ValueError, RuntimeError) as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CheckpointError(f"{folder}: wav2vec2 folder not loadable ({reason})") from None
+        self.model.eval().requires_grad_(False).to(device)
+        self.device = torch.device(device)
+        self.layers = self.model.config.num_hidden_layers
+        self.width = self.model.config.hidden_size
+
+    @torch.inference_mode()
+    def frames(self, audio: np.ndarray, num_frames: int | None = None) -> Tensor:
+        """float32 mono audio at MODEL_RATE → (F, layers, width) float32, one row per video
+        frame (F = its duration in frames, rounded down, unless given)."""
+        if num_frames is None:
+            num_frames = int(len(audio) * FPS / MODEL_RATE)
+        values = self.extractor(audio, sampling_rate=MODEL_RATE).input_values[0]
+        x = torch.as_tensor(np.asarray(values), dtype=torch.float32, device=self.device)[None]
+        conv_BCt = self.model.feature_extractor(x)
+        per_frame_BCF = F.interpolate(conv_BCt, size=num_frames, mode="linear", align_corners=True)
+        hidden, _ = self.model.feature_projection(per_frame_BCF.transpose(1, 2))
+        # every transformer layer's output, read by hooks: transformers 4 and 5 return
+        # hidden states in different ways, a layer's output is the same in both
+        layers: list[Tensor] = []
+
+        def keep(_module, _args, output) -> None:
+            layers.append(output[0] if isinstance(output, tuple) else output)
+
+        hooks = [layer.register_forward_hook(keep) for layer in self.model.encoder.layers]
+        try:
+            self.model.encoder(hidden)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return torch.stack(layers, dim=2)[0].float()
