@@ -25,10 +25,9 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 import torch
 
-from pipeline.stream import FrameBatch
 from pipeline.schedule import ChunkPlan, StreamStep
 from pipeline.startup import EngineOptions, StartupReport
-from pipeline.stream import Reference
+from pipeline.stream import FrameBatch, Reference
 
 log = logging.getLogger(__name__)
 
