@@ -27,7 +27,23 @@ class OneLineParser(argparse.ArgumentParser):
 
 def add_engine_arguments(parser: argparse.ArgumentParser, default_config: str) -> None:
     """The engine flags every engine command shares (`pipeline.startup.EngineOptions`)."""
+    from pipeline.families import REAL_MODELS
+
     parser.add_argument("--config", default=default_config, help="config name or YAML path")
+    parser.add_argument(
+        "--model",
+        choices=REAL_MODELS,
+        help="a real open model from its published weights (instead of --config); "
+        "needs --weights and, for FlashHead, --wav2vec",
+    )
+    parser.add_argument(
+        "--weights",
+        help="--model's release folder as downloaded "
+        "(huggingface-cli download Soul-AILab/SoulX-FlashHead-1_3B --local-dir DIR)",
+    )
+    parser.add_argument(
+        "--wav2vec", help="a wav2vec2 model folder (facebook/wav2vec2-base-960h) for FlashHead"
+    )
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument(
         "--attention", choices=["sdpa", "flex", "facecast"], help="override the config's"
@@ -62,6 +78,9 @@ def engine_options(args: argparse.Namespace, warmup: bool = True, device=None, *
 
     return EngineOptions(
         config=args.config,
+        model=args.model,
+        weights=args.weights,
+        wav2vec=args.wav2vec,
         device=device or resolve_device(args.device),
         attention=args.attention,
         compile=args.compile,
@@ -103,7 +122,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     from pipeline.render import render_file
     from pipeline.startup import start_engine
 
-    cfg = load_config(args.config)
+    cfg = load_config(*engine_options(args, warmup=False).config_and_overrides())
     args.reference = args.reference or str(default_reference(cfg))
     for path, what in ((args.reference, "reference image"), (args.audio, "audio file")):
         if not Path(path).is_file():
@@ -143,12 +162,13 @@ def render_parallel(cfg, device: str, args: argparse.Namespace) -> int:
     return 0
 
 
-def _diffusion_only(config: str, command: str, instead: str) -> None:
+def _diffusion_only(args: argparse.Namespace, command: str, instead: str) -> None:
     from pipeline.config import load_config
 
-    if load_config(config).runtime.stack == "photo":
+    cfg = load_config(*engine_options(args, warmup=False).config_and_overrides())
+    if cfg.runtime.stack == "photo":
         raise FacecastError(
-            f"facecast {command} measures the diffusion stack's DiTs; config {config!r} is "
+            f"facecast {command} measures a diffusion model's DiTs; config {cfg.name!r} is "
             f"the photo stack: {instead}"
         )
 
@@ -157,7 +177,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from pipeline.bench import BenchOptions, run_bench, summary_line, write_results
     from pipeline.config import parse_overrides
 
-    _diffusion_only(args.config, "bench", "use python bench/photo_bench.py")
+    _diffusion_only(args, "bench", "use python bench/photo_bench.py")
+    if args.model is not None:  # a real model: its stream, timed as a session runs it
+        from pipeline.stream_bench import bench_stream
+
+        opts_ = engine_options(args, warmup=not args.no_warmup)
+        opts_.overrides = parse_overrides(args.set)
+        res = bench_stream(opts_, args.seconds, command=args.command_line or bench_command(args))
+        write_results(
+            res, args.json, res["command"], Path(args.markdown) if args.markdown else None
+        )
+        print(summary_line(res))
+        return 0
 
     opts = BenchOptions(
         config=args.config,
@@ -183,7 +214,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def bench_command(args: argparse.Namespace) -> str:
     """The command line that reproduces a bench run, for the results table."""
-    parts = ["facecast bench", f"--config {args.config}", f"--seconds {args.seconds:g}"]
+    which = (
+        f"--model {args.model} --weights W --wav2vec W2V"
+        if args.model
+        else f"--config {args.config}"
+    )
+    parts = ["facecast bench", which, f"--seconds {args.seconds:g}"]
     for name in ("attention", "memory_cap_gb", "offload_budget_gb", "json"):
         if getattr(args, name) is not None:
             parts.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
@@ -205,7 +241,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from pipeline.compile import compile_engine, pick_sdpa_backends
     from pipeline.startup import start_engine
 
-    _diffusion_only(args.config, "gate", "it has no kernels to swap")
+    _diffusion_only(args, "gate", "it has no kernels to swap")
 
     # The baseline is the plain eager engine: started without compile or kernel picks;
     # the change under test is applied on top of it below.
@@ -225,10 +261,13 @@ def cmd_gate(args: argparse.Namespace) -> int:
         from pipeline.startup import FP8_SCALING
 
         apply_fp8(engine, FP8_SCALING[args.precision])
-    if args.sdpa_pick:
-        pick_sdpa_backends(engine)
-    if args.compile:
-        compile_engine(engine)
+    if args.model is None:  # the project's diffusion stack: its kernel picks and compile
+        if args.sdpa_pick:
+            pick_sdpa_backends(engine)
+        if args.compile:
+            compile_engine(engine)
+    elif args.compile:
+        engine.compile()
     report = gate.check(engine, args.baseline, args.tolerance_db)
     if args.precision != "default":
         report = gate.precision_tier(report, args.fp8_floor_db)
@@ -242,7 +281,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
     from realtime.server import config_from_args, serve
 
-    cfg = load_config(args.config)  # a bad config fails here, in one line, before listening
+    opts = engine_options(args)
+    opts.validate()  # bad flags and a bad config fail here, in one line, before listening
+    cfg = load_config(*opts.config_and_overrides())
     if cfg.runtime.stack == "photo":  # this process prepares every session's photo
         from pipeline.photo.face import FACE_CASCADE, cascade
 
@@ -260,7 +301,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         logging.getLogger("realtime").setLevel(logging.INFO)
     if args.cluster == "ray":
         return serve_fleet(args, config)
-    return serve(config, engine_options(args))
+    return serve(config, opts)
 
 
 def serve_fleet(args: argparse.Namespace, config) -> int:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import math
 import os
 import sys
 import time
@@ -43,7 +42,11 @@ import torch
 FACECAST = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(FACECAST))
 
-from pipeline.flashhead.weights import dit_config_json, random_dit_state  # noqa: E402
+from pipeline.flashhead.weights import (  # noqa: E402
+    dit_config_json,
+    random_dit_state,
+    randomise_module,
+)
 from pipeline.models.wan.dit import WanDiTConfig  # noqa: E402
 
 SHAPES = {
@@ -105,22 +108,6 @@ def stand_ins(device: str) -> None:
         torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
 
 
-def randomise(module: torch.nn.Module, gen: torch.Generator) -> None:
-    """Every parameter and buffer of float type drawn anew (no zero- or one-initialised path
-    left): matrices ~ N(0, 1/fan_in), vectors ~ N(0, 0.02²) or 1 + N(0, 0.1²) for gains."""
-    with torch.no_grad():
-        for name, p in list(module.named_parameters()) + list(module.named_buffers()):
-            if not p.is_floating_point():
-                continue
-            noise = torch.randn(p.shape, generator=gen)
-            if name.endswith("gamma") or (p.dim() == 1 and name.endswith("weight")):
-                p.copy_(1.0 + 0.1 * noise)  # a norm's gain
-            elif p.dim() >= 2:
-                p.copy_(noise / math.sqrt(max(1, p[0].numel())))
-            else:
-                p.copy_(0.02 * noise)
-
-
 def make_inputs(out: Path, size: int, chunks: int, seed: int) -> tuple[Path, np.ndarray]:
     from PIL import Image
 
@@ -141,7 +128,7 @@ def make_inputs(out: Path, size: int, chunks: int, seed: int) -> tuple[Path, np.
     return path, audio
 
 
-def build_release(args, shape: dict, out: Path, gen: torch.Generator) -> tuple[Path, Path]:
+def build_release(args, shape: dict, out: Path) -> tuple[Path, Path]:
     from flash_head.src.modules.flash_head_model import WanModelAudioProject
     from flash_head.wan.modules import vae as wan_vae
     from transformers import Wav2Vec2Config, Wav2Vec2FeatureExtractor, Wav2Vec2Model
@@ -163,7 +150,7 @@ def build_release(args, shape: dict, out: Path, gen: torch.Generator) -> tuple[P
         temperal_downsample=[False, True, True],
         dropout=0.0,
     )
-    randomise(vae, gen)
+    randomise_module(vae, args.seed + 1)
     (release / "VAE_Wan").mkdir(parents=True, exist_ok=True)
     torch.save(vae.state_dict(), release / "VAE_Wan" / "Wan2.1_VAE.pth")
     # the authors' loader builds the published size; at tiny shape, the tiny one
@@ -177,7 +164,7 @@ def build_release(args, shape: dict, out: Path, gen: torch.Generator) -> tuple[P
         num_conv_pos_embedding_groups=16 if args.shape == "full" else 4,
     )
     w2v = Wav2Vec2Model(w2v_cfg)
-    randomise(w2v, gen)
+    randomise_module(w2v, args.seed + 2)
     w2v.save_pretrained(str(out / "wav2vec"))
     Wav2Vec2FeatureExtractor(
         feature_size=1,
@@ -197,9 +184,8 @@ def run(args) -> None:
     sys.path.insert(0, str(repo))
     os.chdir(repo)  # flash_head.inference reads its YAML by a relative path
     shape = SHAPES[args.shape]
-    gen = torch.Generator().manual_seed(args.seed + 1)
     torch.manual_seed(args.seed)
-    release, wav2vec = build_release(args, shape, out, gen)
+    release, wav2vec = build_release(args, shape, out)
     image_path, audio = make_inputs(out, shape["size"], args.chunks, args.seed)
     dtype = getattr(torch, args.dtype)
 

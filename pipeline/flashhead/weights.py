@@ -15,7 +15,8 @@ older audio embedding that the model never reads (`DIT_UNUSED`). Every problem i
 `CheckpointError` line naming the file.
 
 `random_dit_state` makes a release-shaped state dict of random weights (no zero or one
-left anywhere: such paths hide bugs), for tests, the parity scripts and benchmarks.
+left anywhere: such paths hide bugs), and `randomise_module` draws any module's weights
+anew, both the same for a seed everywhere: for tests, the parity scripts and benchmarks.
 """
 
 from __future__ import annotations
@@ -197,21 +198,38 @@ def published_dit_shapes(cfg: WanDiTConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def random_value(name: str, shape: tuple[int, ...], gen: torch.Generator) -> Tensor:
+    """One random tensor by its name's role: matrices ~ N(0, 1/fan_in), norm gains
+    ~ 1 + N(0, 0.1²), other vectors (biases) ~ N(0, 0.02²), modulation tables ~ N(0, 1/dim)."""
+    noise = torch.randn(shape, generator=gen)
+    if name.endswith("modulation"):
+        return noise / math.sqrt(shape[-1])
+    if name.endswith("gamma") or (len(shape) == 1 and name.endswith("weight")):
+        return 1.0 + 0.1 * noise
+    if len(shape) <= 1:
+        return 0.02 * noise
+    return noise / math.sqrt(math.prod(shape[1:]))
+
+
+def randomise_module(module: torch.nn.Module, seed: int) -> None:
+    """Every floating parameter and buffer of `module` drawn anew, in name order from a CPU
+    generator: the same values for a seed on any machine and library version that names
+    the tensors the same (wav2vec2 models, VAEs, in tests and the parity scripts)."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors = dict(module.named_parameters()) | dict(module.named_buffers())
+    with torch.no_grad():
+        for name in sorted(tensors):
+            t = tensors[name]
+            if t.is_floating_point():
+                t.copy_(random_value(name, tuple(t.shape), gen))
+
+
 def random_dit_state(cfg: WanDiTConfig, seed: int) -> dict[str, Tensor]:
     """Random weights in the release's layout, the same for a seed on every machine
     (drawn on the CPU in name order): matrices ~ N(0, 1/fan_in), biases ~ N(0, 0.02²),
     norm gains ~ 1 + N(0, 0.1²), modulation tables ~ N(0, 1/dim)."""
     gen = torch.Generator().manual_seed(seed)
-    state = {}
-    for name, shape in sorted(published_dit_shapes(cfg).items()):
-        noise = torch.randn(shape, generator=gen)
-        if name.endswith("modulation"):
-            value = noise / math.sqrt(shape[-1])
-        elif len(shape) == 1 and name.endswith("weight"):  # a norm's gain
-            value = 1.0 + 0.1 * noise
-        elif len(shape) == 1:
-            value = 0.02 * noise
-        else:
-            value = noise / math.sqrt(math.prod(shape[1:]))
-        state[name] = value
-    return state
+    return {
+        name: random_value(name, shape, gen)
+        for name, shape in sorted(published_dit_shapes(cfg).items())
+    }

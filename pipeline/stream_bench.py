@@ -1,0 +1,95 @@
+"""Benchmark any model family's stream the way a session runs it (`facecast bench --model`).
+
+The engine starts as every command starts it (`pipeline.startup`); one stream of the
+benchmark's test card is fed `seconds` of speech-like audio step by step, each step's audio
+just before it runs, so a step's wall time is what a live session waits for. Reported:
+generation fps and real-time factor, step times (first, p50, p90, max), seconds per stage
+per step, GPU memory at every step (flat over the run, or not) and the start-up.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import torch
+
+from pipeline.bench import git_commit, percentile, speech_like_audio, test_card
+from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME
+from pipeline.startup import EngineOptions, start_engine
+
+
+def bench_stream(opts: EngineOptions, seconds: float, command: str) -> dict:
+    engine, report = start_engine(opts)
+    cfg, device = engine.cfg, engine.device
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    v = cfg.video
+    audio = speech_like_audio(seconds)
+    stream = engine.new_stream(test_card(v.height, v.width), seed=0)
+    step_s: list[float] = []
+    step_frames: list[int] = []
+    memory: list[int] = []
+    k = 0
+    while stream.timeline.total < len(audio):
+        need = min(len(audio), engine.stream_step(k).audio_frames * MODEL_SAMPLES_PER_FRAME)
+        stream.push_audio(audio[stream.timeline.total : need])
+        t = time.perf_counter()
+        batches = stream.generate_ready()
+        step_s.append(time.perf_counter() - t)
+        step_frames.append(sum(len(b.frames) for b in batches))
+        memory.append(torch.cuda.memory_allocated(device) if cuda else 0)
+        k += 1
+    stream.finish()
+    stages = dict(stream.times.seconds)
+    stream.close()
+    steady = step_s[1:] or step_s
+    frames = sum(step_frames[1:]) or sum(step_frames)
+    fps = frames / sum(steady)
+    half = len(memory) // 2
+    res = {
+        "command": command,
+        "meta": {
+            "config": cfg.name,
+            "date": datetime.date.today().isoformat(),
+            "gpu": torch.cuda.get_device_name(device) if cuda else "cpu",
+            "torch": torch.__version__,
+            "commit": git_commit(),
+            "compile": opts.compile,
+            "precision": opts.precision,
+            "seconds": seconds,
+        },
+        "startup": report.to_dict(),
+        "steady": {
+            "fps": fps,
+            "real_time_factor": FPS / fps,
+            "frames_per_step": step_frames[1] if len(step_frames) > 1 else step_frames[0],
+            "step_first": step_s[0],
+            "step_p50": percentile(steady, 50),
+            "step_p90": percentile(steady, 90),
+            "step_max": max(steady),
+        },
+        "stages_per_step": {k: v / len(step_s) for k, v in stages.items()},
+        "memory": {
+            "peak_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
+            "allocated_first_half_max": max(memory[:half] or memory),
+            "allocated_second_half_max": max(memory[half:] or memory),
+        },
+        "steps": step_s,
+    }
+    return res
+
+
+def stream_summary(res: dict) -> str:
+    s, m = res["steady"], res["memory"]
+    stages = " ".join(f"{k}={v:.3f}s" for k, v in res["stages_per_step"].items())
+    peak = f"{m['peak_bytes'] / 1e9:.2f} GB" if m["peak_bytes"] else "-"
+    return (
+        f"{res['meta']['config']} compile={res['meta']['compile']} "
+        f"precision={res['meta']['precision']}: {s['fps']:.1f} fps (RTF "
+        f"{s['real_time_factor']:.3f}), step p50 {s['step_p50']:.3f}s p90 {s['step_p90']:.3f}s "
+        f"first {s['step_first']:.3f}s for {s['frames_per_step']} frames; per step {stages}; "
+        f"peak {peak}, allocated {m['allocated_first_half_max'] / 1e9:.2f} → "
+        f"{m['allocated_second_half_max'] / 1e9:.2f} GB"
+    )
