@@ -44,6 +44,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser, default_config: str) -
     parser.add_argument(
         "--wav2vec", help="a wav2vec2 model folder (facebook/wav2vec2-base-960h) for FlashHead"
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override, e.g. schedule.seam_latents=0 or video.width=256 (repeatable)",
+    )
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument(
         "--attention", choices=["sdpa", "flex", "facecast"], help="override the config's"
@@ -74,6 +81,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, default_config: str) -
 
 
 def engine_options(args: argparse.Namespace, warmup: bool = True, device=None, **extra):
+    from pipeline.config import parse_overrides
     from pipeline.startup import EngineOptions
 
     return EngineOptions(
@@ -91,6 +99,7 @@ def engine_options(args: argparse.Namespace, warmup: bool = True, device=None, *
         threads=args.threads,
         precision=args.precision,
         warmup=warmup,
+        overrides=parse_overrides(args.set),
         **extra,
     )
 
@@ -179,15 +188,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     _diffusion_only(args, "bench", "use python bench/photo_bench.py")
     if args.model is not None:  # a real model: its stream, timed as a session runs it
-        from pipeline.stream_bench import bench_stream
+        import json
 
-        opts_ = engine_options(args, warmup=not args.no_warmup)
-        opts_.overrides = parse_overrides(args.set)
-        res = bench_stream(opts_, args.seconds, command=args.command_line or bench_command(args))
-        write_results(
-            res, args.json, res["command"], Path(args.markdown) if args.markdown else None
-        )
-        print(summary_line(res))
+        from pipeline.stream_bench import bench_stream, stream_summary
+
+        stream_opts = engine_options(args, warmup=not args.no_warmup)
+        res = bench_stream(stream_opts, args.seconds, args.command_line or bench_command(args))
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(res, indent=2, default=str))
+        print(stream_summary(res))
         return 0
 
     opts = BenchOptions(
@@ -360,13 +370,6 @@ def build_parser(with_serve_options: bool = True) -> argparse.ArgumentParser:
     bench.add_argument("--markdown", help="append a table to this file (bench/RESULTS.md)")
     bench.add_argument("--no-warmup", action="store_true", help="skip start-up warm-up")
     bench.add_argument("--isolated-reps", type=_positive_int, default=3)
-    bench.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="config override, e.g. schedule.seam_latents=0 (repeatable)",
-    )
     bench.add_argument("--command-line", help=argparse.SUPPRESS)
     bench.set_defaults(func=cmd_bench)
 

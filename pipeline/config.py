@@ -197,7 +197,7 @@ class FlashHeadConfig:
     color_correction: float = 1.0  # 0: off; 1: each frame's Lab statistics → the reference's
     audio_window_seconds: int = 8  # wav2vec2 re-reads this much audio every chunk
     face_ratio: float = 2.0  # the reference square is this many face widths wide
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # auto: bfloat16 on a GPU (as the authors run it), float32 on a CPU
 
     def validate(self) -> None:
         _check(self.variant in ("pro", "lite"), "flashhead.variant", "must be pro or lite")
@@ -214,7 +214,9 @@ class FlashHeadConfig:
             "must cover a chunk",
         )
         _check(1.0 <= self.face_ratio <= 4.0, "flashhead.face_ratio", "must be in [1, 4]")
-        _check(self.dtype in DTYPES, "flashhead.dtype", f"must be one of {DTYPES}")
+        _check(
+            self.dtype in ("auto", *DTYPES), "flashhead.dtype", f"must be auto or one of {DTYPES}"
+        )
 
 
 @dataclass

@@ -45,6 +45,13 @@ from pipeline.stream import FrameBatch, StageTimes
 from pipeline.timeline import AudioTimeline
 
 
+def model_dtype(cfg: FacecastConfig, device: torch.device) -> torch.dtype:
+    """bf16 on a GPU, as the authors run it; fp32 on a CPU, where bf16 convolutions crawl."""
+    if cfg.flashhead.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[cfg.flashhead.dtype]
+
+
 def sampling_timesteps(steps: int, shift: float, device: torch.device) -> list[Tensor]:
     """The distilled sampler's timesteps (0..1000, then 0), shifted toward the noisy end:
     t' = shift·t / (1 + (shift − 1)·t) on t in [0, 1]."""
@@ -106,7 +113,7 @@ class FlashHeadEngine:
         self.cfg = cfg
         self.models = models
         self.device = device
-        self.dtype = DTYPES[cfg.flashhead.dtype]
+        self.dtype = model_dtype(cfg, device)
         self.offloader = None
         self.compiled = False
         self.precision = "default"
@@ -129,14 +136,14 @@ class FlashHeadEngine:
                 "DIR (a facebook/wav2vec2-base-960h folder): README, 'Run a real model'"
             )
         dev = torch.device(device)
-        dtype = DTYPES[fh.dtype]
+        dtype = model_dtype(cfg, dev)
         dit_dir, vae_path = release_paths(fh.weights, fh.variant)
         speech = SpeechFeatures(fh.wav2vec, dev)
         dit = load_dit(dit_dir, dev, dtype, speech.layers, speech.width)
         if fh.variant == "pro":
             from pipeline.models.wan.vae import load_wan_vae
 
-            vae = load_wan_vae(vae_path, dev, dtype)
+            vae = load_wan_vae(vae_path, dev, dtype, config=None)
         else:
             from pipeline.models.ltx.vae import load_ltx_vae
 
@@ -218,7 +225,7 @@ class FlashHeadStream:
         t = time.perf_counter()
         v, dev, dtype = self.cfg.video, engine.device, engine.dtype
         with torch.inference_mode():
-            image = cover_and_crop(reference_rgb, v.width, v.height)
+            image = np.array(cover_and_crop(reference_rgb, v.width, v.height))
             ref = torch.from_numpy(image).to(dev).permute(2, 0, 1)[None, :, None].to(dtype)
             ref = (ref / 255 - 0.5) * 2  # (1, 3, 1, H, W) in [-1, 1], in the model's dtype
             self.color = ColorMatch(ref[:, :, 0], fh.color_correction)

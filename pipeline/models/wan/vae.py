@@ -245,12 +245,22 @@ def load_wan_vae(
     path: str | Path,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
-    config: WanVAEConfig = WAN21_VAE,
+    config: WanVAEConfig | None = WAN21_VAE,
 ) -> WanVAE:
     """Read a published Wan 2.1 VAE checkpoint (`Wan2.1_VAE.pth`) strictly; any mismatch is
-    a one-line `CheckpointError` naming the file and the first wrong key."""
+    a one-line `CheckpointError` naming the file and the first wrong key. `config=None`
+    takes the width from the file (the published 96, or a narrower test checkpoint)."""
     path = Path(path)
     state = _read_state_dict(path)
+    if config is None:
+        first = state.get("encoder.conv1.weight")
+        if first is None or first.dim() != 5:
+            raise CheckpointError(f"{path}: no 5-D 'encoder.conv1.weight'; not a Wan 2.1 VAE")
+        config = (
+            WAN21_VAE
+            if first.shape[0] == WAN21_VAE.base_dim
+            else WanVAEConfig(base_dim=first.shape[0])
+        )
     layout = checkpoint_layout(config)
     with torch.device("meta"):
         vae = WanVAE(config)
