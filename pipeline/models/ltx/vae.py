@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import SafetensorError
@@ -33,6 +33,9 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from pipeline.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from diffusers import AutoencoderKLLTXVideo
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
@@ -191,8 +194,9 @@ def _check_pinned(path: Path, cfg: LtxVaeConfig, key: str, value: Any, pinned: A
         )
 
 
-def build_network(cfg: LtxVaeConfig, device: torch.device | str = "cpu"):
-    """diffusers' AutoencoderKLLTXVideo for `cfg` (parameters on `device`, `meta` for none)."""
+def build_network(cfg: LtxVaeConfig, device: torch.device | str = "cpu") -> AutoencoderKLLTXVideo:
+    """diffusers' AutoencoderKLLTXVideo for `cfg` (parameters on `device`, `meta` for none).
+    diffusers is imported here, not at the top: it takes seconds, and only this model needs it."""
     from diffusers import AutoencoderKLLTXVideo
 
     # The 0.9.0 config has one set of block keys; later diffusers split off decoder_* keys
@@ -233,7 +237,7 @@ def read_weights(path: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, 
 class LtxVae:
     """The VAE with FlashHead Lite's latent convention (see `encode` and `decode`)."""
 
-    def __init__(self, network, config: LtxVaeConfig) -> None:
+    def __init__(self, network: AutoencoderKLLTXVideo, config: LtxVaeConfig) -> None:
         self.network = network.eval().requires_grad_(False)
         self.config = config
 
