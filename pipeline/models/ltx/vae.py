@@ -271,7 +271,7 @@ class LtxVae:
                 f"LTX VAE input {tuple(video_BCTHW.shape)}: expected (B, {self.config.in_channels},"
                 f" 1 + {st}k, H, W) with H and W multiples of {s}"
             )
-        moments = self.network.encoder(video_BCTHW.to(self.dtype))
+        moments = self.network.encoder(video_BCTHW.to(self.device, self.dtype))
         mean_BCthw, logvar_BCthw = moments.chunk(2, dim=1)
         z_BCthw = mean_BCthw
         if sample:
@@ -288,7 +288,7 @@ class LtxVae:
                 f"LTX VAE latents {tuple(lat_BCthw.shape)}: expected "
                 f"(B, {self.config.latent_channels}, t, h, w)"
             )
-        z_BCthw = lat_BCthw.to(self.dtype)
+        z_BCthw = lat_BCthw.to(self.device, self.dtype)
         lat_mean, lat_std = self._stats(z_BCthw)
         return self.network.decoder(z_BCthw * lat_std + lat_mean, None)
 
