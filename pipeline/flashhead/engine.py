@@ -229,9 +229,7 @@ class FlashHeadStream:
             ref = torch.from_numpy(image).to(dev).permute(2, 0, 1)[None, :, None].to(dtype)
             ref = (ref / 255 - 0.5) * 2  # (1, 3, 1, H, W) in [-1, 1], in the model's dtype
             self.color = ColorMatch(ref[:, :, 0], fh.color_correction)
-            self.ref_lat: Tensor | None = engine.models.vae.encode(
-                ref.repeat(1, 1, fh.chunk_frames, 1, 1)
-            )[0]
+            self.ref_lat: Tensor | None = self._encode(ref.repeat(1, 1, fh.chunk_frames, 1, 1))[0]
             self.motion: Tensor | None = self.ref_lat[:, :1].clone()
         self.times.add("init", time.perf_counter() - t)
         self.next_n = 0
@@ -286,6 +284,14 @@ class FlashHeadStream:
         idx = window_indices(self.cfg.flashhead.chunk_frames, window_frames).to(feats.device)
         return feats[idx][None]
 
+    def _encode(self, video_B3FHW: Tensor) -> Tensor:
+        """Latents of pixels. Lite's LTX VAE samples its posterior, as the authors' code
+        does (they draw from torch's global generator; a stream draws from its own)."""
+        vae = self.engine.models.vae
+        if self.cfg.flashhead.variant == "lite":
+            return vae.encode(video_B3FHW, sample=True, generator=self.generator)
+        return vae.encode(video_B3FHW)
+
     def _advance(self) -> FrameBatch:
         if self.ref_lat is None or self.motion is None:
             raise RuntimeError("the stream is closed")
@@ -309,7 +315,7 @@ class FlashHeadStream:
             video = self.color(models.vae.decode(lat[None]))  # (1, 3, F, H, W) in [-1, 1]
             self.times.add("decode", time.perf_counter() - t)
             t = time.perf_counter()
-            self.motion = models.vae.encode(video[:, :, -engine.motion_frames :])[0]
+            self.motion = self._encode(video[:, :, -engine.motion_frames :])[0]
             self.times.add("encode", time.perf_counter() - t)
             new = video[0, :, engine.motion_frames :].float()
             # [-1, 1] → 0..255, truncated as the authors' writer does (astype(uint8))
