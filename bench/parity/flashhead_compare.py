@@ -114,11 +114,27 @@ def run(args) -> dict:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     if args.write_fixture:
-        keep = {k: v for k, v in ref.items() if not k.startswith("vae.")}
-        keep["audio"] = torch.from_numpy(audio)
-        keep["reference"] = torch.from_numpy(image.copy())
-        save_file({k: v.contiguous() for k, v in keep.items()}, args.write_fixture)
+        write_fixture(Path(args.write_fixture), out, ref, audio, image, meta)
     return result
+
+
+def write_fixture(path: Path, out: Path, ref: dict, audio, image, meta: dict) -> None:
+    """The tiny run's inputs and the authors' outputs, small enough for the repository: the
+    weights (DiT, VAE, wav2vec2) and the DiT's random inputs are re-made from their seeds
+    by the test (`random_dit_state`, `random_checkpoint`, `randomise_module`)."""
+    keep = {}
+    keep["audio"] = torch.from_numpy(audio)
+    keep["reference"] = torch.from_numpy(np.ascontiguousarray(image))
+    keep["dit.out"] = ref["dit.out"]
+    keep["w2v.features_190_200"] = ref["w2v.features"][190:200]
+    for k in range(meta["chunks"]):
+        for part in ("latents", "motion", "frames"):
+            keep[f"chunk{k}.{part}"] = ref[f"chunk{k}.{part}"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {k: v.contiguous() for k, v in keep.items()}, str(path), metadata={"meta": json.dumps(meta)}
+    )
+    print(f"fixture: {path} ({path.stat().st_size / 1e6:.2f} MB)")
 
 
 def main() -> None:

@@ -48,13 +48,22 @@ from pipeline.flashhead.weights import (  # noqa: E402
     randomise_module,
 )
 from pipeline.models.wan.dit import WanDiTConfig  # noqa: E402
+from pipeline.models.wan.vae import WanVAEConfig, random_checkpoint  # noqa: E402
 
 SHAPES = {
     # the published sizes; tiny keeps what the authors' code hard-codes (width 1536, 12 heads,
     # wav2vec2 width 768 and 12 layers) and shrinks the rest
-    "full": dict(dit=WanDiTConfig(), size=512, vae_dim=96, w2v_ffn=3072, w2v_conv=512),
+    "full": dict(dit=WanDiTConfig(), size=512, vae_dim=96, wav2vec={}),  # wav2vec2-base
     "tiny": dict(
-        dit=WanDiTConfig(num_layers=2, ffn_dim=64), size=32, vae_dim=8, w2v_ffn=64, w2v_conv=32
+        dit=WanDiTConfig(num_layers=2, ffn_dim=64),
+        size=32,
+        vae_dim=8,
+        wav2vec=dict(
+            intermediate_size=64,
+            conv_dim=(32,) * 7,
+            num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4,
+        ),
     ),
 }
 
@@ -150,20 +159,15 @@ def build_release(args, shape: dict, out: Path) -> tuple[Path, Path]:
         temperal_downsample=[False, True, True],
         dropout=0.0,
     )
-    randomise_module(vae, args.seed + 1)
+    # the published layout's random weights, as Facecast's tests re-make them
+    vae.load_state_dict(random_checkpoint(WanVAEConfig(base_dim=shape["vae_dim"]), args.seed + 1))
     (release / "VAE_Wan").mkdir(parents=True, exist_ok=True)
     torch.save(vae.state_dict(), release / "VAE_Wan" / "Wan2.1_VAE.pth")
     # the authors' loader builds the published size; at tiny shape, the tiny one
     original = wan_vae._video_vae
     wan_vae._video_vae = lambda **kw: original(**kw, dim=shape["vae_dim"])
 
-    w2v_cfg = Wav2Vec2Config(
-        intermediate_size=shape["w2v_ffn"],
-        conv_dim=(shape["w2v_conv"],) * 7,
-        num_conv_pos_embeddings=128 if args.shape == "full" else 16,
-        num_conv_pos_embedding_groups=16 if args.shape == "full" else 4,
-    )
-    w2v = Wav2Vec2Model(w2v_cfg)
+    w2v = Wav2Vec2Model(Wav2Vec2Config(**shape["wav2vec"]))
     randomise_module(w2v, args.seed + 2)
     w2v.save_pretrained(str(out / "wav2vec"))
     Wav2Vec2FeatureExtractor(

@@ -1,0 +1,301 @@
+"""SoulX-FlashHead from its published layout: parity with the authors' code, the loader's
+errors, render and serve through the commands users run.
+
+The parity fixture (`fixtures/flashhead/parity_tiny.safetensors`) holds the authors' own
+outputs on random weights at a tiny shape (`bench/parity/flashhead_reference.py`, their code
+run from a checkout of theirs, then `flashhead_compare.py --write-fixture`); the weights and
+the DiT's inputs are re-made here from the same seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from pipeline.errors import CheckpointError, ConfigError
+from pipeline.flashhead.color import ColorMatch, lab_stats, srgb_to_lab
+from pipeline.flashhead.random_release import write_random_release, write_wav2vec
+from pipeline.flashhead.weights import random_dit_state, write_release_dit
+from pipeline.models.wan.dit import WanDiTConfig
+from pipeline.models.wan.vae import WanVAEConfig, random_checkpoint
+from pipeline.startup import EngineOptions, start_engine
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "fixtures" / "flashhead" / "parity_tiny.safetensors"
+SPEECH = ROOT / "pipeline" / "assets" / "sample_speech.wav"
+PORTRAIT = ROOT / "pipeline" / "assets" / "portraits" / "grace_hopper.jpg"
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    """A random release in the published layout, at test sizes (Pro and Lite)."""
+    return write_random_release(tmp_path_factory.mktemp("flashhead"), "test", seed=3, lite=True)
+
+
+def engine_options(release, model="flashhead-pro", size=32, **kw) -> EngineOptions:
+    weights, wav2vec = release
+    overrides = {"video.width": size, "video.height": size}
+    return EngineOptions(
+        model=model,
+        weights=str(weights),
+        wav2vec=str(wav2vec),
+        device="cpu",
+        warmup=False,
+        overrides=overrides,
+        **kw,
+    )
+
+
+def facecast(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "facecast", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+
+
+# -- parity with the authors' code ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def parity_release(tmp_path_factory):
+    """The fixture's release re-made from its seeds: the authors' tiny shape."""
+    with safe_open(str(FIXTURE), "pt") as f:
+        meta = json.loads(f.metadata()["meta"])
+    root = tmp_path_factory.mktemp("parity")
+    seed = meta["seed"]
+    dit = WanDiTConfig(num_layers=meta["dit_layers"], ffn_dim=meta["dit_ffn"])
+    write_release_dit(root / "release" / "Model_Pro", dit, random_dit_state(dit, seed))
+    (root / "release" / "VAE_Wan").mkdir(parents=True)
+    vae = random_checkpoint(WanVAEConfig(base_dim=meta["vae_dim"]), seed + 1)
+    torch.save(vae, root / "release" / "VAE_Wan" / "Wan2.1_VAE.pth")
+    wav2vec = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["wav2vec"].items()}
+    write_wav2vec(root / "wav2vec", wav2vec, seed + 2)
+    return (root / "release", root / "wav2vec"), meta, load_file(str(FIXTURE))
+
+
+@pytest.mark.slow
+def test_the_dit_wav2vec2_and_a_three_chunk_render_match_the_authors(parity_release):
+    release, meta, ref = parity_release
+    engine, _ = start_engine(engine_options(release, size=meta["size"]))
+    models = engine.models
+    # the DiT forward on the reference run's random inputs (drawn in its order)
+    g = torch.Generator().manual_seed(meta["seed"] + 2)
+    lat = meta["size"] // 8
+    x = torch.randn(1, 16, 9, lat, lat, generator=g)
+    y = torch.randn(1, 16, 9, lat, lat, generator=g)
+    audio = torch.randn(1, 33, 5, 12, 768, generator=g)
+    with torch.inference_mode():
+        out = models.dit(x, torch.tensor([937.5]), models.dit.project_audio(audio), y)
+    torch.testing.assert_close(out, ref["dit.out"], atol=1e-4, rtol=1e-4)
+
+    speech = ref["audio"].numpy()
+    samples = engine.new_frames * 640
+    window = np.concatenate([np.zeros(8 * 16000 - samples, np.float32), speech[:samples]])
+    feats = models.speech.frames(window, 200)
+    torch.testing.assert_close(feats[190:200], ref["w2v.features_190_200"], atol=1e-4, rtol=1e-4)
+
+    stream = engine.new_stream(ref["reference"].numpy(), seed=meta["seed"])
+    seen = {}
+    decode = models.vae.decode
+
+    def keep(z):
+        seen["latents"] = z[0]
+        return decode(z)
+
+    models.vae.decode = keep
+    try:
+        for k in range(meta["chunks"]):
+            stream.push_audio(speech[k * samples : (k + 1) * samples])
+            (batch,) = stream.generate_ready()
+            torch.testing.assert_close(
+                seen["latents"], ref[f"chunk{k}.latents"], atol=1e-4, rtol=1e-4
+            )
+            # the motion latents handed to the next chunk
+            torch.testing.assert_close(stream.motion, ref[f"chunk{k}.motion"], atol=1e-4, rtol=1e-4)
+            theirs = ref[f"chunk{k}.frames"].numpy().astype(int)
+            diff = np.abs(batch.frames.astype(int) - theirs)
+            assert batch.start == k * engine.new_frames
+            assert diff.max() <= 1 and (diff == 0).mean() > 0.999, (k, diff.max(), diff.mean())
+    finally:
+        models.vae.decode = decode
+        stream.close()
+
+
+# -- the loader: one line naming the file --------------------------------------------------------
+
+
+def test_a_missing_or_damaged_release_is_one_line_naming_the_file(release, tmp_path):
+    weights, wav2vec = release
+    with pytest.raises(CheckpointError, match="weights folder not found"):
+        start_engine(engine_options((tmp_path / "nowhere", wav2vec)))
+    broken = tmp_path / "broken"
+    subprocess.run(["cp", "-r", str(weights), str(broken)], check=True)
+    model = broken / "Model_Pro" / "diffusion_pytorch_model.safetensors"
+    data = model.read_bytes()
+    model.write_bytes(data[: len(data) // 2])  # an interrupted download
+    with pytest.raises(CheckpointError) as err:
+        start_engine(engine_options((broken, wav2vec)))
+    assert str(model) in str(err.value) and "truncated" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def _edit_dit(release, tmp_path, edit) -> Path:
+    weights, _ = release
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(weights), str(copy)], check=True)
+    path = copy / "Model_Pro" / "diffusion_pytorch_model.safetensors"
+    state = load_file(str(path))
+    edit(state)
+    save_file(state, str(path))
+    return copy
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda s: s.update(stray=torch.zeros(3)), "key 'stray' does not map"),
+        (lambda s: s.pop("blocks.0.ffn.0.weight"), "missing key 'blocks.0.ffn.0.weight'"),
+        (
+            lambda s: s.update({"head.head.weight": torch.zeros(3, 3)}),
+            "'head.head.weight' has shape",
+        ),
+        (
+            lambda s: s.update(
+                {"blocks.0.self_attn.q.weight": torch.zeros(32, 32, dtype=torch.int32)}
+            ),
+            "not floating point",
+        ),
+    ],
+)
+def test_a_checkpoint_that_does_not_match_names_the_key(release, tmp_path, edit, message):
+    copy = _edit_dit(release, tmp_path, edit)
+    with pytest.raises(CheckpointError, match=message) as err:
+        start_engine(engine_options((copy, release[1])))
+    assert "diffusion_pytorch_model" in str(err.value) or "Model_Pro" in str(err.value)
+
+
+def test_a_bad_config_json_and_a_missing_wav2vec_folder_are_one_line(release, tmp_path):
+    weights, wav2vec = release
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(weights), str(copy)], check=True)
+    config = copy / "Model_Pro" / "config.json"
+    raw = json.loads(config.read_text())
+    raw["num_heads"] = "twelve"
+    config.write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match=r"config.json: 'num_heads' must be a positive"):
+        start_engine(engine_options((copy, wav2vec)))
+    with pytest.raises(CheckpointError, match=r"config.json: file not found \(--wav2vec wants"):
+        start_engine(engine_options((weights, tmp_path)))
+    with pytest.raises(ConfigError, match="needs --weights DIR"):
+        start_engine(EngineOptions(model="flashhead-pro", device="cpu"))
+
+
+def test_the_command_line_says_what_is_wrong_in_one_line_and_writes_nothing(release, tmp_path):
+    weights, wav2vec = release
+    out = tmp_path / "talk.mp4"
+    run = facecast(
+        "render", "--model", "flashhead-pro", "--weights", str(tmp_path / "nowhere"),
+        "--wav2vec", str(wav2vec), "--audio", str(SPEECH), "--out", str(out), "--device", "cpu",
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and "weights folder not found" in run.stderr
+    assert not out.exists()
+    run = facecast("render", "--model", "flashhead-pro", "--audio", str(SPEECH), "--out", str(out))
+    assert run.returncode == 2 and "needs --weights" in run.stderr
+    assert not out.exists()
+
+
+# -- the stream -----------------------------------------------------------------------------
+
+
+def test_a_stream_makes_every_frame_once_in_order_whatever_the_pushes(release):
+    engine, _ = start_engine(engine_options(release))
+    audio = (0.2 * np.sin(np.arange(int(2.5 * 16000)) * 0.05)).astype(np.float32)
+    runs = []
+    for pieces in ([len(audio)], [1000, 17000, 23333, len(audio)]):
+        stream = engine.new_stream(np.full((48, 40, 3), 120, np.uint8), seed=7)
+        frames, last = [], 0
+        for end in pieces:
+            stream.push_audio(audio[last:end])
+            last = end
+            frames += stream.generate_ready()
+        frames += stream.finish()
+        starts = [b.start for b in frames]
+        assert starts == sorted(starts) and starts[0] == 0
+        video = np.concatenate([b.frames for b in frames])
+        assert len(video) == round(len(audio) / 640)  # 2.5 s: every frame once, no more
+        runs.append(video)
+        stream.close()
+    np.testing.assert_array_equal(runs[0], runs[1])  # the same seed, any split: the same
+
+
+@pytest.mark.slow
+def test_memory_stays_flat_over_a_minute_of_audio(release):
+    engine, _ = start_engine(engine_options(release, size=16))
+    stream = engine.new_stream(np.full((16, 16, 3), 90, np.uint8), seed=1)
+    chunk = engine.new_frames * 640
+    retained, held = [], []
+    for k in range(60 * 25 // engine.new_frames):
+        stream.push_audio(np.random.default_rng(k).normal(0, 0.1, chunk).astype(np.float32))
+        stream.generate_ready()
+        retained.append(stream.timeline.retained)
+        held.append(sum(t.numel() for t in (stream.ref_lat, stream.motion)))
+    # the audio kept is the wav2vec2 window (8 s), whatever the duration; tensors the same
+    assert max(retained) <= 8 * 16000 and retained[-1] == retained[10]
+    assert len(set(held)) == 1
+
+
+# -- colour correction ------------------------------------------------------------------
+
+
+def test_colour_correction_moves_each_frame_to_the_references_colours():
+    g = torch.Generator().manual_seed(0)
+    reference = torch.rand(1, 3, 24, 24, generator=g) * 0.6 + 0.2  # in [0, 1]
+    frames = (reference[:, :, None] * 0.5 + 0.4).repeat(1, 1, 3, 1, 1)  # washed out, brighter
+    to_pm1 = lambda x: x * 2 - 1  # noqa: E731
+    corrected = ColorMatch(to_pm1(reference), 1.0)(to_pm1(frames))
+    lab = lambda x: srgb_to_lab(((x + 1) / 2).permute(0, 2, 3, 4, 1))  # noqa: E731
+    ref_mean, ref_std = lab_stats(lab(to_pm1(reference)[:, :, None]))
+    got_mean, got_std = lab_stats(lab(corrected))
+    before_mean, _ = lab_stats(lab(to_pm1(frames)))
+    assert (got_mean - ref_mean).abs().max() < 1.0  # Lab units; it started ~25 away
+    assert (before_mean - ref_mean).abs().max() > 10
+    assert (got_std / ref_std - 1).abs().max() < 0.05
+    half = ColorMatch(to_pm1(reference), 0.5)(to_pm1(frames))
+    assert torch.allclose(half, (to_pm1(frames) + corrected) / 2, atol=1e-5)
+
+
+# -- the commands users run ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_render_a_random_release_of_pro_and_lite_through_the_command_line(release, tmp_path):
+    weights, wav2vec = release
+    for model in ("flashhead-pro", "flashhead-lite"):
+        out = tmp_path / f"{model}.mp4"
+        run = facecast(
+            "render", "--model", model, "--weights", str(weights), "--wav2vec", str(wav2vec),
+            "--reference", str(PORTRAIT), "--audio", str(SPEECH), "--out", str(out),
+            "--device", "cpu", "--set", "video.width=64", "--set", "video.height=64", "--quiet",
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr[-2000:]
+        with av.open(str(out)) as c:
+            frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+        seconds = 6.72  # the sample's length
+        assert abs(len(frames) - round(seconds * 25)) <= 1, len(frames)
+        assert frames[0].shape == (64, 64, 3)
+        assert np.std(np.stack(frames).astype(float), axis=0).mean() > 1.0  # it moves
