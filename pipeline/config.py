@@ -197,6 +197,8 @@ class FlashHeadConfig:
     color_correction: float = 1.0  # 0: off; 1: each frame's Lab statistics → the reference's
     audio_window_seconds: int = 8  # wav2vec2 re-reads this much audio every chunk
     face_ratio: float = 2.0  # the reference square is this many face widths wide
+    # false: the reference is already a face-centred square (scaled and centre-cropped only)
+    frame_reference: bool = True
     dtype: str = "auto"  # auto: bfloat16 on a GPU (as the authors run it), float32 on a CPU
 
     def validate(self) -> None:

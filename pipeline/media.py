@@ -47,6 +47,8 @@ def load_reference(path: str | Path, cfg) -> np.ndarray:
         if not Path(path).is_file():
             raise MediaError(f"reference image not found: {path}")
         rgb = load_photo(str(path), cfg.photo)
+        if not cfg.flashhead.frame_reference:
+            return rgb
         return face_square(rgb, cfg.flashhead.face_ratio, cfg.video.width)
     if cfg.runtime.stack == "photo":
         from pipeline.photo.face import load_photo

@@ -246,6 +246,9 @@ def run(args) -> None:
         "chunks": args.chunks,
         "size": shape["size"],
         "vae_dim": shape["vae_dim"],
+        "dit_layers": shape["dit"].num_layers,
+        "dit_ffn": shape["dit"].ffn_dim,
+        "wav2vec": {k: list(v) if isinstance(v, tuple) else v for k, v in shape["wav2vec"].items()},
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
     print(f"reference outputs: {len(results)} tensors in {out / 'reference.safetensors'}")

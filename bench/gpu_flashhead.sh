@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# SoulX-FlashHead on the lent GPU: parity with the authors' code at the real shapes, their
+# code and Facecast's family timed side by side on the same random weights, and `facecast
+# serve --model flashhead-pro` measured by its own counters.
+#
+# What travels (all ignored by git, named in `carry`):
+#   .ref/flash_head   the authors' package, from a checkout of github.com/Soul-AILab/SoulX-FlashHead
+#   .whl/             diffusers (Facecast's VAE)
+#   .whlserve/        for `serve`: ../shared/device/serve-wheels.sh's bundle
+#   .whlref/          the authors' stack: transformers 4.57.3, tokenizers 0.22, huggingface_hub 0.36,
+#                     diffusers 0.35.2, loguru (their wav2vec2 subclass predates transformers 5)
+#   .gpu/             grace_square.png (the portrait framed here: OpenCV 5 there has no Haar)
+#                     and speech.wav (tests/support/realtime.make_speech_wav)
+# Usage there: bash bench/gpu_flashhead.sh parity|speed|serve
+set -uo pipefail
+mode=${1:?parity|speed|serve}
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD/.whl/pure:$PWD PYTHONUNBUFFERED=1
+out=${OUT:-/tmp/out}
+work=/tmp/fh
+mkdir -p "$work"
+nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader
+
+reference() {  # the authors' code, in its own environment
+  [ -d /tmp/refsite ] || python3 -m pip install -q --no-index --no-deps --no-compile \
+    --target /tmp/refsite .whlref/*.whl
+  mkdir -p /tmp/ref && cp -r .ref/flash_head /tmp/ref/
+  PYTHONPATH=/tmp/refsite:$PWD python3 bench/parity/flashhead_reference.py \
+    --reference-repo /tmp/ref --device cuda "$@"
+}
+
+case $mode in
+parity)
+  for dtype in float32 bfloat16; do
+    reference --out "$work/$dtype" --shape full --dtype "$dtype" --chunks 3 \
+      > "$out/reference_$dtype.log" 2>&1 || { echo "reference $dtype FAILED"; tail -30 "$out/reference_$dtype.log"; }
+    python3 bench/parity/flashhead_compare.py --reference-out "$work/$dtype" --device cuda \
+      --json "$out/parity_full_$dtype.json" 2>&1 | grep -v "Loading\|Warning\|warn" | tee "$out/parity_full_$dtype.txt"
+  done
+  # the authors' pipeline as they run it (compiled, bf16), timed on the same weights
+  reference --out "$work/authors" --shape full --dtype bfloat16 --chunks 1 --time 12 \
+    > "$out/authors_timing.log" 2>&1; tail -2 "$out/authors_timing.log"
+  cp "$work/authors/timing.json" "$out/authors_timing.json"
+  ;;
+speed)
+  [ -d "$work/float32/release" ] || python3 -m pipeline.flashhead.random_release "$work/float32" --shape full
+  w="--model flashhead-pro --weights $work/float32/release --wav2vec $work/float32/wav2vec"
+  w+=" --device cuda --seconds ${SECONDS_BENCH:-30}"
+  for flags in "" "--compile" "--compile --precision fp8"; do
+    name=facecast$(echo "$flags" | tr -d ' -')
+    # shellcheck disable=SC2086
+    timeout 420 python3 -m facecast bench $w $flags --json "$out/$name.json" 2>"$out/$name.log" \
+      || { echo "FAILED $flags"; tail -5 "$out/$name.log"; }
+  done
+  ;;
+serve)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whlserve/*.whl
+  export PYTHONPATH=$PYTHONPATH:$PWD/.whlserve/pure
+  [ -d "$work/float32/release" ] || python3 -m pipeline.flashhead.random_release "$work/float32" --shape full
+  args="--serve-arg=--model=flashhead-pro --serve-arg=--weights=$work/float32/release"
+  args+=" --serve-arg=--wav2vec=$work/float32/wav2vec --serve-arg=--reference=.gpu/grace_square.png"
+  args+=" --serve-arg=--set=flashhead.frame_reference=false"
+  for flag in ${SERVE_FLAGS:---compile --precision=fp8}; do args+=" --serve-arg=$flag"; done
+  # shellcheck disable=SC2086
+  timeout 540 python3 bench/serve_bench.py --config flashhead-pro --device cuda $args \
+    --seconds "${SECONDS_LIVE:-60}" --mode live --mode push --wav .gpu/speech.wav \
+    --server-log "$out/serve.log" --json "$out/serve.json" --markdown "$out/serve.md" \
+    || { echo "serve FAILED"; tail -20 "$out/serve.log"; }
+  ;;
+esac
+ls -la "$out"
