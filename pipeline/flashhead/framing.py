@@ -13,11 +13,12 @@ import numpy as np
 from PIL import Image
 
 from pipeline.errors import PhotoError
-from pipeline.photo.face import detect_faces
 
 
 def face_square(rgb: np.ndarray, face_ratio: float, size: int) -> np.ndarray:
     """uint8 (H, W, 3) photo → uint8 (size, size, 3) square around its largest face."""
+    from pipeline.photo.face import detect_faces  # OpenCV: only where a photo is framed
+
     faces = detect_faces(rgb)
     if len(faces) == 0:
         raise PhotoError(
