@@ -265,7 +265,10 @@ def load_wan_vae(
                 "diffusers or other conversion"
             )
         if not tensor.is_floating_point():
-            raise CheckpointError(f"{path}: {name} holds {tensor.dtype}, not floating point")
+            raise CheckpointError(
+                f"{path}: {name} holds {tensor.dtype}, not floating point weights; "
+                "pass the original Wan2.1_VAE.pth"
+            )
         want = expected[layout[name]].shape
         if tensor.shape != want:
             raise CheckpointError(
@@ -286,13 +289,17 @@ def load_wan_vae(
 
 def _read_state_dict(path: Path) -> dict[str, Tensor]:
     if not path.is_file():
-        raise CheckpointError(f"Wan 2.1 VAE checkpoint not found: {path}")
+        raise CheckpointError(
+            f"Wan 2.1 VAE checkpoint not found: {path} (the published file is "
+            "VAE_Wan/Wan2.1_VAE.pth in the model's download)"
+        )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        why = str(exc).strip().splitlines()[0].split(". ")[0] if str(exc).strip() else repr(exc)
         raise CheckpointError(
-            f"{path}: not a readable torch checkpoint (truncated or corrupt?): {first_line}"
+            f"{path}: not a readable torch checkpoint ({why}); the file is truncated or "
+            "corrupt: download it again"
         ) from None
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
         raise CheckpointError(
