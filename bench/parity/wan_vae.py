@@ -149,6 +149,7 @@ def run_cases(theirs, ours: WanVAE, videos, latents, split, device, dtype) -> tu
             "s_ours": t_got,
         }
         outputs[f"encode_{f}"] = ref.float().cpu()[None]
+        print_result(f"encode_{f}", results[f"encode_{f}"])
     for t, lat in latents.items():
         z = lat.to(device, dtype)
         ref, t_ref = timed(theirs.decode, z[0])
@@ -159,6 +160,7 @@ def run_cases(theirs, ours: WanVAE, videos, latents, split, device, dtype) -> tu
         }
         results[f"decode_{t}"]["clamped_share"] = (ref.abs() == 1).float().mean().item()
         outputs[f"decode_{t}"] = ref.float().cpu()
+        print_result(f"decode_{t}", results[f"decode_{t}"])
     if split:
         t = sum(split)
         assert t in latents, f"--split must add up to one of --decode-latents, not {t}"
@@ -172,6 +174,7 @@ def run_cases(theirs, ours: WanVAE, videos, latents, split, device, dtype) -> tu
         key = "stream_" + "+".join(map(str, split))
         results[key] = compare(got.float(), outputs[f"decode_{t}"].to(got.device))
         results[key] |= {"s_ours": time.perf_counter() - t0}
+        print_result(key, results[key])
     return results, outputs
 
 
@@ -201,23 +204,23 @@ def write_fixture(path: Path, state, seed: int, size, videos, latents, outputs) 
     print(f"fixture: {path} ({path.stat().st_size / 1024:.0f} kB)")
 
 
-def print_results(title: str, results: dict) -> None:
-    print(title)
-    for name, r in results.items():
-        secs = f"ours {r['s_ours']:.2f} s"
-        if "s_ref" in r:
-            secs += f", theirs {r['s_ref']:.2f} s"
-        print(
-            f"  {name:<16} cos {r['cos']:.7f}  max-abs {r['max_abs']:.2e}  "
-            f"ref-std {r['ref_std']:.3f}  {tuple(r['shape'])}  {secs}"
-        )
+def print_result(name: str, r: dict) -> None:
+    secs = f"ours {r['s_ours']:.2f} s"
+    if "s_ref" in r:
+        secs += f", theirs {r['s_ref']:.2f} s"
+    print(
+        f"  {name:<16} cos {r['cos']:.7f}  max-abs {r['max_abs']:.2e}  "
+        f"ref-std {r['ref_std']:.3f}  {tuple(r['shape'])}  {secs}",
+        flush=True,
+    )
 
 
 def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.Namespace, WanVAEConfig, tuple[int, int], list, list, list]:
+    """The options, and the case they name: config, pixel size, clips, chunks, split."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--reference-repo", type=Path, required=True)
     p.add_argument("--shape", choices=SHAPES, default="tiny")
@@ -244,6 +247,11 @@ def main() -> None:
     enc, dec, split = FIXTURE_CASES if args.write_fixture else DEFAULTS[args.shape]
     enc, dec = ints(args.encode_frames or enc), ints(args.decode_latents or dec)
     split = ints(args.split if args.split is not None else split)
+    return args, config, size, enc, dec, split
+
+
+def main() -> None:
+    args, config, size, enc, dec, split = parse_args()
     dtype = DTYPES[args.dtype]
 
     ref = import_reference(args.reference_repo)
@@ -253,11 +261,13 @@ def main() -> None:
         theirs = reference_wrapper(ref, config, pth, args.device, dtype)
         ours = load_wan_vae(pth, args.device, dtype, config)
     n_keys, n_params = len(state), sum(v.numel() for v in state.values())
+    print(
+        f"Wan 2.1 VAE parity: {args.shape} {size[0]}x{size[1]}, {args.dtype}, {args.device}, "
+        f"{n_keys} keys / {n_params / 1e6:.2f} M params",
+        flush=True,
+    )
     videos, latents = make_inputs(config, size, enc, dec, args.seed)
     results, outputs = run_cases(theirs, ours, videos, latents, split, args.device, dtype)
-
-    title = f"Wan 2.1 VAE parity: {args.shape} {size[0]}x{size[1]}, {args.dtype}, {args.device}"
-    print_results(f"{title}, {n_keys} keys / {n_params / 1e6:.2f} M params", results)
     report = {
         "shape": args.shape,
         "size": list(size),

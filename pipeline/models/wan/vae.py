@@ -147,7 +147,8 @@ class WanDecodeStream:
 
     def frames(self, lat_BCThw: Tensor) -> Iterator[Tensor]:
         """Yield each latent frame's pixels as soon as it is decoded: (B, 3, 1, H, W) for the
-        stream's first latent frame, (B, 3, 4, H, W) after. The cache advances per yield."""
+        stream's first latent frame, (B, 3, 4, H, W) after. The cache advances with each
+        yield: a consumer that stops early can go on with the next latent frame later."""
         net = self.vae.net
         inv_std, mean = _per_channel(self.vae.latent_inv_std), _per_channel(self.vae.latent_mean)
         z_BCThw = lat_BCThw / inv_std + mean
@@ -159,8 +160,10 @@ class WanDecodeStream:
             yield out.clamp_(-1.0, 1.0)
 
     def decode(self, lat_BCThw: Tensor) -> Tensor:
-        """One or more latent frames → their pixels (B, 3, F, H, W), F = 4T (+1 - 4 if these
-        are the stream's first)."""
+        """One or more latent frames → their pixels (B, 3, F, H, W): F = 4T, or 4T - 3 when
+        they open the stream."""
+        if lat_BCThw.shape[2] == 0:
+            raise ValueError("decode needs at least one latent frame")
         return torch.cat(list(self.frames(lat_BCThw)), dim=2)
 
 
