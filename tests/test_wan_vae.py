@@ -64,7 +64,7 @@ def assert_close(ours: torch.Tensor, theirs: torch.Tensor) -> None:
 
 def test_weights_from_the_seed_are_the_ones_the_fixture_was_made_with(reference, checkpoint):
     state = checkpoint[1]
-    rebuilt = torch.tensor([[state[k].sum().item(), state[k].flatten()[0].item()] for k in sorted(state)])  # fmt: skip
+    rebuilt = torch.tensor([[state[k].sum(), state[k].flatten()[0]] for k in sorted(state)])
     torch.testing.assert_close(rebuilt, reference[0]["weights.fingerprint"], rtol=1e-5, atol=1e-5)
 
 
@@ -142,11 +142,11 @@ def broken_checkpoints(tmp: Path, good: Path, state: dict[str, torch.Tensor]):
         "shape": (
             {**state, "conv2.weight": torch.zeros(16, 16, 3, 1, 1)},
             ["conv2.weight", "(16, 16, 3, 1, 1)", "(16, 16, 1, 1, 1)"],
-        ),  # fmt: skip
+        ),
         "dtype": (
             {**state, "conv2.bias": torch.zeros(16, dtype=torch.int64)},
             ["conv2.bias", "int64"],
-        ),  # fmt: skip
+        ),
     }
     yield "missing file", missing, ["not found"]
     yield "truncated", truncated, ["truncated"]

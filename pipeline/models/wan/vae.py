@@ -192,7 +192,8 @@ _ATTENTION = (
     ("proj.bias", "proj.bias"),
 )
 _RESAMPLE_2D = (("resample.1.weight", "resample.1.weight"), ("resample.1.bias", "resample.1.bias"))
-_RESAMPLE_3D = (*_RESAMPLE_2D, ("time_conv.weight", "time_conv.weight"), ("time_conv.bias", "time_conv.bias"))  # fmt: skip
+_TIME_CONV = (("time_conv.weight", "time_conv.weight"), ("time_conv.bias", "time_conv.bias"))
+_RESAMPLE_3D = _RESAMPLE_2D + _TIME_CONV
 
 
 def checkpoint_layout(config: WanVAEConfig = WAN21_VAE) -> dict[str, str]:
@@ -235,11 +236,13 @@ def checkpoint_layout(config: WanVAEConfig = WAN21_VAE) -> dict[str, str]:
         c_in, c_out = dims[level] // (2 if level else 1), dims[level + 1]
         for j in range(config.num_res_blocks + 1):
             leaves = _RESIDUAL + (_SHORTCUT if c_in != c_out else ())
-            blocks.append((f"decoder.upsamples.{n}", f"decoder.up_blocks.{level}.resnets.{j}", leaves))  # fmt: skip
+            ours = f"decoder.up_blocks.{level}.resnets.{j}"
+            blocks.append((f"decoder.upsamples.{n}", ours, leaves))
             c_in, n = c_out, n + 1
         if level < levels - 1:
             leaves = _RESAMPLE_3D if temporal_upsample[level] else _RESAMPLE_2D
-            blocks.append((f"decoder.upsamples.{n}", f"decoder.up_blocks.{level}.upsamplers.0", leaves))  # fmt: skip
+            ours = f"decoder.up_blocks.{level}.upsamplers.0"
+            blocks.append((f"decoder.upsamples.{n}", ours, leaves))
             n += 1
     return {f"{src}.{a}": f"net.{dst}.{b}" for src, dst, leaves in blocks for a, b in leaves}
 
