@@ -117,9 +117,11 @@ def compare(ours: torch.Tensor, theirs: torch.Tensor) -> dict:
     }
 
 
-def timed(fn, *args):
+def timed(fn):
     t0 = time.perf_counter()
-    out = fn(*args)
+    out = fn()
+    if out.is_cuda:
+        torch.cuda.synchronize()  # the work is queued: the clock stops when it is done
     return out, time.perf_counter() - t0
 
 
@@ -136,27 +138,37 @@ def make_inputs(config: WanVAEConfig, size, encode_frames, decode_latents, seed:
     return videos, latents
 
 
+def run_case(name: str, ours_fn, theirs_fn, truth_fn, results: dict) -> torch.Tensor:
+    """One comparison of ours with theirs at the same dtype; with `truth_fn` (their fp32
+    model, when the run is in bf16) also both against fp32. Returns their output."""
+    ref, t_ref = timed(theirs_fn)
+    got, t_got = timed(ours_fn)
+    r = compare(got.float(), ref.float()) | {"s_ref": t_ref, "s_ours": t_got}
+    if truth_fn is not None:
+        truth = truth_fn().float()
+        r["ours_vs_fp32"] = compare(got.float(), truth)
+        r["theirs_vs_fp32"] = compare(ref.float(), truth)
+    results[name] = r
+    print_result(name, r)
+    return ref
+
+
 @torch.inference_mode()
-def run_cases(theirs, ours: WanVAE, videos, latents, split, device, dtype) -> tuple[dict, dict]:
+def run_cases(theirs, ours: WanVAE, truth, inputs, split, device, dtype) -> tuple[dict, dict]:
     """Every comparison; returns the results and the authors' outputs (fp32, on the CPU)."""
+    videos, latents = inputs
     results, outputs = {}, {}
     for f, video in videos.items():
         v = video.to(device, dtype)
-        ref, t_ref = timed(theirs.encode, v)
-        got, t_got = timed(ours.encode, v)
-        results[f"encode_{f}"] = compare(got[0].float(), ref.float()) | {
-            "s_ref": t_ref,
-            "s_ours": t_got,
-        }
+        fns = (lambda v=v: ours.encode(v)[0], lambda v=v: theirs.encode(v))
+        truth_fn = None if truth is None else lambda v=video: truth.encode(v.to(device))
+        ref = run_case(f"encode_{f}", *fns, truth_fn, results)
         outputs[f"encode_{f}"] = ref.float().cpu()[None]
     for t, lat in latents.items():
         z = lat.to(device, dtype)
-        ref, t_ref = timed(theirs.decode, z[0])
-        got, t_got = timed(ours.decode, z)
-        results[f"decode_{t}"] = compare(got.float(), ref.float()) | {
-            "s_ref": t_ref,
-            "s_ours": t_got,
-        }
+        fns = (lambda z=z: ours.decode(z), lambda z=z: theirs.decode(z[0]))
+        truth_fn = None if truth is None else lambda lat=lat: truth.decode(lat[0].to(device))
+        ref = run_case(f"decode_{t}", *fns, truth_fn, results)
         results[f"decode_{t}"]["clamped_share"] = (ref.abs() == 1).float().mean().item()
         outputs[f"decode_{t}"] = ref.float().cpu()
     if split:
@@ -172,6 +184,7 @@ def run_cases(theirs, ours: WanVAE, videos, latents, split, device, dtype) -> tu
         key = "stream_" + "+".join(map(str, split))
         results[key] = compare(got.float(), outputs[f"decode_{t}"].to(got.device))
         results[key] |= {"s_ours": time.perf_counter() - t0}
+        print_result(key, results[key])
     return results, outputs
 
 
@@ -201,23 +214,27 @@ def write_fixture(path: Path, state, seed: int, size, videos, latents, outputs) 
     print(f"fixture: {path} ({path.stat().st_size / 1024:.0f} kB)")
 
 
-def print_results(title: str, results: dict) -> None:
-    print(title)
-    for name, r in results.items():
-        secs = f"ours {r['s_ours']:.2f} s"
-        if "s_ref" in r:
-            secs += f", theirs {r['s_ref']:.2f} s"
-        print(
-            f"  {name:<16} cos {r['cos']:.7f}  max-abs {r['max_abs']:.2e}  "
-            f"ref-std {r['ref_std']:.3f}  {tuple(r['shape'])}  {secs}"
-        )
+def print_result(name: str, r: dict) -> None:
+    secs = f"ours {r['s_ours']:.2f} s"
+    if "s_ref" in r:
+        secs += f", theirs {r['s_ref']:.2f} s"
+    print(
+        f"  {name:<16} cos {r['cos']:.7f}  max-abs {r['max_abs']:.2e}  "
+        f"ref-std {r['ref_std']:.3f}  {tuple(r['shape'])}  {secs}",
+        flush=True,
+    )
+    for side in ("ours", "theirs"):
+        if f"{side}_vs_fp32" in r:
+            v = r[f"{side}_vs_fp32"]
+            print(f"    {side:>6} vs fp32: cos {v['cos']:.7f}  max-abs {v['max_abs']:.2e}")
 
 
 def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.Namespace, WanVAEConfig, tuple[int, int], list, list, list]:
+    """The options, and the case they name: config, pixel size, clips, chunks, split."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--reference-repo", type=Path, required=True)
     p.add_argument("--shape", choices=SHAPES, default="tiny")
@@ -228,6 +245,7 @@ def main() -> None:
     p.add_argument("--encode-frames", help="clip lengths to encode, 1 + 4k each")
     p.add_argument("--decode-latents", help="chunk lengths (latent frames) to decode")
     p.add_argument("--split", help="stream the longest chunk in these pieces")
+    p.add_argument("--vs-fp32", action="store_true", help="in bf16, also both against fp32")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave)")
     p.add_argument("--json", type=Path)
     p.add_argument("--write-fixture", type=Path, help="tiny case at 16x24 → a test fixture")
@@ -244,6 +262,11 @@ def main() -> None:
     enc, dec, split = FIXTURE_CASES if args.write_fixture else DEFAULTS[args.shape]
     enc, dec = ints(args.encode_frames or enc), ints(args.decode_latents or dec)
     split = ints(args.split if args.split is not None else split)
+    return args, config, size, enc, dec, split
+
+
+def main() -> None:
+    args, config, size, enc, dec, split = parse_args()
     dtype = DTYPES[args.dtype]
 
     ref = import_reference(args.reference_repo)
@@ -252,12 +275,18 @@ def main() -> None:
         state = write_reference_checkpoint(ref, config, args.seed, pth)
         theirs = reference_wrapper(ref, config, pth, args.device, dtype)
         ours = load_wan_vae(pth, args.device, dtype, config)
+        truth = None
+        if args.vs_fp32 and dtype != torch.float32:
+            truth = reference_wrapper(ref, config, pth, args.device, torch.float32)
     n_keys, n_params = len(state), sum(v.numel() for v in state.values())
+    print(
+        f"Wan 2.1 VAE parity: {args.shape} {size[0]}x{size[1]}, {args.dtype}, {args.device}, "
+        f"{n_keys} keys / {n_params / 1e6:.2f} M params",
+        flush=True,
+    )
     videos, latents = make_inputs(config, size, enc, dec, args.seed)
-    results, outputs = run_cases(theirs, ours, videos, latents, split, args.device, dtype)
-
-    title = f"Wan 2.1 VAE parity: {args.shape} {size[0]}x{size[1]}, {args.dtype}, {args.device}"
-    print_results(f"{title}, {n_keys} keys / {n_params / 1e6:.2f} M params", results)
+    inputs = (videos, latents)
+    results, outputs = run_cases(theirs, ours, truth, inputs, split, args.device, dtype)
     report = {
         "shape": args.shape,
         "size": list(size),

@@ -147,7 +147,8 @@ class WanDecodeStream:
 
     def frames(self, lat_BCThw: Tensor) -> Iterator[Tensor]:
         """Yield each latent frame's pixels as soon as it is decoded: (B, 3, 1, H, W) for the
-        stream's first latent frame, (B, 3, 4, H, W) after. The cache advances per yield."""
+        stream's first latent frame, (B, 3, 4, H, W) after. The cache advances with each
+        yield: a consumer that stops early can go on with the next latent frame later."""
         net = self.vae.net
         inv_std, mean = _per_channel(self.vae.latent_inv_std), _per_channel(self.vae.latent_mean)
         z_BCThw = lat_BCThw / inv_std + mean
@@ -159,8 +160,10 @@ class WanDecodeStream:
             yield out.clamp_(-1.0, 1.0)
 
     def decode(self, lat_BCThw: Tensor) -> Tensor:
-        """One or more latent frames → their pixels (B, 3, F, H, W), F = 4T (+1 - 4 if these
-        are the stream's first)."""
+        """One or more latent frames → their pixels (B, 3, F, H, W): F = 4T, or 4T - 3 when
+        they open the stream."""
+        if lat_BCThw.shape[2] == 0:
+            raise ValueError("decode needs at least one latent frame")
         return torch.cat(list(self.frames(lat_BCThw)), dim=2)
 
 
@@ -189,7 +192,8 @@ _ATTENTION = (
     ("proj.bias", "proj.bias"),
 )
 _RESAMPLE_2D = (("resample.1.weight", "resample.1.weight"), ("resample.1.bias", "resample.1.bias"))
-_RESAMPLE_3D = (*_RESAMPLE_2D, ("time_conv.weight", "time_conv.weight"), ("time_conv.bias", "time_conv.bias"))  # fmt: skip
+_TIME_CONV = (("time_conv.weight", "time_conv.weight"), ("time_conv.bias", "time_conv.bias"))
+_RESAMPLE_3D = _RESAMPLE_2D + _TIME_CONV
 
 
 def checkpoint_layout(config: WanVAEConfig = WAN21_VAE) -> dict[str, str]:
@@ -232,11 +236,13 @@ def checkpoint_layout(config: WanVAEConfig = WAN21_VAE) -> dict[str, str]:
         c_in, c_out = dims[level] // (2 if level else 1), dims[level + 1]
         for j in range(config.num_res_blocks + 1):
             leaves = _RESIDUAL + (_SHORTCUT if c_in != c_out else ())
-            blocks.append((f"decoder.upsamples.{n}", f"decoder.up_blocks.{level}.resnets.{j}", leaves))  # fmt: skip
+            ours = f"decoder.up_blocks.{level}.resnets.{j}"
+            blocks.append((f"decoder.upsamples.{n}", ours, leaves))
             c_in, n = c_out, n + 1
         if level < levels - 1:
             leaves = _RESAMPLE_3D if temporal_upsample[level] else _RESAMPLE_2D
-            blocks.append((f"decoder.upsamples.{n}", f"decoder.up_blocks.{level}.upsamplers.0", leaves))  # fmt: skip
+            ours = f"decoder.up_blocks.{level}.upsamplers.0"
+            blocks.append((f"decoder.upsamples.{n}", ours, leaves))
             n += 1
     return {f"{src}.{a}": f"net.{dst}.{b}" for src, dst, leaves in blocks for a, b in leaves}
 
@@ -275,7 +281,10 @@ def load_wan_vae(
                 "diffusers or other conversion"
             )
         if not tensor.is_floating_point():
-            raise CheckpointError(f"{path}: {name} holds {tensor.dtype}, not floating point")
+            raise CheckpointError(
+                f"{path}: {name} holds {tensor.dtype}, not floating point weights; "
+                "pass the original Wan2.1_VAE.pth"
+            )
         want = expected[layout[name]].shape
         if tensor.shape != want:
             raise CheckpointError(
@@ -296,13 +305,17 @@ def load_wan_vae(
 
 def _read_state_dict(path: Path) -> dict[str, Tensor]:
     if not path.is_file():
-        raise CheckpointError(f"Wan 2.1 VAE checkpoint not found: {path}")
+        raise CheckpointError(
+            f"Wan 2.1 VAE checkpoint not found: {path} (the published file is "
+            "VAE_Wan/Wan2.1_VAE.pth in the model's download)"
+        )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        why = str(exc).strip().splitlines()[0].split(". ")[0] if str(exc).strip() else repr(exc)
         raise CheckpointError(
-            f"{path}: not a readable torch checkpoint (truncated or corrupt?): {first_line}"
+            f"{path}: not a readable torch checkpoint ({why}); the file is truncated or "
+            "corrupt: download it again"
         ) from None
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
         raise CheckpointError(
