@@ -173,3 +173,55 @@ async def test_browser_uploads_a_photo_and_explains_a_refused_one(tmp_path):
             assert len(app[SERVICE].photos._photos) == 1 and len(app[SERVICE].sessions) == 1
         finally:
             await browser.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_browser_frames_a_refused_photo_by_hand(tmp_path):
+    """A photo the detector refuses: the page says so and shows it; a box dragged around the
+    face with the mouse on the page's canvas fills the box fields (photo pixels); Connect
+    then uploads it with the box and the call starts with that photo."""
+    from playwright.async_api import async_playwright
+
+    from pipeline.config import load_config
+    from pipeline.media import write_png
+    from pipeline.startup import load_engine
+    from pipeline.synth.face import landmarks, random_identity, render_reference
+
+    engine = load_engine(load_config("photo"), "cpu")
+    engine.warmup()
+    identity = random_identity(4)  # a dark face the detector misses
+    photo = write_png(tmp_path / "dark.png", render_reference(identity, 256))
+    ox, oy, ow, oh = landmarks(identity, 256).outline
+    x, y, side = ox + ow / 2 - oh / 2, oy, oh  # forehead to chin, square
+    speech = make_speech_wav(tmp_path / "mic.wav", [0.3, "Hello.", 0.3])
+    async with running_server(engine=engine) as (url, app), async_playwright() as pw:
+        browser = await pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=chromium_args(str(speech.path))
+        )
+        try:
+            page = await browser.new_page()
+            await page.goto(url)
+            await page.set_input_files("#photo", str(photo))
+            await page.locator("#connect").dispatch_event("click")
+            message = await message_of(page)
+            assert message.startswith("Photo refused") and "no face found" in message, message
+            assert "Drag a box around the face" in message, message
+            canvas = page.locator("#framer-canvas")
+            assert await canvas.is_visible()
+            rect = await canvas.bounding_box()
+            k = rect["width"] / 256  # the canvas shows the whole photo
+            await page.mouse.move(rect["x"] + x * k, rect["y"] + y * k)
+            await page.mouse.down()
+            await page.mouse.move(rect["x"] + (x + side) * k, rect["y"] + (y + side) * k, steps=8)
+            await page.mouse.up()
+            drawn = [float(await page.locator(f"#box-{c}").input_value()) for c in "xywh"]
+            assert np.allclose(drawn, [x, y, side, side], atol=2), (drawn, (x, y, side))
+            assert not app[SERVICE].sessions
+            await page.locator("#connect").dispatch_event("click")
+            await page.wait_for_function("window.facecastStats.ttffMs !== null", timeout=60_000)
+            photos = list(app[SERVICE].photos._photos.values())
+            assert len(photos) == 1 and list(photos[0].photo_box) == drawn, photos
+            assert len(app[SERVICE].sessions) == 1
+        finally:
+            await browser.close()
