@@ -180,11 +180,14 @@ async def test_browser_uploads_a_photo_and_explains_a_refused_one(tmp_path):
 async def test_browser_frames_a_refused_photo_by_hand(tmp_path):
     """A photo the detector refuses: the page says so and shows it; a box dragged around the
     face with the mouse on the page's canvas fills the box fields (photo pixels); Connect
-    then uploads it with the box and the call starts with that photo."""
+    then uploads it with the box and the call starts with that photo. "Frame the face" on a
+    photo the detector does read shows its box, to adjust."""
     from playwright.async_api import async_playwright
+    from support.photos import PORTRAIT
 
     from pipeline.config import load_config
-    from pipeline.media import write_png
+    from pipeline.media import load_image, write_png
+    from pipeline.photo.face import detect_faces
     from pipeline.startup import load_engine
     from pipeline.synth.face import landmarks, random_identity, render_reference
 
@@ -209,6 +212,7 @@ async def test_browser_frames_a_refused_photo_by_hand(tmp_path):
             assert "Drag a box around the face" in message, message
             canvas = page.locator("#framer-canvas")
             assert await canvas.is_visible()
+            await canvas.scroll_into_view_if_needed()
             rect = await canvas.bounding_box()
             k = rect["width"] / 256  # the canvas shows the whole photo
             await page.mouse.move(rect["x"] + x * k, rect["y"] + y * k)
@@ -223,5 +227,14 @@ async def test_browser_frames_a_refused_photo_by_hand(tmp_path):
             photos = list(app[SERVICE].photos._photos.values())
             assert len(photos) == 1 and list(photos[0].photo_box) == drawn, photos
             assert len(app[SERVICE].sessions) == 1
+            # "Frame the face" shows the box the detector found, in the photo's pixels
+            page = await browser.new_page()
+            await page.goto(url)
+            await page.set_input_files("#photo", str(PORTRAIT))
+            await page.locator("#frame").dispatch_event("click")
+            await page.wait_for_function("document.getElementById('box-w').value !== ''")
+            shown = [float(await page.locator(f"#box-{c}").input_value()) for c in "xywh"]
+            found = detect_faces(load_image(PORTRAIT))[0]
+            assert np.allclose(shown, found, atol=1), (shown, found)
         finally:
             await browser.close()

@@ -117,6 +117,7 @@ async function showFramer(box = null) {
   if (box) setBox(box);
   $("framer").hidden = false;
   drawFramer();
+  $("framer").scrollIntoView({ block: "nearest" });
 }
 
 function hideFramer() {
