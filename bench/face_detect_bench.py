@@ -127,17 +127,34 @@ def _lift(g: float) -> Callable[[np.ndarray], np.ndarray]:
     return lambda grey: cv2.LUT(grey, lut)
 
 
+def _looks_with(name: str, *prepares) -> Callable[[np.ndarray], np.ndarray]:
+    """The default frontal cascade on the plain image, then cascade `name` on each prepared
+    image in turn, until a look finds a face."""
+
+    def detect(rgb: np.ndarray) -> np.ndarray:
+        grey, side, s = _search(rgb)
+        found = _cascade(F.FACE_CASCADE, grey, side)
+        for prepare in prepares:
+            if len(found):
+                break
+            found = _cascade(name, prepare(grey), side)
+        return _boxes(found, s)
+
+    return detect
+
+
+ALT2 = "haarcascade_frontalface_alt2.xml"
+_clahe_lifted = lambda grey: _clahe(cv2.LUT(grey, _gamma(0.5)))  # noqa: E731
+
 DETECTORS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "Haar, one look (before)": haar_one_look,
-    "Haar + gamma 0.5 second look (shipped before this issue)": _looks(_lift(0.5)),
+    "Haar, one look (issue 16)": haar_one_look,
+    "Haar + gamma 0.5 second look (before this issue)": _looks(_lift(0.5)),
     "Haar + gamma 0.35 second look": _looks(_lift(0.35)),
-    "Haar alt2 cascade + gamma 0.5 second look": _with_second_look(
-        "haarcascade_frontalface_alt2.xml", _gamma(0.5)
-    ),
     "Haar + CLAHE second look": _looks(_clahe),
     "Haar + gamma 0.5, then CLAHE": _looks(_lift(0.5), _clahe),
-    "Haar + CLAHE of the gamma-0.5 image": _looks(lambda g: _clahe(cv2.LUT(g, _gamma(0.5)))),
-    "shipped now (`pipeline.photo.face.detect_faces`)": F.detect_faces,
+    "Haar + CLAHE of the gamma-0.5 image": _looks(_clahe_lifted),
+    "Haar alt2 cascade alone + gamma 0.5 second look": _with_second_look(ALT2, _gamma(0.5)),
+    "Haar; alt2 on gamma 0.5; alt2 on CLAHE of it (now, `detect_faces`)": F.detect_faces,
 }
 
 
