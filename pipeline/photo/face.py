@@ -2,11 +2,12 @@
 
 A photo is checked before anything is decoded (bytes, type by its magic bytes, pixel
 count from the header), then decoded with PyAV. Faces are found with the frontal-face Haar
-cascade that OpenCV 4.x wheels ship (`cv2.data.haarcascades`; no download). The photo is
-scaled to cover the video size and centre-cropped (the face box is mapped through the same
-transform, so detection runs once, on the full photo); where the centred crop would cut the
-face, the crop slides just enough to hold it. Every failure is a `PhotoError` with one line
-that says what to change.
+cascades that OpenCV 4.x wheels ship (`cv2.data.haarcascades`; no download): the default
+one, and where it finds none the alt2 one on the shadow-lifted, then equalised image. The
+photo is scaled to cover the video size and centre-cropped (the face box is mapped through
+the same transform, so detection runs once, on the full photo); where the centred crop
+would cut the face, the crop slides just enough to hold it. Every failure is a
+`PhotoError` with one line that says what to change.
 
 Where the detector misses the face (it misses dark skin more often: bench/RESULTS.md, "The
 face detector by skin tone") or picks the wrong one, the user frames it by hand: a face box
@@ -476,13 +477,30 @@ def _lip_line(framed: np.ndarray, grey: np.ndarray, box, skin: np.ndarray) -> fl
     sel = np.flatnonzero((rows >= lo) & (rows <= hi))
     if len(sel) == 0:
         return prior
-    best = sel[np.argmax(d[sel])]
-    if nose is not None and best == sel[-1] and best > sel[0] and d[best] > d[best - 1]:
-        # nothing below that peak but the chin's shading, still rising at the window's
-        # end: the peak was the lips, of a face whose nose casts little shadow in a box
-        # drawn by hand (its mouth sits higher in the box than in the detector's)
-        return float(rows[nose])
+    best = _lips_in(d, sel, peaks, h)
+    if best is None:
+        # nothing in the window but the chin (its shading, or its edge): the peak taken
+        # for the nose's shadow was the lips, of a face whose nose casts little shadow, in
+        # a box drawn by hand (its mouth sits higher in the box than in the detector's)
+        return float(rows[nose]) if nose is not None else prior
     return float(rows[best])
+
+
+def _lips_in(d: np.ndarray, sel: np.ndarray, peaks: list[int], h: float) -> int | None:
+    """The lips' row in the window `sel` of the profile `d`: its strongest row, unless that
+    is the chin. The lips have skin (the chin) just below them; the chin's shading or its
+    edge against the neck has not. None: nothing in the window but the chin."""
+    near, far = max(1, round(0.03 * h)), max(2, round(0.12 * h))
+    skin = np.median(d)
+
+    def skin_below(i: int) -> bool:
+        return i + far < len(d) and bool(d[i + near : i + far + 1].min() <= skin)
+
+    best = int(sel[np.argmax(d[sel])])
+    if skin_below(best):
+        return best
+    lips = [i for i in peaks if sel[0] <= i <= sel[-1] and skin_below(i)]
+    return max(lips, key=lambda i: d[i]) if lips else None
 
 
 def _find_eyes(framed: np.ndarray, box: tuple[float, float, float, float]):
