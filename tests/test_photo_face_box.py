@@ -186,3 +186,23 @@ def test_the_lip_line_is_found_inside_a_drawn_box_on_every_held_out_face():
         if len(detect_faces(rgb)):
             found = prepare_photo(rgb, SIZE, SIZE, cfg)
             assert abs(found.face.mouth[1] - true_y) <= 2, (k, found.face.mouth, true_y)
+
+
+def test_serve_reference_is_framed_by_the_box(tmp_path):
+    """`serve --reference PHOTO --face-box …` reaches the server's config, and the server's
+    reference (what every session without its own photo animates) is framed by it."""
+    from facecast.cli import build_parser
+    from realtime.server import config_from_args
+    from realtime.service import load_reference
+
+    identity = random_identity(DARK_SEED)
+    plain = write_png(tmp_path / "plain.png", render_reference(identity, SIZE))
+    box = drawn_box(identity)
+    text = ",".join(map(str, box))
+    args = build_parser().parse_args(["serve", "--reference", str(plain), "--face-box", text])
+    config = config_from_args(args)
+    assert config.face_box == box
+    prepared = load_reference(config.reference, load_config("photo"), config.face_box)
+    assert prepared.photo_box == box
+    true_y = landmarks(identity, SIZE).mouth[1]
+    assert abs(prepared.face.mouth[1] - true_y) <= 2

@@ -219,8 +219,31 @@ async def test_browser_frames_a_refused_photo_by_hand(tmp_path):
             await page.mouse.down()
             await page.mouse.move(rect["x"] + (x + side) * k, rect["y"] + (y + side) * k, steps=8)
             await page.mouse.up()
-            drawn = [float(await page.locator(f"#box-{c}").input_value()) for c in "xywh"]
+
+            async def fields() -> list[float]:
+                return [float(await page.locator(f"#box-{c}").input_value()) for c in "xywh"]
+
+            async def drag(x0, y0, x1, y1):
+                await page.mouse.move(rect["x"] + x0 * k, rect["y"] + y0 * k)
+                await page.mouse.down()
+                await page.mouse.move(rect["x"] + x1 * k, rect["y"] + y1 * k, steps=4)
+                await page.mouse.up()
+
+            drawn = await fields()
             assert np.allclose(drawn, [x, y, side, side], atol=2), (drawn, (x, y, side))
+            # drag inside it to move it, from its corner to resize it, or type a value
+            cx, cy = drawn[0] + drawn[2] / 2, drawn[1] + drawn[3] / 2
+            await drag(cx, cy, cx + 10, cy + 6)
+            moved = await fields()
+            assert np.allclose(moved, np.add(drawn, [10, 6, 0, 0]), atol=1), (moved, drawn)
+            corner = (moved[0] + moved[2], moved[1] + moved[3])
+            await drag(*corner, corner[0] + 8, corner[1] + 8)
+            resized = await fields()
+            assert np.allclose(resized, np.add(moved, [0, 0, 8, 8]), atol=1), (resized, moved)
+            for c, v in zip("xywh", drawn, strict=True):
+                await page.locator(f"#box-{c}").fill(str(int(v)))
+                await page.locator(f"#box-{c}").dispatch_event("change")
+            drawn = await fields()
             assert not app[SERVICE].sessions
             await page.locator("#connect").dispatch_event("click")
             await page.wait_for_function("window.facecastStats.ttffMs !== null", timeout=60_000)
