@@ -5,10 +5,10 @@ or `image/webp`, at most `photo.max_image_bytes`), checks it exactly as `facecas
 does (`pipeline.photo.reference`: type by magic bytes, pixel count, decoding, one frontal
 face big enough, or a synthetic reference that names its identity) off the event loop, and
 answers 201 `{"photo_id", "face", "face_box"}` (the face in video pixels, and in the
-photo's own). `POST /offer` then names it with `"photo_id"`, or
-carries a small photo inline as `"photo"` (base64, within the offer's body limit). Every
-refusal is one line of JSON: 415 for a type that is not an image we read, 413 for too many
-bytes or pixels, 400 for a corrupt file, 422 for a photo without exactly one usable face.
+photo's own). `POST /offer` then names it with `"photo_id"`, or carries a small photo
+inline as `"photo"` (base64, within the offer's body limit). Every refusal is one line of
+JSON: 415 for a type that is not an image we read, 413 for too many bytes or pixels, 400
+for a corrupt file, 422 for a photo without exactly one usable face.
 
 A face the detector misses (or gets wrong) is framed by hand: `POST /photos?face_box=X,Y,W,H`
 (the page's box drawing), or `"face_box": [x, y, w, h]` beside an inline `"photo"`, in the
