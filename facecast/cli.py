@@ -136,6 +136,10 @@ def cmd_render(args: argparse.Namespace) -> int:
     for path, what in ((args.reference, "reference image"), (args.audio, "audio file")):
         if not Path(path).is_file():
             raise FacecastError(f"{what} not found: {path}")
+    if args.face_box is not None and cfg.runtime.stack != "photo":
+        raise FacecastError(
+            f"--face-box frames a photo for the photo stack; config {args.config!r} is not one"
+        )
     device = resolve_device(args.device)
     if args.gpus > 1:
         return render_parallel(cfg, device, args)
@@ -143,7 +147,13 @@ def cmd_render(args: argparse.Namespace) -> int:
     # eager rendering gains nothing from running every shape twice.
     engine, _ = start_engine(engine_options(args, warmup=args.compile))
     result = render_file(
-        engine, args.reference, args.audio, args.out, seed=args.seed, progress=not args.quiet
+        engine,
+        args.reference,
+        args.audio,
+        args.out,
+        seed=args.seed,
+        progress=not args.quiet,
+        face_box=args.face_box,
     )
     if not args.quiet:
         times = " ".join(f"{k}={v:.2f}s" for k, v in result.stage_seconds.items())
@@ -298,11 +308,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from pipeline.photo.face import FACE_CASCADE, cascade
 
         cascade(FACE_CASCADE)
+    if args.face_box is not None and (args.reference is None or cfg.runtime.stack != "photo"):
+        raise FacecastError(
+            "--face-box frames the --reference photo of the photo stack: give --reference "
+            "too, with a photo config (--config photo)"
+        )
     if args.reference is not None and cfg.runtime.stack == "photo":
         # a photo without one clear face fails here too, not in the first peer's session
         from pipeline.photo.reference import load_prepared
 
-        load_prepared(args.reference, cfg)
+        load_prepared(args.reference, cfg, args.face_box)
     try:
         config = config_from_args(args)
     except ValueError as exc:
@@ -333,6 +348,8 @@ def serve_fleet(args: argparse.Namespace, config) -> int:
 
 
 def build_parser(with_serve_options: bool = True) -> argparse.ArgumentParser:
+    from pipeline.photo.face import FACE_BOX_HELP, face_box_arg
+
     parser = OneLineParser(prog="facecast", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--log-level", default="warning", choices=["debug", "info", "warning", "error"]
@@ -345,6 +362,7 @@ def build_parser(with_serve_options: bool = True) -> argparse.ArgumentParser:
         "--reference",
         help="identity photo (PNG, JPEG, WebP; default: the config's bundled identity)",
     )
+    render.add_argument("--face-box", type=face_box_arg, help=FACE_BOX_HELP)
     render.add_argument("--audio", required=True, help="speech audio of any length and format")
     render.add_argument("--out", required=True, help="output .mp4 path")
     render.add_argument("--seed", type=int, default=0)

@@ -23,7 +23,9 @@ class CheckpointError(FacecastError):
 class PhotoError(MediaError):
     """A reference photo the photo stack cannot animate. `kind` says why, so a server can
     answer with the right status: "type" (not PNG/JPEG/WebP), "size" (too many bytes or
-    pixels), "corrupt" (does not decode), "face" (no face, several, too small, cut off)."""
+    pixels), "corrupt" (does not decode), "face" (no face, several, too small, cut off),
+    "box" (a hand-drawn face box that is not four numbers, lies outside the photo or is too
+    small)."""
 
     def __init__(self, message: str, kind: str) -> None:
         super().__init__(message)

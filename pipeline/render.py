@@ -42,11 +42,13 @@ def render_file(
     out: str | Path,
     seed: int = 0,
     progress: bool = True,
+    face_box: tuple[float, float, float, float] | None = None,
 ) -> RenderResult:
+    """`face_box` (photo stack): the face framed by hand, x, y, w, h in the photo's pixels."""
     if engine.cfg.runtime.stack == "photo":  # from the bytes: a synthetic PNG names its face
         from pipeline.photo.reference import load_prepared
 
-        image: Reference = load_prepared(reference, engine.cfg)
+        image: Reference = load_prepared(reference, engine.cfg, face_box)
     else:
         image = load_reference(reference, engine.cfg)
     v = engine.cfg.video

@@ -3,11 +3,17 @@
 `POST /photos` takes the image itself as the body (`Content-Type: image/png`, `image/jpeg`
 or `image/webp`, at most `photo.max_image_bytes`), checks it exactly as `facecast render`
 does (`pipeline.photo.reference`: type by magic bytes, pixel count, decoding, one frontal
-face big enough, or a synthetic reference that names its identity) off the event loop, and answers 201 `{"photo_id", "face"}`. `POST /offer` then
-names it with `"photo_id"`, or carries a small photo inline as `"photo"` (base64, within the
-offer's body limit). Every refusal is one line of JSON: 415 for a type that is not an
-image we read, 413 for too many bytes or pixels, 400 for a corrupt file, 422 for a photo
-without exactly one usable face.
+face big enough, or a synthetic reference that names its identity) off the event loop, and
+answers 201 `{"photo_id", "face", "face_box"}` (the face in video pixels, and in the
+photo's own). `POST /offer` then names it with `"photo_id"`, or carries a small photo
+inline as `"photo"` (base64, within the offer's body limit). Every refusal is one line of
+JSON: 415 for a type that is not an image we read, 413 for too many bytes or pixels, 400
+for a corrupt file, 422 for a photo without exactly one usable face.
+
+A face the detector misses (or gets wrong) is framed by hand: `POST /photos?face_box=X,Y,W,H`
+(the page's box drawing), or `"face_box": [x, y, w, h]` beside an inline `"photo"`, in the
+original photo's pixels (`pipeline.photo.face.parse_face_box`, `check_face_box`); a box that
+is not four numbers, lies outside the photo or is too small is a 400 naming the problem.
 
 Uploads are held in a bounded store (oldest dropped first), so they never pile up; they
 are only usable with the photo stack (`runtime.stack: photo`). The checks take the engine's
@@ -44,7 +50,12 @@ class PhotoRefused(RealtimeError):
     status = 422
 
 
-_STATUS = {"type": UnsupportedMediaType, "size": PayloadTooLarge, "corrupt": BadRequest}
+_STATUS = {
+    "type": UnsupportedMediaType,
+    "size": PayloadTooLarge,
+    "corrupt": BadRequest,
+    "box": BadRequest,
+}
 
 
 class PhotoStore:
@@ -91,13 +102,27 @@ def _check_stack(cfg) -> None:
         )
 
 
-async def prepare(cfg, data: bytes, name: str):
-    """Checked and framed photo (`PreparedPhoto`) from the bytes, or the RealtimeError to
-    answer with. Decoding and face detection run in a thread, off the event loop."""
+def face_box_of(value: Any):
+    """A request's hand-drawn face box (`None` when not given), or a 400 naming the fault."""
+    from pipeline.photo.face import parse_face_box
+
+    if value is None:
+        return None
+    try:
+        return parse_face_box(value)
+    except PhotoError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+async def prepare(cfg, data: bytes, name: str, face_box=None):
+    """Checked and framed photo (`PreparedPhoto`) from the bytes, around the hand-drawn
+    `face_box` if given, or the RealtimeError to answer with. Decoding and face detection
+    run in a thread, off the event loop."""
     from pipeline.photo.reference import prepare_reference
 
     def work():
-        return prepare_reference(data, name, cfg.video.width, cfg.video.height, cfg.photo)
+        v = cfg.video
+        return prepare_reference(data, name, v.width, v.height, cfg.photo, face_box)
 
     try:
         return await asyncio.to_thread(work)
@@ -129,13 +154,15 @@ async def read_limited(request: web.Request, limit: int, timeout_s: float) -> by
 
 
 async def upload(request: web.Request, service) -> web.Response:
-    """POST /photos on the server: the image as the body → 201 {"photo_id", "face"}."""
+    """POST /photos on the server: the image as the body → 201 {"photo_id", "face",
+    "face_box"}."""
     timeout = service.config.security.body_timeout_s
     return await upload_to(request, service.engine.cfg, service.photos, timeout)
 
 
 async def upload_to(request: web.Request, cfg, store: Photos, timeout: float) -> web.Response:
-    """POST /photos for an engine of `cfg`, the checked photo kept in `store`."""
+    """POST /photos[?face_box=X,Y,W,H] for an engine of `cfg`, the checked photo kept in
+    `store`."""
     from pipeline.photo.face import IMAGE_TYPES
 
     _check_stack(cfg)
@@ -144,29 +171,46 @@ async def upload_to(request: web.Request, cfg, store: Photos, timeout: float) ->
             f"send the photo as the body with Content-Type one of {', '.join(IMAGE_TYPES)} "
             f"(got {request.content_type!r})"
         )
+    face_box = face_box_of(request.query.get("face_box"))  # refused before the body is read
     data = await read_limited(request, cfg.photo.max_image_bytes, timeout)
-    prepared = await prepare(cfg, data, "upload")
+    prepared = await prepare(cfg, data, "upload", face_box)
     photo_id = await store.keep(prepared)
     face = [round(v, 1) for v in prepared.face.box]
-    return web.json_response({"photo_id": photo_id, "face": face}, status=201)
+    body = {"photo_id": photo_id, "face": face}
+    if prepared.photo_box is not None:  # the same box in the photo's own pixels
+        body["face_box"] = [round(v, 1) for v in prepared.photo_box]
+    return web.json_response(body, status=201)
 
 
 async def offer_photo(service, body: dict) -> Any:
     """The offer's own photo (`photo_id` or inline `photo`), or None for the server's."""
     if body.get("photo_id") is None and body.get("photo") is None:
+        _no_box_without_photo(body)
         return None  # no engine needed to say so
     return await photo_of_offer(service.engine.cfg, service.photos, body)
+
+
+def _no_box_without_photo(body: dict) -> None:
+    if body.get("face_box") is not None:
+        raise BadRequest("'face_box' frames the offer's inline 'photo': send the photo too")
 
 
 async def photo_of_offer(cfg, store: Photos, body: dict) -> Any:
     """The offer's own photo for an engine of `cfg`, by id from `store` or inline; None."""
     photo_id, inline = body.get("photo_id"), body.get("photo")
     if photo_id is None and inline is None:
+        _no_box_without_photo(body)
         return None
     _check_stack(cfg)
     if photo_id is not None and inline is not None:
         raise BadRequest("give 'photo_id' or 'photo', not both")
+    face_box = face_box_of(body.get("face_box"))
     if photo_id is not None:
+        if face_box is not None:
+            raise BadRequest(
+                "'face_box' goes with the photo itself: an inline 'photo', or the upload "
+                "(POST /photos?face_box=X,Y,W,H)"
+            )
         if not isinstance(photo_id, str):
             raise BadRequest("'photo_id' must be the string POST /photos answered")
         prepared = await store.lookup(photo_id)
@@ -182,4 +226,4 @@ async def photo_of_offer(cfg, store: Photos, body: dict) -> Any:
         data = base64.b64decode(inline.split(",", 1)[-1], validate=True)
     except (binascii.Error, ValueError):
         raise BadRequest("'photo' is not valid base64") from None
-    return await prepare(cfg, data, "in the offer")
+    return await prepare(cfg, data, "in the offer", face_box)

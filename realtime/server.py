@@ -38,6 +38,7 @@ import torch
 from aiohttp import web
 
 from pipeline.clock import FPS
+from pipeline.photo.face import FACE_BOX_HELP, face_box_arg
 from pipeline.startup import EngineOptions
 from pipeline.stream import StreamingEngine
 from realtime.dtls import allow_rsa_peers
@@ -286,6 +287,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--reference", default=None, help="identity image (PNG/JPEG)")
     parser.add_argument(
+        "--face-box", type=face_box_arg, default=None, help="--reference: " + FACE_BOX_HELP
+    )
+    parser.add_argument(
         "--max-viewers", type=int, default=16, help="WHEP viewers per session; more get 503"
     )
     parser.add_argument(
@@ -339,6 +343,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_viewers=args.max_viewers,
         token=args.token or None,
         reference=args.reference,
+        face_box=args.face_box,
         engine_process=args.engine_process,
         session=SessionConfig(
             lead_s=args.lead_ms / 1000,

@@ -60,7 +60,7 @@ from realtime.vad import VoiceActivityDetector
 log = logging.getLogger(__name__)
 
 
-OFFER_OPTIONS = {"sdp", "type", "seed", "kvs_stream", "photo_id", "photo"}
+OFFER_OPTIONS = {"sdp", "type", "seed", "kvs_stream", "photo_id", "photo", "face_box"}
 
 
 def engine_in_own_process(options: EngineOptions) -> bool:
@@ -89,6 +89,8 @@ class ServerConfig:
     max_sessions: int = 4
     token: str | None = None
     reference: str | None = None  # image file; default: the engine's packaged reference
+    # the reference's face framed by hand (photo stack): x, y, w, h in its own pixels
+    face_box: tuple[float, float, float, float] | None = None
     # `serve`: the engine in its own process (None: on a CPU, where it measured 35-50%
     # faster steps beside the media loop; not on a GPU, where the frames' trip through
     # shared memory cost 0.07-0.14 s a 720p step and in-process steps matched bench)
@@ -196,7 +198,7 @@ class Service:
         if photo is not None:
             return engine.new_stream(photo, seed=seed)
         if self.reference is None:
-            self.reference = load_reference(self.config.reference, engine.cfg)
+            self.reference = load_reference(self.config.reference, engine.cfg, self.config.face_box)
         return engine.new_stream(self.reference, seed=seed)
 
     async def on_session_closed(self, session: PeerSession) -> None:
@@ -469,10 +471,13 @@ def kvs_sink_factory(options: KvsOptions) -> SinkFactory:
     return attach
 
 
-def load_reference(path: str | None, cfg: FacecastConfig) -> Reference:
+def load_reference(
+    path: str | None, cfg: FacecastConfig, face_box: tuple[float, float, float, float] | None = None
+) -> Reference:
     """The identity image as uint8 (H, W, 3) at the engine's size; for the photo stack the
-    photo checked, framed and measured once (`PreparedPhoto`, video-sized), so sessions
-    neither detect the face again nor carry a large photo to the engine process."""
+    photo checked, framed (around `face_box`, its pixels, when given) and measured once
+    (`PreparedPhoto`, video-sized), so sessions neither detect the face again nor carry a
+    large photo to the engine process."""
     from pipeline.media import default_reference
     from pipeline.media import load_reference as load
 
@@ -485,7 +490,7 @@ def load_reference(path: str | None, cfg: FacecastConfig) -> Reference:
     if cfg.runtime.stack == "photo":
         from pipeline.photo.reference import load_prepared
 
-        return load_prepared(path, cfg)
+        return load_prepared(path, cfg, face_box)
     rgb = load(path, cfg)
     if rgb.shape[:2] != (height, width):
         frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")

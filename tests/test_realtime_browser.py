@@ -173,3 +173,91 @@ async def test_browser_uploads_a_photo_and_explains_a_refused_one(tmp_path):
             assert len(app[SERVICE].photos._photos) == 1 and len(app[SERVICE].sessions) == 1
         finally:
             await browser.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_browser_frames_a_refused_photo_by_hand(tmp_path):
+    """A photo the detector refuses: the page says so and shows it; a box dragged around the
+    face with the mouse on the page's canvas fills the box fields (photo pixels); Connect
+    then uploads it with the box and the call starts with that photo. "Frame the face" on a
+    photo the detector does read shows its box, to adjust."""
+    from playwright.async_api import async_playwright
+    from support.photos import PORTRAIT
+
+    from pipeline.config import load_config
+    from pipeline.media import load_image, write_png
+    from pipeline.photo.face import detect_faces
+    from pipeline.startup import load_engine
+    from pipeline.synth.face import landmarks, random_identity, render_reference
+
+    engine = load_engine(load_config("photo"), "cpu")
+    engine.warmup()
+    identity = random_identity(4)  # a dark face the detector misses
+    photo = write_png(tmp_path / "dark.png", render_reference(identity, 256))
+    ox, oy, ow, oh = landmarks(identity, 256).outline
+    x, y, side = ox + ow / 2 - oh / 2, oy, oh  # forehead to chin, square
+    speech = make_speech_wav(tmp_path / "mic.wav", [0.3, "Hello.", 0.3])
+    async with running_server(engine=engine) as (url, app), async_playwright() as pw:
+        browser = await pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=chromium_args(str(speech.path))
+        )
+        try:
+            page = await browser.new_page()
+            await page.goto(url)
+            await page.set_input_files("#photo", str(photo))
+            await page.locator("#connect").dispatch_event("click")
+            message = await message_of(page)
+            assert message.startswith("Photo refused") and "no face found" in message, message
+            assert "Drag a box around the face" in message, message
+            canvas = page.locator("#framer-canvas")
+            assert await canvas.is_visible()
+            await canvas.scroll_into_view_if_needed()
+            rect = await canvas.bounding_box()
+            k = rect["width"] / 256  # the canvas shows the whole photo
+            await page.mouse.move(rect["x"] + x * k, rect["y"] + y * k)
+            await page.mouse.down()
+            await page.mouse.move(rect["x"] + (x + side) * k, rect["y"] + (y + side) * k, steps=8)
+            await page.mouse.up()
+
+            async def fields() -> list[float]:
+                return [float(await page.locator(f"#box-{c}").input_value()) for c in "xywh"]
+
+            async def drag(x0, y0, x1, y1):
+                await page.mouse.move(rect["x"] + x0 * k, rect["y"] + y0 * k)
+                await page.mouse.down()
+                await page.mouse.move(rect["x"] + x1 * k, rect["y"] + y1 * k, steps=4)
+                await page.mouse.up()
+
+            drawn = await fields()
+            assert np.allclose(drawn, [x, y, side, side], atol=2), (drawn, (x, y, side))
+            # drag inside it to move it, from its corner to resize it, or type a value
+            cx, cy = drawn[0] + drawn[2] / 2, drawn[1] + drawn[3] / 2
+            await drag(cx, cy, cx + 10, cy + 6)
+            moved = await fields()
+            assert np.allclose(moved, np.add(drawn, [10, 6, 0, 0]), atol=1), (moved, drawn)
+            corner = (moved[0] + moved[2], moved[1] + moved[3])
+            await drag(*corner, corner[0] + 8, corner[1] + 8)
+            resized = await fields()
+            assert np.allclose(resized, np.add(moved, [0, 0, 8, 8]), atol=1), (resized, moved)
+            for c, v in zip("xywh", drawn, strict=True):
+                await page.locator(f"#box-{c}").fill(str(int(v)))
+                await page.locator(f"#box-{c}").dispatch_event("change")
+            drawn = await fields()
+            assert not app[SERVICE].sessions
+            await page.locator("#connect").dispatch_event("click")
+            await page.wait_for_function("window.facecastStats.ttffMs !== null", timeout=60_000)
+            photos = list(app[SERVICE].photos._photos.values())
+            assert len(photos) == 1 and list(photos[0].photo_box) == drawn, photos
+            assert len(app[SERVICE].sessions) == 1
+            # "Frame the face" shows the box the detector found, in the photo's pixels
+            page = await browser.new_page()
+            await page.goto(url)
+            await page.set_input_files("#photo", str(PORTRAIT))
+            await page.locator("#frame").dispatch_event("click")
+            await page.wait_for_function("document.getElementById('box-w').value !== ''")
+            shown = [float(await page.locator(f"#box-{c}").input_value()) for c in "xywh"]
+            found = detect_faces(load_image(PORTRAIT))[0]
+            assert np.allclose(shown, found, atol=1), (shown, found)
+        finally:
+            await browser.close()

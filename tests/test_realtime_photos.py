@@ -40,8 +40,10 @@ def bad(tmp_path_factory):
     return write_bad_photos(tmp_path_factory.mktemp("bad"))
 
 
-async def upload(http, url, data: bytes, kind: str = "image/jpeg"):
-    async with http.post(url + "/photos", data=data, headers={"Content-Type": kind}) as r:
+async def upload(http, url, data: bytes, kind: str = "image/jpeg", face_box: str | None = None):
+    params = {} if face_box is None else {"face_box": face_box}
+    headers = {"Content-Type": kind}
+    async with http.post(url + "/photos", data=data, headers=headers, params=params) as r:
         return r.status, await r.json()
 
 
@@ -87,3 +89,61 @@ async def test_uploads_need_the_photo_stack():
     async with running_server() as (url, _), aiohttp.ClientSession() as http:  # tiny config
         status, body = await upload(http, url, PORTRAIT.read_bytes())
         assert status == 400 and "--config photo" in body["error"], body
+
+
+@pytest.fixture(scope="module")
+def dark_photo(tmp_path_factory):
+    """A plain photo of a dark synthetic face the detector misses, and the box a person
+    drags around it (x, y, w, h in its pixels)."""
+    from pipeline.media import write_png
+    from pipeline.synth.face import landmarks, random_identity, render_reference
+
+    identity = random_identity(4)
+    path = write_png(tmp_path_factory.mktemp("dark") / "dark.png", render_reference(identity, 256))
+    ox, oy, ow, oh = landmarks(identity, 256).outline
+    return path.read_bytes(), [round(ox + ow / 2 - oh / 2), round(oy), round(oh), round(oh)]
+
+
+async def test_a_face_the_detector_misses_is_framed_by_hand(photo_engine, dark_photo):
+    """POST /photos refuses the dark photo (422, no face), takes it with ?face_box= (201,
+    the box echoed in photo pixels), refuses bad boxes with 400 JSON naming the fault and
+    keeps serving; an offer carries a box beside an inline photo, not beside a photo_id."""
+    data, box = dark_photo
+    async with running_server(engine=photo_engine) as (url, app), aiohttp.ClientSession() as http:
+        status, body = await upload(http, url, data, "image/png")
+        assert status == 422 and "no face found" in body["error"], body
+        bad = {
+            "a,b,c,d": "not four numbers",
+            "1,2,3": "not four numbers",
+            "200,10,100,100": "reaches outside the 256x256 photo",
+            "10,10,12,12": "smaller than 20 px",
+        }
+        for text, message in bad.items():
+            status, body = await upload(http, url, data, "image/png", text)
+            assert status == 400 and message in body["error"], (text, status, body)
+        box_text = ",".join(map(str, box))
+        status, body = await upload(http, url, data, "image/png", box_text)
+        assert status == 201 and body["face_box"] == box, body
+        photo_id = body["photo_id"]
+
+        sdp = await make_offer()
+
+        async def offer(**extra):
+            async with http.post(url + "/offer", json={"sdp": sdp, "type": "offer", **extra}) as r:
+                return r.status, await r.json()
+
+        inline = base64.b64encode(data).decode()
+        status, body = await offer(photo=inline, face_box="nope")
+        assert status == 400 and "not four numbers" in body["error"], body
+        status, body = await offer(photo=inline, face_box=[250, 0, 100, 100])
+        assert status == 400 and "outside" in body["error"], body
+        status, body = await offer(photo_id=photo_id, face_box=box)
+        assert status == 400 and "inline 'photo'" in body["error"], body
+        status, body = await offer(face_box=box)
+        assert status == 400 and "send the photo too" in body["error"], body
+        assert not app[SERVICE].sessions and app[SERVICE].reserved == 0  # no slot taken
+        status, body = await offer(photo=inline, face_box=box)
+        assert status == 200 and body["session_id"], body
+        await asyncio.sleep(0.3)
+        async with http.delete(f"{url}/sessions/{body['session_id']}") as r:
+            assert r.status == 200

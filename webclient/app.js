@@ -66,7 +66,10 @@ function headers() {
 }
 
 // The session's own photo (optional): checked here for type and size, then by the server
-// (one frontal face, big enough), before the call starts.
+// (one frontal face, big enough), before the call starts. Where the server finds no face
+// (or the wrong one), the user frames it by hand: the photo is shown, a box is dragged
+// around the face, and the upload carries it (POST /photos?face_box=X,Y,W,H, in the
+// photo's own pixels).
 const PHOTO_TYPES = ["image/png", "image/jpeg", "image/webp"];
 const PHOTO_MAX_BYTES = 16 * 1024 * 1024;
 
@@ -81,15 +84,129 @@ async function uploadPhoto() {
   }
   const h = { "Content-Type": file.type };
   if (token()) h.Authorization = "Bearer " + token();
+  const box = framer.box;
+  const url = box ? "/photos?face_box=" + box.map((v) => Math.round(v)).join(",") : "/photos";
   let res;
   try {
-    res = await fetch("/photos", { method: "POST", headers: h, body: file });
+    res = await fetch(url, { method: "POST", headers: h, body: file });
   } catch (err) {
     return { ok: false, reason: "cannot reach the server: " + err };
   }
   const body = await res.json().catch(() => ({}));
-  if (!res.ok) return { ok: false, reason: body.error || res.statusText };
-  return { ok: true, id: body.photo_id };
+  // 422: a photo without one usable face: the user can frame it by hand
+  if (!res.ok) return { ok: false, reason: body.error || res.statusText, face: res.status === 422 };
+  return { ok: true, id: body.photo_id, faceBox: body.face_box || null };
+}
+
+// The framer: the photo on a canvas, and one face box in the photo's pixels.
+const framer = { image: null, scale: 1, box: null, drag: null };
+
+async function showFramer(box = null) {
+  const file = $("photo").files[0];
+  if (!file) return;
+  if (!framer.image) {
+    const img = new Image();
+    img.src = URL.createObjectURL(file);
+    await img.decode();
+    framer.image = img;
+  }
+  const img = framer.image, canvas = $("framer-canvas");
+  framer.scale = Math.min(1, 480 / img.naturalWidth, 480 / img.naturalHeight);
+  canvas.width = Math.round(img.naturalWidth * framer.scale);
+  canvas.height = Math.round(img.naturalHeight * framer.scale);
+  if (box) setBox(box);
+  $("framer").hidden = false;
+  drawFramer();
+  $("framer").scrollIntoView({ block: "nearest" });
+}
+
+function hideFramer() {
+  if (framer.image) URL.revokeObjectURL(framer.image.src);
+  framer.image = null;
+  framer.box = framer.drag = null;
+  $("framer").hidden = true;
+  for (const k of ["x", "y", "w", "h"]) $("box-" + k).value = "";
+}
+
+function setBox(box) {
+  const img = framer.image;
+  if (!box || !img) { framer.box = null; } else {
+    // inside the photo, whole pixels
+    let [x, y, w, h] = box.map((v) => Math.round(v));
+    w = Math.max(1, Math.min(w, img.naturalWidth)); h = Math.max(1, Math.min(h, img.naturalHeight));
+    x = Math.max(0, Math.min(x, img.naturalWidth - w)); y = Math.max(0, Math.min(y, img.naturalHeight - h));
+    framer.box = [x, y, w, h];
+  }
+  const b = framer.box || ["", "", "", ""];
+  ["x", "y", "w", "h"].forEach((k, i) => ($("box-" + k).value = b[i]));
+  drawFramer();
+}
+
+function drawFramer() {
+  const canvas = $("framer-canvas"), ctx = canvas.getContext("2d");
+  if (!framer.image) return;
+  ctx.drawImage(framer.image, 0, 0, canvas.width, canvas.height);
+  if (!framer.box) return;
+  const [x, y, w, h] = framer.box.map((v) => v * framer.scale);
+  ctx.lineWidth = 2;
+  ctx.strokeStyle = "#4cf";
+  ctx.strokeRect(x, y, w, h);
+  ctx.fillStyle = "#4cf";
+  ctx.fillRect(x + w - 6, y + h - 6, 12, 12); // the resize handle
+}
+
+// a pointer event's position in the photo's pixels
+function photoPoint(e) {
+  const rect = $("framer-canvas").getBoundingClientRect();
+  const k = $("framer-canvas").width / rect.width / framer.scale;
+  return [(e.clientX - rect.left) * k, (e.clientY - rect.top) * k];
+}
+
+function onPointerDown(e) {
+  if (!framer.image) return;
+  const [px, py] = photoPoint(e), b = framer.box, grab = 10 / framer.scale;
+  if (b && Math.abs(px - (b[0] + b[2])) < grab && Math.abs(py - (b[1] + b[3])) < grab) {
+    framer.drag = { mode: "resize", x0: b[0], y0: b[1] };
+  } else if (b && px > b[0] && px < b[0] + b[2] && py > b[1] && py < b[1] + b[3]) {
+    framer.drag = { mode: "move", dx: px - b[0], dy: py - b[1] };
+  } else {
+    framer.drag = { mode: "draw", x0: px, y0: py };
+  }
+  $("framer-canvas").setPointerCapture(e.pointerId);
+}
+
+function onPointerMove(e) {
+  const d = framer.drag;
+  if (!d) return;
+  const [px, py] = photoPoint(e);
+  if (d.mode === "move") {
+    setBox([px - d.dx, py - d.dy, framer.box[2], framer.box[3]]);
+    return;
+  }
+  // draw and resize keep the box square, as a face box is
+  const side = Math.max(Math.abs(px - d.x0), Math.abs(py - d.y0));
+  const x = px < d.x0 && d.mode === "draw" ? d.x0 - side : d.x0;
+  const y = py < d.y0 && d.mode === "draw" ? d.y0 - side : d.y0;
+  setBox([x, y, side, side]);
+}
+
+function onPointerUp() {
+  framer.drag = null;
+}
+
+function onBoxField() {
+  const v = ["x", "y", "w", "h"].map((k) => Number($("box-" + k).value));
+  if (v.every((n) => Number.isFinite(n)) && v[2] > 0 && v[3] > 0) setBox(v);
+}
+
+// "Frame the face": the photo with the box the server finds, to adjust (or none to draw)
+async function frameByHand() {
+  framer.box = null;
+  say("Looking for the face…");
+  const photo = await uploadPhoto();
+  await showFramer(photo.ok ? photo.faceBox : null);
+  say(photo.ok ? "Adjust the box if it is not around the face, then press Connect."
+    : "Photo refused: " + photo.reason, photo.ok ? "info" : "error");
 }
 
 async function connect() {
@@ -98,7 +215,12 @@ async function connect() {
   const photo = await uploadPhoto();
   if (!photo.ok) {
     setState("error");
-    say("Photo refused: " + photo.reason, "error");
+    if (photo.face && !framer.box) {
+      await showFramer();
+      say("Photo refused: " + photo.reason + " Drag a box around the face in your photo, then press Connect again.", "error");
+    } else {
+      say("Photo refused: " + photo.reason, "error");
+    }
     return;
   }
   say("Asking for the microphone…");
@@ -260,6 +382,13 @@ $("connect").onclick = () => { stats.error = null; stats.ttffMs = null; connect(
 $("disconnect").onclick = () => disconnect(true);
 $("mic").onclick = toggleMic;
 $("interrupt").onclick = interrupt;
+$("photo").onchange = () => { hideFramer(); $("frame").disabled = !$("photo").files[0]; };
+$("frame").onclick = frameByHand;
+$("box-clear").onclick = () => setBox(null);
+$("framer-canvas").addEventListener("pointerdown", onPointerDown);
+$("framer-canvas").addEventListener("pointermove", onPointerMove);
+$("framer-canvas").addEventListener("pointerup", onPointerUp);
+for (const k of ["x", "y", "w", "h"]) $("box-" + k).addEventListener("change", onBoxField);
 window.addEventListener("beforeunload", () => disconnect(true));
 render();
 if (params.get("autostart") === "1") connect();

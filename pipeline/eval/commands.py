@@ -8,8 +8,10 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.clock import MODEL_RATE
+from pipeline.errors import MediaError
 from pipeline.eval.evaluate import run_eval
 from pipeline.media import load_image, read_audio
+from pipeline.photo.face import FACE_BOX_HELP, check_face_box, parse_face_box
 from pipeline.synth.motion import mouth_track_from_audio, silence_segments
 
 
@@ -26,8 +28,12 @@ def _photo_eval(args: argparse.Namespace) -> int:
     from pipeline.media import iter_audio
 
     photo = args.photo
+    box = None
+    if args.face_box is not None:  # a bad box is one line, before the video is read
+        box = parse_face_box(args.face_box)
+        check_face_box(box, load_image(photo).shape)
     audio = np.concatenate([b.model for b in iter_audio(args.audio)] or [np.zeros(0, np.float32)])
-    scores = run_photo_eval(args.video, photo, audio, window_s=args.window_s or 10.0)
+    scores = run_photo_eval(args.video, photo, audio, window_s=args.window_s or 10.0, face_box=box)
     print(scores.summary())
     if args.json:
         write_json(scores, args.json)
@@ -37,7 +43,9 @@ def _photo_eval(args: argparse.Namespace) -> int:
         from pipeline.eval.photo import face_strip
 
         args.strip.parent.mkdir(parents=True, exist_ok=True)
-        cv2.imwrite(str(args.strip), face_strip(args.video, photo, scores)[:, :, ::-1])
+        cv2.imwrite(
+            str(args.strip), face_strip(args.video, photo, scores, face_box=box)[:, :, ::-1]
+        )
     return 0
 
 
@@ -58,6 +66,11 @@ def eval_main(argv: list[str] | None = None) -> int:
         "(SSIM outside the mouth box, mouth motion vs speech, face found, drift; "
         "pipeline/eval/photo.py); --window-s defaults to 10 then",
     )
+    p.add_argument(
+        "--face-box",
+        help="--photo: the face framed by hand, as the video was rendered with it; "
+        + FACE_BOX_HELP,
+    )
     p.add_argument("--seams", help="comma-separated first frames of new chunks")
     p.add_argument("--chunk-frames", type=int, help="seams every N frames (instead of --seams)")
     p.add_argument(
@@ -77,6 +90,8 @@ def eval_main(argv: list[str] | None = None) -> int:
         help="--photo: write an image strip (photo, then 8 frames' faces; .jpg or .png)",
     )
     args = p.parse_args(argv)
+    if args.face_box is not None and not args.photo:
+        raise MediaError("--face-box frames the --photo the video animates: give --photo too")
     if args.photo:
         return _photo_eval(args)
     args.window_s = args.window_s or 60.0

@@ -8,7 +8,8 @@ The measurement of issue 16, for any stack (demo, photo, …) and any real portr
   CPU default the two are the same);
 - the face box is OpenCV's frontal-face Haar cascade on the framed photo (the largest); a
   synthetic reference where the cascade finds none (it misses the darkest synthetic faces)
-  uses the box its own geometry gives. The mouth box is its lower 40 % × middle 60 %;
+  uses the box its own geometry gives, and a photo framed by hand (`--face-box`, as it was
+  rendered) the hand-drawn box. The mouth box is its lower 40 % × middle 60 %;
 - identity: per frame, mean SSIM (Gaussian window, sigma 1.5, on luma) against the framed
   photo over every pixel outside the mouth box; drift = mean of the last `window_s`
   seconds minus the first;
@@ -35,7 +36,7 @@ from pipeline.clock import MODEL_SAMPLES_PER_FRAME as SAMPLES_PER_FRAME
 from pipeline.config import PhotoConfig
 from pipeline.errors import MediaError
 from pipeline.eval.evaluate import _batches
-from pipeline.photo.face import detect_faces, read_photo_file
+from pipeline.photo.face import FaceBox, detect_faces, read_photo_file
 from pipeline.photo.reference import prepare_reference
 
 # scoring takes any face the photo stack would, and smaller ones: the video is given
@@ -111,19 +112,25 @@ def _iou(a, b) -> float:
     return inter / (aw * ah + bw * bh - inter)
 
 
-def framed_photo(photo: str | Path, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+def framed_photo(
+    photo: str | Path, width: int, height: int, face_box: FaceBox | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The photo file as a `width` x `height` video shows it at rest, and the face box the
-    scores use (x, y, w, h)."""
+    scores use (x, y, w, h); `face_box` (photo pixels) frames it by hand, as render did."""
     data = read_photo_file(str(photo), SCORING)
-    prepared = prepare_reference(data, str(photo), width, height, SCORING)
-    faces = detect_faces(prepared.framed)
-    if len(faces) == 0:  # only a synthetic reference gets here: a photo's needs the cascade
+    prepared = prepare_reference(data, str(photo), width, height, SCORING, face_box)
+    faces = detect_faces(prepared.framed) if face_box is None else []
+    if len(faces) == 0:  # a synthetic reference, or a face framed by hand
         return prepared.framed, np.array(prepared.face.box)
     return prepared.framed, faces[0]
 
 
 def run_photo_eval(
-    video, photo: str | Path, audio_16k: np.ndarray, window_s: float = 10.0
+    video,
+    photo: str | Path,
+    audio_16k: np.ndarray,
+    window_s: float = 10.0,
+    face_box: FaceBox | None = None,
 ) -> PhotoScores:
     """Score `video` (a file, frames or batches) against the photo file it animates."""
     ref = framed = box = None
@@ -133,7 +140,7 @@ def run_photo_eval(
     for batch in _batches(video):
         if framed is None:
             H, W = batch.shape[1:3]
-            framed, box = framed_photo(photo, W, H)
+            framed, box = framed_photo(photo, W, H, face_box)
             x, y, w, h = box
             mb = (
                 int(x + 0.2 * w),
@@ -179,7 +186,14 @@ def run_photo_eval(
     )
 
 
-def face_strip(video, photo: str | Path, scores: PhotoScores, n: int = 8, side: int = 192):
+def face_strip(
+    video,
+    photo: str | Path,
+    scores: PhotoScores,
+    n: int = 8,
+    side: int = 192,
+    face_box: FaceBox | None = None,
+):
     """The framed photo, then `n` frames spread over the clip, each cropped around the face
     (1.8x the face box) and scaled to `side` pixels: what a person looks at first."""
     picks = set(np.linspace(12, scores.n_frames - 1, n).astype(int).tolist())
@@ -189,7 +203,7 @@ def face_strip(video, photo: str | Path, scores: PhotoScores, n: int = 8, side: 
     tiles, framed = [], None
     for i, frame in enumerate(f for batch in _batches(video) for f in batch):
         if framed is None:
-            framed, _ = framed_photo(photo, frame.shape[1], frame.shape[0])
+            framed, _ = framed_photo(photo, frame.shape[1], frame.shape[0], face_box)
             tiles.append(_crop(framed, cx, cy, half, side))
         if i in picks:
             tiles.append(_crop(frame, cx, cy, half, side))

@@ -2,11 +2,17 @@
 
 A photo is checked before anything is decoded (bytes, type by its magic bytes, pixel
 count from the header), then decoded with PyAV. Faces are found with the frontal-face Haar
-cascade that OpenCV 4.x wheels ship (`cv2.data.haarcascades`; no download). The photo is
-scaled to cover the video size and centre-cropped (the face box is mapped through the same
-transform, so detection runs once, on the full photo); where the centred crop would cut the
-face, the crop slides just enough to hold it. Every failure is a `PhotoError` with one line
-that says what to change.
+cascades that OpenCV 4.x wheels ship (`cv2.data.haarcascades`; no download): the default
+one, and where it finds none the alt2 one on the shadow-lifted, then equalised image. The
+photo is scaled to cover the video size and centre-cropped (the face box is mapped through
+the same transform, so detection runs once, on the full photo); where the centred crop
+would cut the face, the crop slides just enough to hold it. Every failure is a
+`PhotoError` with one line that says what to change.
+
+Where the detector misses the face (it misses dark skin more often: bench/RESULTS.md, "The
+face detector by skin tone") or picks the wrong one, the user frames it by hand: a face box
+X,Y,W,H in the original photo's pixels (`parse_face_box`, `check_face_box`: the one home of
+its rules, for the CLI, the HTTP routes and the page's payload), used instead of detection.
 
 The geometry the warp needs (`FaceGeometry`) is measured on the framed photo: the lip line
 (the darkest row between the closed lips), the mouth's half width, and the eyes (the eye
@@ -15,6 +21,7 @@ cascade inside the face's upper half, else the usual proportions of a frontal fa
 
 from __future__ import annotations
 
+import argparse
 import io
 from dataclasses import dataclass
 
@@ -30,6 +37,8 @@ _MAGIC = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg"}
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp")
 _DETECT_SIDE = 800  # faces are searched on the photo scaled to at most this side
 _SECOND_FACE = 0.25  # another face at least this share of the largest one's area counts
+_MIN_SIDE_FRAC = 0.06  # the smallest face searched for, as a share of the photo's short side
+_BOX_ASPECT = 2.0  # a face box is about square: neither side more than twice the other
 
 
 def sniff_type(data: bytes) -> str | None:
@@ -122,31 +131,65 @@ def cascade(name: str) -> cv2.CascadeClassifier:
     return _CASCADES[name]
 
 
-def detect_faces(rgb: np.ndarray, min_side_frac: float = 0.06) -> np.ndarray:
+def _detect_scale(shape: tuple[int, ...]) -> tuple[float, int, int]:
+    """The scale faces are searched at, and the searched image's width and height."""
+    h, w = shape[:2]
+    s = min(1.0, _DETECT_SIDE / max(h, w))
+    return s, round(w * s), round(h * s)
+
+
+def _min_detect_side(width: int, height: int, min_side_frac: float = _MIN_SIDE_FRAC) -> int:
+    return max(20, int(min_side_frac * min(width, height)))
+
+
+def min_face_side(shape: tuple[int, ...]) -> float:
+    """The smallest face side the detector looks for in a photo of `shape`, in its pixels;
+    a hand-drawn face box must be at least this big too."""
+    s, w, h = _detect_scale(shape)
+    return _min_detect_side(w, h) / s
+
+
+def detect_faces(rgb: np.ndarray, min_side_frac: float = _MIN_SIDE_FRAC) -> np.ndarray:
     """Frontal faces in an RGB image, (n, 4) float boxes x, y, w, h in its pixels,
     largest first."""
-    h, w = rgb.shape[:2]
-    s = min(1.0, _DETECT_SIDE / max(h, w))
+    s, w, h = _detect_scale(rgb.shape)
     grey = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
     if s < 1.0:
-        grey = cv2.resize(grey, (round(w * s), round(h * s)), interpolation=cv2.INTER_AREA)
-    # no histogram equalisation: on the astronaut it turned the shuttle into a face
-    side = max(20, int(min_side_frac * min(grey.shape)))
-    found = _cascade_boxes(grey, side)
-    if len(found) == 0:
-        # A second look with the shadows lifted (gamma 0.5), only where the first found
-        # nothing: Haar misses dark skin more often. On 38 synthetic faces it finds 6 of
-        # the 12 darkest instead of 4, and no face appears on the faceless test images.
-        found = _cascade_boxes(cv2.LUT(grey, _LIFT_SHADOWS), side)
+        grey = cv2.resize(grey, (w, h), interpolation=cv2.INTER_AREA)
+    # no histogram equalisation on the first look: on the astronaut it turned the shuttle
+    # into a face
+    side = _min_detect_side(w, h, min_side_frac)
+    found = _cascade_boxes(FACE_CASCADE, grey, side)
+    # Haar misses dark skin far more often. Only where the first look finds nothing, two
+    # more, with OpenCV's alt2 frontal cascade: the shadows lifted (gamma 0.5), then that
+    # image locally equalised (CLAHE). On 80 synthetic faces per skin-tone group, lighting
+    # and backdrop varied (bench/face_detect_bench.py), the darkest group goes from 19 found
+    # (the gamma look with the default cascade) to 39, and 133 faceless images (backdrops,
+    # faceless parts of the bundled portraits) show no face that the first look alone did
+    # not already show. Faces the first look finds are unchanged.
+    for prepare in (_lift_shadows, _equalise_lifted):
+        if len(found):
+            break
+        found = _cascade_boxes(_SECOND_LOOK_CASCADE, prepare(grey), side)
     boxes = np.asarray(found, np.float64).reshape(-1, 4) / s
     return boxes[np.argsort(-boxes[:, 2] * boxes[:, 3])]
 
 
+_SECOND_LOOK_CASCADE = "haarcascade_frontalface_alt2.xml"
 _LIFT_SHADOWS = (255 * np.sqrt(np.arange(256) / 255)).astype(np.uint8)
 
 
-def _cascade_boxes(grey: np.ndarray, side: int) -> np.ndarray:
-    return cascade(FACE_CASCADE).detectMultiScale(
+def _lift_shadows(grey: np.ndarray) -> np.ndarray:
+    return cv2.LUT(grey, _LIFT_SHADOWS)
+
+
+def _equalise_lifted(grey: np.ndarray) -> np.ndarray:
+    clahe = cv2.createCLAHE(clipLimit=2.0, tileGridSize=(4, 4))
+    return clahe.apply(_lift_shadows(grey))
+
+
+def _cascade_boxes(name: str, grey: np.ndarray, side: int) -> np.ndarray:
+    return cascade(name).detectMultiScale(
         grey, scaleFactor=1.08, minNeighbors=6, minSize=(side, side)
     )
 
@@ -207,28 +250,126 @@ class FaceGeometry:
 class PreparedPhoto:
     framed: np.ndarray  # uint8 (H, W, 3): the rest frame, what the video shows in silence
     face: FaceGeometry
+    # the face box in the original photo's pixels (x, y, w, h): what the page shows the
+    # user to adjust, in the coordinates a hand-drawn box is given in
+    photo_box: tuple[float, float, float, float] | None = None
 
 
-def prepare_photo(rgb: np.ndarray, width: int, height: int, cfg: PhotoConfig) -> PreparedPhoto:
-    """Find the one face, frame the photo around it, measure the geometry."""
+FaceBox = tuple[float, float, float, float]  # x, y, w, h in the original photo's pixels
+
+FACE_BOX_HELP = (
+    "X,Y,W,H: the face's box in the original photo's pixels (left, top, width, height; "
+    "forehead to chin, about square), used instead of the face detector"
+)
+
+
+def parse_face_box(value: object) -> FaceBox:
+    """A face box from "X,Y,W,H" (the CLI's flag, the upload's query) or a list of four
+    numbers (an offer's JSON); a `PhotoError` ("box") if it is not four finite numbers with
+    a positive width and height. Where it lies in the photo is `check_face_box`'s."""
+    if isinstance(value, str):
+        parts: list = value.replace(" ", "").split(",")
+    elif isinstance(value, (list, tuple)):
+        parts = list(value)
+    else:
+        parts = []
+    numbers = []
+    for part in parts:
+        if isinstance(part, bool):
+            break
+        try:
+            numbers.append(float(part))
+        except (TypeError, ValueError):
+            break
+    if len(parts) != 4 or len(numbers) != 4 or not all(np.isfinite(numbers)):
+        raise PhotoError(
+            f"face box {_shown(value)} is not four numbers X,Y,W,H (the face's left, top, width "
+            "and height in the photo's pixels, e.g. 120,80,200,200)",
+            "box",
+        )
+    x, y, w, h = numbers
+    if w <= 0 or h <= 0:
+        raise PhotoError(f"face box {_shown(value)}: its width and height must be > 0", "box")
+    return x, y, w, h
+
+
+def face_box_arg(text: str) -> FaceBox:
+    """`--face-box X,Y,W,H` as an argparse type: a bad one is argparse's one-line error."""
+    try:
+        return parse_face_box(text)
+    except PhotoError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def check_face_box(box: FaceBox, shape: tuple[int, ...]) -> np.ndarray:
+    """The box as an array, if it lies inside a photo of `shape`, is at least as big as the
+    faces the detector looks for, and is about square; else a `PhotoError` ("box")."""
+    x, y, w, h = box
+    H, W = shape[:2]
+    if x < 0 or y < 0 or x + w > W or y + h > H:
+        raise PhotoError(
+            f"face box {_fmt(box)} reaches outside the {W}x{H} photo: give it in the "
+            "original photo's pixels, inside 0..width and 0..height",
+            "box",
+        )
+    side = min_face_side(shape)
+    if min(w, h) < side:
+        raise PhotoError(
+            f"face box {_fmt(box)} is smaller than {side:.0f} px, the smallest face looked "
+            f"for in a {W}x{H} photo: draw it around the whole face, forehead to chin",
+            "box",
+        )
+    if max(w, h) > _BOX_ASPECT * min(w, h):
+        raise PhotoError(
+            f"face box {_fmt(box)} is {w:.0f}x{h:.0f}: a face box is about square "
+            "(forehead to chin, ear to ear)",
+            "box",
+        )
+    return np.array([x, y, w, h], np.float64)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)  # a request's value: kept short in the one-line answer
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _fmt(box: FaceBox) -> str:
+    return ",".join(f"{v:g}" for v in box)
+
+
+def prepare_photo(
+    rgb: np.ndarray, width: int, height: int, cfg: PhotoConfig, face_box: FaceBox | None = None
+) -> PreparedPhoto:
+    """Find the one face (or take the hand-drawn `face_box`, photo pixels), frame the photo
+    around it, measure the geometry inside the box."""
+    if face_box is not None:
+        checked = check_face_box(face_box, rgb.shape)
+        framing, box = frame_face(rgb.shape, checked, width, height, cfg)
+        framed = framing.apply(rgb)
+        return PreparedPhoto(framed, measure_face(framed, box), _as_box(checked))
     faces = detect_faces(rgb)
     if len(faces) == 0:
         raise PhotoError(
             "no face found in the photo: use a sharp, well-lit, frontal photo of one face "
             "(a synthetic face from `facecast make-reference` works as the PNG it writes, "
-            "unchanged)",
+            "unchanged), or frame the face by hand with a face box X,Y,W,H",
             "face",
         )
     areas = faces[:, 2] * faces[:, 3]
     if (areas >= _SECOND_FACE * areas[0]).sum() > 1:
         raise PhotoError(
             f"the photo shows {int((areas >= _SECOND_FACE * areas[0]).sum())} faces: "
-            "crop it to the one person who should talk",
+            "crop it to the one person who should talk, or give that face's box X,Y,W,H",
             "face",
         )
     framing, box = frame_face(rgb.shape, faces[0], width, height, cfg)
     framed = framing.apply(rgb)
-    return PreparedPhoto(framed, measure_face(framed, box))
+    return PreparedPhoto(framed, measure_face(framed, box), _as_box(faces[0]))
+
+
+def _as_box(box: np.ndarray) -> FaceBox:
+    x, y, w, h = (float(v) for v in box)
+    return x, y, w, h
 
 
 def frame_face(
@@ -327,12 +468,39 @@ def _lip_line(framed: np.ndarray, grey: np.ndarray, box, skin: np.ndarray) -> fl
     peaks = [
         i for i in range(1, len(d) - 1) if d[i] >= thr and d[i] >= d[i - 1] and d[i] >= d[i + 1]
     ]
-    nose = next((rows[i] for i in peaks if rows[i] < y + 0.74 * h), None)
-    lo, hi = (nose + 0.08 * h, nose + 0.3 * h) if nose is not None else (y + 0.68 * h, y + 0.92 * h)
-    sel = (rows >= lo) & (rows <= hi)
-    if not sel.any():
+    nose = next((i for i in peaks if rows[i] < y + 0.74 * h), None)
+    lo, hi = (
+        (rows[nose] + 0.08 * h, rows[nose] + 0.3 * h)
+        if nose is not None
+        else (y + 0.68 * h, y + 0.92 * h)
+    )
+    sel = np.flatnonzero((rows >= lo) & (rows <= hi))
+    if len(sel) == 0:
         return prior
-    return float(rows[sel][np.argmax(d[sel])])
+    best = _lips_in(d, sel, peaks, h)
+    if best is None:
+        # nothing in the window but the chin (its shading, or its edge): the peak taken
+        # for the nose's shadow was the lips, of a face whose nose casts little shadow, in
+        # a box drawn by hand (its mouth sits higher in the box than in the detector's)
+        return float(rows[nose]) if nose is not None else prior
+    return float(rows[best])
+
+
+def _lips_in(d: np.ndarray, sel: np.ndarray, peaks: list[int], h: float) -> int | None:
+    """The lips' row in the window `sel` of the profile `d`: its strongest row, unless that
+    is the chin. The lips have skin (the chin) just below them; the chin's shading or its
+    edge against the neck has not. None: nothing in the window but the chin."""
+    near, far = max(1, round(0.03 * h)), max(2, round(0.12 * h))
+    skin = np.median(d)
+
+    def skin_below(i: int) -> bool:
+        return i + far < len(d) and bool(d[i + near : i + far + 1].min() <= skin)
+
+    best = int(sel[np.argmax(d[sel])])
+    if skin_below(best):
+        return best
+    lips = [i for i in peaks if sel[0] <= i <= sel[-1] and skin_below(i)]
+    return max(lips, key=lambda i: d[i]) if lips else None
 
 
 def _find_eyes(framed: np.ndarray, box: tuple[float, float, float, float]):

@@ -12,7 +12,10 @@ all come here with the bytes they were given. The bytes are checked and decoded
   misses the darkest of the world's faces);
 - every other photo goes through the Haar detector and the measurements of
   `pipeline.photo.face.prepare_photo`, with its one-line errors (no face, several, too
-  small, cut off).
+  small, cut off);
+- a face box drawn by hand (`--face-box`, the upload's `face_box`; original photo pixels)
+  takes the detector's place for any photo, a synthetic one included: the user said where
+  the face is.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pipeline.config import FacecastConfig, PhotoConfig
 from pipeline.errors import MediaError
 from pipeline.media import png_text
 from pipeline.photo.face import (
+    FaceBox,
     FaceGeometry,
     PreparedPhoto,
     frame_face,
@@ -45,22 +49,34 @@ _BOX_SIDE_PER_OUTLINE_HEIGHT = 0.93
 
 
 def prepare_reference(
-    data: bytes, name: str, width: int, height: int, cfg: PhotoConfig
+    data: bytes,
+    name: str,
+    width: int,
+    height: int,
+    cfg: PhotoConfig,
+    face_box: FaceBox | None = None,
 ) -> PreparedPhoto:
-    """Checked, decoded and framed reference with its face geometry, from the file's bytes."""
+    """Checked, decoded and framed reference with its face geometry, from the file's bytes;
+    `face_box` (original photo pixels) frames it by hand instead of any detection."""
     rgb = read_photo(data, name, cfg)
+    if face_box is not None:
+        return prepare_photo(rgb, width, height, cfg, face_box)
     identity = identity_of(png_text(data), rgb)
     if identity is not None:
         return prepare_synthetic(rgb, identity, width, height, cfg)
     return prepare_photo(rgb, width, height, cfg)
 
 
-def load_prepared(path: str | Path, cfg: FacecastConfig) -> PreparedPhoto:
+def load_prepared(
+    path: str | Path, cfg: FacecastConfig, face_box: FaceBox | None = None
+) -> PreparedPhoto:
     """`prepare_reference` of a file, at the config's video size."""
     if not Path(path).is_file():
         raise MediaError(f"reference image not found: {path}")
     data = read_photo_file(str(path), cfg.photo)
-    return prepare_reference(data, str(path), cfg.video.width, cfg.video.height, cfg.photo)
+    return prepare_reference(
+        data, str(path), cfg.video.width, cfg.video.height, cfg.photo, face_box
+    )
 
 
 def prepare_synthetic(
@@ -89,6 +105,7 @@ def prepare_synthetic(
             skin=_rgb255(identity.skin),
             lips=_rgb255(identity.lips),
         ),
+        _box(face_box),
     )
 
 
