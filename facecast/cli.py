@@ -136,9 +136,10 @@ def cmd_render(args: argparse.Namespace) -> int:
     for path, what in ((args.reference, "reference image"), (args.audio, "audio file")):
         if not Path(path).is_file():
             raise FacecastError(f"{what} not found: {path}")
-    if args.face_box is not None and cfg.runtime.stack != "photo":
+    if args.face_box is not None and cfg.runtime.stack not in ("photo", "flashhead"):
         raise FacecastError(
-            f"--face-box frames a photo for the photo stack; config {args.config!r} is not one"
+            f"--face-box frames a photo for the photo stack or a real model; config "
+            f"{cfg.name!r} is neither"
         )
     device = resolve_device(args.device)
     if args.gpus > 1:
@@ -308,10 +309,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from pipeline.photo.face import FACE_CASCADE, cascade
 
         cascade(FACE_CASCADE)
-    if args.face_box is not None and (args.reference is None or cfg.runtime.stack != "photo"):
+    framed = ("photo", "flashhead")
+    if args.face_box is not None and (args.reference is None or cfg.runtime.stack not in framed):
         raise FacecastError(
-            "--face-box frames the --reference photo of the photo stack: give --reference "
-            "too, with a photo config (--config photo)"
+            "--face-box frames the --reference photo of the photo stack or a real model: give "
+            "--reference too, with --config photo or --model NAME"
         )
     if args.reference is not None and cfg.runtime.stack == "photo":
         # a photo without one clear face fails here too, not in the first peer's session

@@ -36,7 +36,7 @@ def default_reference(cfg) -> Path:
     return ASSETS / "reference.png"
 
 
-def load_reference(path: str | Path, cfg) -> np.ndarray:
+def load_reference(path: str | Path, cfg, face_box=None) -> np.ndarray:
     """A reference image for `cfg` → uint8 (H, W, 3) RGB. The photo stack checks it first
     (bytes, type, pixels: `pipeline.photo.face.load_photo`); FlashHead gets it checked the
     same way and framed as the face-centred square it expects (`pipeline.flashhead.framing`)."""
@@ -47,6 +47,12 @@ def load_reference(path: str | Path, cfg) -> np.ndarray:
         if not Path(path).is_file():
             raise MediaError(f"reference image not found: {path}")
         rgb = load_photo(str(path), cfg.photo)
+        if face_box is not None:  # framed by hand (x, y, w, h in the photo's pixels)
+            from pipeline.flashhead.framing import crop_square
+            from pipeline.photo.face import check_face_box
+
+            box = check_face_box(face_box, rgb.shape)
+            return crop_square(rgb, box, cfg.flashhead.face_ratio, cfg.video.width)
         if not cfg.flashhead.frame_reference:
             return rgb
         return face_square(rgb, cfg.flashhead.face_ratio, cfg.video.width)

@@ -44,13 +44,14 @@ def render_file(
     progress: bool = True,
     face_box: tuple[float, float, float, float] | None = None,
 ) -> RenderResult:
-    """`face_box` (photo stack): the face framed by hand, x, y, w, h in the photo's pixels."""
+    """`face_box` (photo stack, FlashHead): the face framed by hand, x, y, w, h in the
+    photo's pixels."""
     if engine.cfg.runtime.stack == "photo":  # from the bytes: a synthetic PNG names its face
         from pipeline.photo.reference import load_prepared
 
         image: Reference = load_prepared(reference, engine.cfg, face_box)
     else:
-        image = load_reference(reference, engine.cfg)
+        image = load_reference(reference, engine.cfg, face_box)
     v = engine.cfg.video
     session = engine.new_stream(image, seed=seed)  # finds the face: fails before any file
     writer = Mp4Writer(out, v.width, v.height, v.fps)

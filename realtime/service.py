@@ -491,7 +491,7 @@ def load_reference(
         from pipeline.photo.reference import load_prepared
 
         return load_prepared(path, cfg, face_box)
-    rgb = load(path, cfg)
+    rgb = load(path, cfg, face_box)
     if rgb.shape[:2] != (height, width):
         frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
         rgb = frame.to_ndarray(width=width, height=height, format="rgb24")
