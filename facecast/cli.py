@@ -305,6 +305,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     opts = engine_options(args)
     opts.validate()  # bad flags and a bad config fail here, in one line, before listening
     cfg = load_config(*opts.config_and_overrides())
+    if cfg.runtime.stack == "flashhead":  # a broken download fails here, not after listening
+        from pipeline.flashhead.weights import check_release
+
+        check_release(cfg.flashhead.weights, cfg.flashhead.wav2vec, cfg.flashhead.variant)
     if cfg.runtime.stack == "photo":  # this process prepares every session's photo
         from pipeline.photo.face import FACE_CASCADE, cascade
 

@@ -347,3 +347,17 @@ async def test_serve_a_random_release_to_an_aiortc_client_for_30_seconds(release
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_serve_refuses_a_broken_release_before_it_listens(release, tmp_path):
+    weights, wav2vec = release
+    broken = tmp_path / "broken"
+    subprocess.run(["cp", "-r", str(weights), str(broken)], check=True)
+    model = broken / "Model_Pro" / "diffusion_pytorch_model.safetensors"
+    model.write_bytes(model.read_bytes()[:-1000])
+    run = facecast(
+        "serve", "--model", "flashhead-pro", "--weights", str(broken), "--wav2vec", str(wav2vec),
+        "--device", "cpu", "--port", "0", timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr[-500:]
+    assert len(run.stderr.strip().splitlines()) == 1 and str(model) in run.stderr

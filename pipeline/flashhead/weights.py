@@ -70,6 +70,29 @@ def release_paths(weights: str | Path, variant: str) -> tuple[Path, Path]:
     return dit, vae
 
 
+def check_release(weights: str | Path, wav2vec: str | Path, variant: str) -> None:
+    """The cheap checks a server makes before it listens: the folders and files are there,
+    the DiT's config reads, every safetensors file's header and length are whole. The full
+    load (every key and shape) follows at start-up."""
+    from safetensors import safe_open
+
+    dit, _ = release_paths(weights, variant)
+    read_dit_config(dit)
+    for path in sorted(dit.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), "pt"):
+                pass
+        except Exception as exc:  # safetensors raises its own and OS errors
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise CheckpointError(f"{path}: truncated or damaged ({reason})") from None
+    for name in ("config.json", "preprocessor_config.json"):
+        if not (Path(wav2vec) / name).is_file():
+            raise CheckpointError(
+                f"{Path(wav2vec) / name}: file not found (--wav2vec wants the folder of "
+                "`huggingface-cli download facebook/wav2vec2-base-960h`)"
+            )
+
+
 def read_dit_config(folder: Path) -> WanDiTConfig:
     """The DiT's shape from the release's `config.json`, checked."""
     path = folder / "config.json"
