@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from typing import Any
 
 import torch
 
@@ -27,7 +28,8 @@ def bench_stream(opts: EngineOptions, seconds: float, command: str) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     v = cfg.video
     audio = speech_like_audio(seconds)
-    stream = engine.new_stream(test_card(v.height, v.width), seed=0)
+    # an in-process stream: its audio timeline and stage times are read here
+    stream: Any = engine.new_stream(test_card(v.height, v.width), seed=0)
     step_s: list[float] = []
     step_frames: list[int] = []
     memory: list[int] = []

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from pipeline.clock import FPS, MODEL_RATE, MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
@@ -37,7 +37,9 @@ from pipeline.errors import ConfigError
 from pipeline.flashhead.color import ColorMatch
 from pipeline.flashhead.framing import cover_and_crop
 from pipeline.flashhead.weights import load_dit, release_paths
+from pipeline.models.ltx.vae import LtxVae, load_ltx_vae
 from pipeline.models.wan.dit import WanAudioDiT
+from pipeline.models.wan.vae import WanVAE, load_wan_vae
 from pipeline.models.wav2vec2 import SpeechFeatures
 from pipeline.module import DTYPES
 from pipeline.schedule import Chunk, ChunkPlan, StreamStep
@@ -102,7 +104,7 @@ def window_indices(frames: int, end: int) -> Tensor:
 @dataclass
 class FlashHeadModels:
     dit: WanAudioDiT
-    vae: object  # pipeline.models.wan.vae (Pro) or pipeline.models.ltx.vae (Lite)
+    vae: WanVAE | LtxVae  # Pro's Wan 2.1 VAE, Lite's LTX-Video VAE
     speech: SpeechFeatures
 
 
@@ -140,13 +142,10 @@ class FlashHeadEngine:
         dit_dir, vae_path = release_paths(fh.weights, fh.variant)
         speech = SpeechFeatures(fh.wav2vec, dev)
         dit = load_dit(dit_dir, dev, dtype, speech.layers, speech.width)
+        vae: WanVAE | LtxVae
         if fh.variant == "pro":
-            from pipeline.models.wan.vae import load_wan_vae
-
             vae = load_wan_vae(vae_path, dev, dtype, config=None)
         else:
-            from pipeline.models.ltx.vae import load_ltx_vae
-
             vae = load_ltx_vae(vae_path, dev, dtype)
         if dit.cfg.vae_stride[0] != (4 if fh.variant == "pro" else 8):
             raise ConfigError(
@@ -185,7 +184,7 @@ class FlashHeadEngine:
     def fp8_targets(self, scaling: str) -> list[tuple[torch.nn.Module, str]]:
         """(parent, attribute) of the linears FP8 replaces: the blocks' token-wise ones."""
         out: list[tuple[torch.nn.Module, str]] = []
-        for block in self.models.dit.blocks:
+        for block in self.models.dit.audio_blocks():
             out += [(block.self_attn, "qkv"), (block.cross_attn, "q")]
             if scaling == "row":
                 out += [(block.self_attn, "o"), (block.cross_attn, "o")]
@@ -196,16 +195,15 @@ class FlashHeadEngine:
         """torch.compile each DiT block and, on a GPU, the VAE's decoder (its norms, SiLUs,
         upsampling and cache concatenations fused around cuDNN's convolutions); returns
         how many blocks were compiled."""
-        for block in self.models.dit.blocks:
-            block.forward = torch.compile(block.forward, mode=mode)
+        blocks = self.models.dit.audio_blocks()
+        for block in blocks:
+            block.forward = torch.compile(block.forward, mode=mode)  # type: ignore[method-assign]
         if self.device.type == "cuda":
             vae = self.models.vae
-            decoder = (
-                vae.net.decoder if self.cfg.flashhead.variant == "pro" else vae.network.decoder
-            )
+            decoder: nn.Module = vae.net.decoder if isinstance(vae, WanVAE) else vae.network.decoder
             decoder.forward = torch.compile(decoder.forward, mode=mode)
         self.compiled = True
-        return len(self.models.dit.blocks)
+        return len(blocks)
 
 
 class FlashHeadStream:
@@ -293,7 +291,7 @@ class FlashHeadStream:
         """Latents of pixels. Lite's LTX VAE samples its posterior, as the authors' code
         does (they draw from torch's global generator; a stream draws from its own)."""
         vae = self.engine.models.vae
-        if self.cfg.flashhead.variant == "lite":
+        if isinstance(vae, LtxVae):
             return vae.encode(video_B3FHW, sample=True, generator=self.generator)
         return vae.encode(video_B3FHW)
 

@@ -45,6 +45,6 @@ def cover_and_crop(rgb: np.ndarray, width: int, height: int) -> np.ndarray:
     h, w = rgb.shape[:2]
     scale = max(height / h, width / w)
     nh, nw = int(np.ceil(scale * h)), int(np.ceil(scale * w))
-    big = np.asarray(Image.fromarray(rgb).resize((nw, nh), resample=Image.BILINEAR))
+    big = np.asarray(Image.fromarray(rgb).resize((nw, nh), resample=Image.Resampling.BILINEAR))
     top, left = int(round((nh - height) / 2.0)), int(round((nw - width) / 2.0))
     return np.ascontiguousarray(big[top : top + height, left : left + width])

@@ -92,7 +92,7 @@ def write_wav2vec(folder: Path, config_kwargs: dict, seed: int) -> Path:
 def write_ltx_vae(folder: Path, cfg: LtxVaeConfig, seed: int) -> None:
     from safetensors.torch import save_file
 
-    network = build_network(cfg)
+    network: torch.nn.Module = build_network(cfg)  # diffusers' model is a torch Module
     randomise_module(network, seed)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(cfg.to_json(), indent=1))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -240,6 +241,9 @@ class WanAudioDiT(nn.Module):
         self.audio_proj = AudioProjection(cfg)
         self._rope: dict[tuple, tuple[Tensor, Tensor]] = {}
 
+    def audio_blocks(self) -> list[AudioBlock]:
+        return [cast(AudioBlock, block) for block in self.blocks]
+
     def rope(self, grid: tuple[int, int, int], device: torch.device) -> tuple[Tensor, Tensor]:
         """cos/sin (L, H/2) for a (T, h, w) token grid; built once per shape and kept."""
         key = (grid, device)
@@ -257,15 +261,16 @@ class WanAudioDiT(nn.Module):
         """The flow (velocity) prediction for noisy latents `x` at timestep `t` (0..1000)."""
         dtype = self.patch_embedding.weight.dtype
         tokens = self.patch_embedding(torch.cat([x_BCTHW, ref_BCTHW], dim=1).to(dtype))
-        grid = tuple(tokens.shape[2:])
+        T, h, w = tokens.shape[2:]
+        grid = (T, h, w)
         x_BLD = tokens.flatten(2).transpose(1, 2)
         # the release rounds the timestep to the weights' dtype before its sinusoid
         t_BD = self.time_embedding(sinusoid(t_B.to(dtype), self.cfg.freq_dim).to(dtype))
         mod_B6D = self.time_projection(t_BD).unflatten(1, (6, self.cfg.dim))
-        rope = self.rope(grid, x_BLD.device)  # type: ignore[arg-type]
-        for block in self.blocks:
+        rope = self.rope(grid, x_BLD.device)
+        for block in self.audio_blocks():
             x_BLD = block(x_BLD, ctx_BTMD, mod_B6D, rope)
-        return self.unpatchify(self.head(x_BLD, t_BD), grid)  # type: ignore[arg-type]
+        return self.unpatchify(self.head(x_BLD, t_BD), grid)
 
     def unpatchify(self, x_BLK: Tensor, grid: tuple[int, int, int]) -> Tensor:
         T, h, w = grid

@@ -103,6 +103,8 @@ class WanVAE(nn.Module):
         # explicit device: built on "meta" by the loader, these are not in the checkpoint
         std = torch.tensor(config.latents_std, device="cpu")
         mean = torch.tensor(config.latents_mean, device="cpu")
+        self.latent_mean: Tensor
+        self.latent_inv_std: Tensor
         self.register_buffer("latent_mean", mean, persistent=False)
         self.register_buffer("latent_inv_std", 1.0 / std, persistent=False)
         count = lambda m: sum(isinstance(c, WanCausalConv3d) for c in m.modules())  # noqa: E731
@@ -198,7 +200,7 @@ _RESAMPLE_3D = _RESAMPLE_2D + _TIME_CONV
 
 def checkpoint_layout(config: WanVAEConfig = WAN21_VAE) -> dict[str, str]:
     """Every key of the published checkpoint → the parameter of `WanVAE` it fills."""
-    blocks = [
+    blocks: list[tuple[str, str, tuple[tuple[str, str], ...]]] = [
         ("conv1", "quant_conv", _CONV),
         ("conv2", "post_quant_conv", _CONV),
         ("encoder.conv1", "encoder.conv_in", _CONV),
