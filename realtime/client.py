@@ -46,11 +46,17 @@ import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from pipeline.clock import FPS, MODEL_RATE, OUTPUT_RATE, VIDEO_CLOCK, VIDEO_TICKS_PER_FRAME
+from pipeline.clock import (
+    FPS,
+    MODEL_RATE,
+    OUTPUT_RATE,
+    OUTPUT_SAMPLES_PER_PACKET,
+    VIDEO_CLOCK,
+    VIDEO_TICKS_PER_FRAME,
+)
 from pipeline.media import Mp4Writer, read_audio, resample, to_pcm16
 from realtime.teardown import release_peer_connection
 
-FRAME = 960  # 20 ms
 log = logging.getLogger(__name__)
 
 
@@ -115,20 +121,29 @@ class PcmSource(MediaStreamTrack):
             self._t0 = self.started_at = self._deadline = now
         if self._deadline > now:
             await asyncio.sleep(self._deadline - now)
-        if self._clip is not None and self._buf.size < FRAME:  # the clip again, seamlessly
+        if (
+            self._clip is not None and self._buf.size < OUTPUT_SAMPLES_PER_PACKET
+        ):  # the clip again, seamlessly
             self._buf = np.concatenate([self._buf, self._clip])
         # queued audio goes at `speed`; the silence after it at real time, like a mic
-        self._deadline += FRAME / OUTPUT_RATE / (self.speed if self._buf.size else 1.0)
+        self._deadline += (
+            OUTPUT_SAMPLES_PER_PACKET / OUTPUT_RATE / (self.speed if self._buf.size else 1.0)
+        )
         self.sent_at.append(time.monotonic())
-        chunk, self._buf = self._buf[:FRAME], self._buf[FRAME:]
-        if chunk.size < FRAME:
+        chunk, self._buf = (
+            self._buf[:OUTPUT_SAMPLES_PER_PACKET],
+            self._buf[OUTPUT_SAMPLES_PER_PACKET:],
+        )
+        if chunk.size < OUTPUT_SAMPLES_PER_PACKET:
             if chunk.size or self.ended_at is None:
                 self.ended_at = time.monotonic()
-            chunk = np.concatenate([chunk, np.zeros(FRAME - chunk.size, np.int16)])
+            chunk = np.concatenate(
+                [chunk, np.zeros(OUTPUT_SAMPLES_PER_PACKET - chunk.size, np.int16)]
+            )
         self.sent = np.concatenate([self.sent, chunk])
         frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = OUTPUT_RATE
-        frame.pts = self._index * FRAME
+        frame.pts = self._index * OUTPUT_SAMPLES_PER_PACKET
         frame.time_base = fractions.Fraction(1, OUTPUT_RATE)
         self._index += 1
         return frame
@@ -536,8 +551,11 @@ class FacecastClient:
             if any(at <= pos < at + n for at, n in inserted):
                 continue  # inserted silence was never sent
             sample = pos - shift
-            if 0 <= sample < loud.size - FRAME and loud[sample : sample + FRAME].max() > 1000:
-                lat.append(arrived - src.sent_at[sample // FRAME])
+            if (
+                0 <= sample < loud.size - OUTPUT_SAMPLES_PER_PACKET
+                and loud[sample : sample + OUTPUT_SAMPLES_PER_PACKET].max() > 1000
+            ):
+                lat.append(arrived - src.sent_at[sample // OUTPUT_SAMPLES_PER_PACKET])
         if not lat:
             return {}
         lat.sort()

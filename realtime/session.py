@@ -37,7 +37,13 @@ import numpy as np
 from aiortc import RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME, OUTPUT_RATE, OUTPUT_SAMPLES_PER_FRAME
+from pipeline.clock import (
+    FPS,
+    MODEL_SAMPLES_PER_FRAME,
+    OUTPUT_RATE,
+    OUTPUT_SAMPLES_PER_FRAME,
+    OUTPUT_SAMPLES_PER_MODEL_SAMPLE,
+)
 from pipeline.stream import AvatarStream
 from realtime.audio_in import InputResampler, PlaybackTimeline
 from realtime.errors import RealtimeError, SessionClosed
@@ -360,7 +366,7 @@ class PeerSession:
         if self.state == "closed":
             return
         self.metrics.vad_transitions.labels(event.kind).inc()
-        at48 = event.sample * 3
+        at48 = event.sample * OUTPUT_SAMPLES_PER_MODEL_SAMPLE
         # Playbacks are VAD segments of a microphone; an agent's utterances say their own.
         segments = not self.speech.active
         if event.kind == "speech_started":

@@ -31,13 +31,13 @@ from pipeline.clock import (
     FPS,
     FRAME_SECONDS,
     OUTPUT_RATE,
+    OUTPUT_SAMPLES_PER_PACKET,
     VIDEO_CLOCK,
     VIDEO_TICKS_PER_FRAME,
 )
 from realtime.audio_in import PlaybackTimeline
 from realtime.metrics import RealtimeMetrics
 
-AUDIO_SAMPLES = 960  # 20 ms at 48 kHz
 MAX_CATCHUP_FRAMES = 5  # a stall up to 200 ms is sent as a burst; longer ones skip
 log = logging.getLogger(__name__)
 
@@ -258,19 +258,19 @@ class AvatarAudioTrack(_PacedTrack):
     async def recv(self) -> av.AudioFrame:
         # Audio never skips: the Opus encoder stamps RTP by sample count, so a skipped
         # frame would shift all later audio against the video.
-        index = await self._wait_deadline(AUDIO_SAMPLES / OUTPUT_RATE)
-        start = index * AUDIO_SAMPLES
+        index = await self._wait_deadline(OUTPUT_SAMPLES_PER_PACKET / OUTPUT_RATE)
+        start = index * OUTPUT_SAMPLES_PER_PACKET
         try:
-            pcm = self._timeline.read(start, AUDIO_SAMPLES)
+            pcm = self._timeline.read(start, OUTPUT_SAMPLES_PER_PACKET)
             self._timeline.release_before(start)
         except Exception:
             log.exception("session %s: audio frame %d failed; sending silence", self._sid, index)
-            pcm = np.zeros(AUDIO_SAMPLES, np.int16)
+            pcm = np.zeros(OUTPUT_SAMPLES_PER_PACKET, np.int16)
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = OUTPUT_RATE
         frame.pts = start
         frame.time_base = fractions.Fraction(1, OUTPUT_RATE)
-        self.position = start + AUDIO_SAMPLES
+        self.position = start + OUTPUT_SAMPLES_PER_PACKET
         for sink in self._sinks:
             _safe(self._sid, sink.put_audio, pcm, start)
         _safe(self._sid, self._on_played, self.position)

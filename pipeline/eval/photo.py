@@ -30,8 +30,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from pipeline.clock import FPS
-from pipeline.clock import MODEL_SAMPLES_PER_FRAME as SAMPLES_PER_FRAME
+from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME
 from pipeline.config import PhotoConfig
 from pipeline.errors import MediaError
 from pipeline.eval.evaluate import _batches
@@ -92,8 +91,10 @@ def ssim_map(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def speech_envelope(samples_16k: np.ndarray, n_frames: int) -> np.ndarray:
     x = np.asarray(samples_16k, np.float64).reshape(-1)
-    x = np.pad(x, (0, max(0, n_frames * SAMPLES_PER_FRAME - len(x))))
-    return np.sqrt((x[: n_frames * SAMPLES_PER_FRAME].reshape(n_frames, -1) ** 2).mean(axis=1))
+    x = np.pad(x, (0, max(0, n_frames * MODEL_SAMPLES_PER_FRAME - len(x))))
+    return np.sqrt(
+        (x[: n_frames * MODEL_SAMPLES_PER_FRAME].reshape(n_frames, -1) ** 2).mean(axis=1)
+    )
 
 
 def _pearson(a: np.ndarray, b: np.ndarray) -> float:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from pipeline.clock import MODEL_SAMPLES_PER_FRAME as SAMPLES_PER_FRAME
+from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
 from pipeline.engine import FrameBatch, StageTimes
 from pipeline.module import Module, build_seeded, resolve_weights_dir
@@ -78,11 +78,17 @@ class PhotoEngine:
     def _warm_session(self, seed: int, timed: bool) -> dict[str, float]:
         steps = 6
         frames = self.stream_step(steps - 1).audio_frames
-        audio = (0.1 * np.sin(np.arange(frames * SAMPLES_PER_FRAME) * 0.07)).astype(np.float32)
+        audio = (0.1 * np.sin(np.arange(frames * MODEL_SAMPLES_PER_FRAME) * 0.07)).astype(
+            np.float32
+        )
         session = self.new_stream(warmup_photo(self.cfg), seed=seed)
         seconds = []
         for k in range(steps if timed else 1):
-            end = len(audio) if not timed else self.stream_step(k).audio_frames * SAMPLES_PER_FRAME
+            end = (
+                len(audio)
+                if not timed
+                else self.stream_step(k).audio_frames * MODEL_SAMPLES_PER_FRAME
+            )
             session.push_audio(audio[session.timeline.total : end])
             t = time.perf_counter()
             session.generate_ready()
@@ -165,7 +171,7 @@ class PhotoStream:
     def finish(self) -> list[FrameBatch]:
         if self.total_frames is not None:
             return []
-        self.total_frames = round(self.timeline.total / SAMPLES_PER_FRAME)
+        self.total_frames = round(self.timeline.total / MODEL_SAMPLES_PER_FRAME)
         out: list[FrameBatch] = []
         while self.frames_emitted < self.total_frames:
             out += self._advance()
