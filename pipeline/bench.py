@@ -34,6 +34,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
@@ -195,7 +196,6 @@ def count_call_flops(fn, args, engine) -> dict[str, int]:
     from pipeline.models.attention import Attention
 
     attn_flops = [0]
-    real_forward = Attention.forward
 
     def counted_attention(self, q, k, v, window=None):
         B, N, L, H = q.shape
@@ -208,12 +208,8 @@ def count_call_flops(fn, args, engine) -> dict[str, int]:
         return v.clone()
 
     counter = FlopCounterMode(display=False)
-    Attention.forward = counted_attention
-    try:
-        with _force_eager(), counter:
-            fn(*args)
-    finally:
-        Attention.forward = real_forward
+    with mock.patch.object(Attention, "forward", counted_attention), _force_eager(), counter:
+        fn(*args)
     total = 0
     for op, n in counter.get_flop_counts().get("Global", {}).items():
         name = str(op)

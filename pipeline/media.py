@@ -197,7 +197,7 @@ def iter_audio(path: str | Path, block_seconds: float = 1.0) -> Iterator[AudioBl
         to_output = av.AudioResampler(format="flt", layout="mono", rate=OUTPUT_RATE)
         model_parts: list[np.ndarray] = []
         output_parts: list[np.ndarray] = []
-        buffered = 0
+        buffered = 0.0
         try:
             for frame in container.decode(audio=0):
                 if frame.format.name in ("flt", "fltp", "dbl", "dblp"):

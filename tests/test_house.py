@@ -208,3 +208,19 @@ def test_tests_share_helpers_only_through_the_support_package():
                 if n.split(".")[0] == "conftest" or n.split(".")[0].startswith("test_")
             ]
     assert not offenders, offenders
+
+
+def test_the_type_checker_reads_every_package():
+    """`make typecheck` runs mypy over the files pyproject.toml names: every package, whole."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
+    assert sorted(config["files"]) == sorted(PACKAGES)
+    assert "ignore_missing_imports" not in config, (
+        "name the untyped third-party packages in a [[tool.mypy.overrides]] entry instead"
+    )
+    for override in config.get("overrides", []):
+        modules = override["module"]
+        modules = [modules] if isinstance(modules, str) else modules
+        ours = [m for m in modules if m.split(".")[0] in PACKAGES]
+        assert not ours, f"mypy overrides may only cover third-party packages, not {ours}"

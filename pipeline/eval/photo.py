@@ -145,6 +145,7 @@ def run_photo_eval(
             mouth_mask = np.zeros((H, W), bool)
             mouth_mask[mb[1] : mb[3], mb[0] : mb[2]] = True
             ref = luma(framed)
+        assert ref is not None and mouth_mask is not None and box is not None
         for frame in batch:
             g = luma(frame)
             ssim.append(float(ssim_map(g, ref)[~mouth_mask].mean()))
@@ -153,7 +154,7 @@ def run_photo_eval(
                 hits = detect_faces(frame)
                 found.append(any(_iou(f, box) > 0.3 for f in hits))
             n += 1
-    if n == 0:
+    if n == 0 or box is None:
         raise MediaError("the video has no frames")
     ssim_a, motion_a = np.array(ssim), np.array(motion)
     env = speech_envelope(audio_16k, n)
@@ -162,7 +163,7 @@ def run_photo_eval(
         lag: _pearson(motion_a[max(0, lag) : n + min(0, lag)], env[max(0, -lag) : n - max(0, lag)])
         for lag in range(-3, 4)
     }
-    best = max(lags, key=lags.get)
+    best = max(lags, key=lambda lag: lags[lag])
     win = max(1, min(n // 2, int(window_s * FPS)))
     first, last = float(ssim_a[:win].mean()), float(ssim_a[-win:].mean())
     return PhotoScores(

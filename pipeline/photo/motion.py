@@ -45,6 +45,9 @@ class CausalBlock(nn.Module):
 class MotionNet(nn.Module):
     """(B, S) audio → (B, T, 4) jaw 0..1, width -1..1, rounding 0..1, teeth 0..1."""
 
+    mel_fb: Tensor  # (n_mels, bins) buffers, registered below
+    window: Tensor
+
     def __init__(self, cfg: PhotoConfig) -> None:
         super().__init__()
         self.cfg = cfg
