@@ -69,8 +69,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pipeline.clock import FPS, OUTPUT_RATE, VIDEO_CLOCK, VIDEO_TICKS_PER_FRAME
 from realtime.errors import BadRequest, ServerFull, SessionNotFound
+from realtime.offer import check_answer, check_codecs, check_offer_transport, reason_of
 from realtime.security import read_body
-from realtime.service import SERVICE, check_answer, check_codecs, check_offer_transport, reason_of
+from realtime.service import SERVICE
 from realtime.session import PeerSession
 from realtime.teardown import release_peer_connection
 from realtime.whip import SDP_TYPE, check_sdp_type, created, parse_offer, trickle
