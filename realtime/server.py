@@ -9,7 +9,7 @@ Routes (all but the page need `Authorization: Bearer TOKEN` when a token is set)
     POST /sessions/{id}/interrupt   flush queued speech → {played_ms}
     GET  /sessions/{id}/speech      WebSocket: the utterance channel (realtime/speech_ws.py)
     POST /whip, DELETE /whip/{id}   WHIP ingest, RFC 9725 (realtime/whip.py)
-    POST /whep/{id}, DELETE /whep/{id}/{viewer}   WHEP viewers of a session (realtime/whep.py)
+    POST /whep/{id}, DELETE /whep/{id}/{viewer}   WHEP viewers of a session (realtime/whep/)
     GET  /healthz                   {status: starting|ok|failed, sessions, max_sessions,
                                      startup_seconds}; 503 until the engine is warm
     GET  /metrics                   Prometheus text format

@@ -51,7 +51,7 @@ class ServerConfig:
     # STUN/TURN the server's own peers gather candidates with (a fleet worker behind NAT);
     # none by default: on loopback and a LAN, host candidates are all there is to find
     peer_ice_servers: list[RTCIceServer] = field(default_factory=list)
-    max_viewers: int = 16  # WHEP viewers per session (realtime/whep.py)
+    max_viewers: int = 16  # WHEP viewers per session (realtime/whep/)
     security: SecurityConfig = field(default_factory=SecurityConfig)  # same-origin, timeouts
 
 
@@ -80,7 +80,7 @@ class Service:
         self.engine_lock = threading.Lock()  # one generate_ready() at a time per engine
         self.reference: Reference | None = None  # the server's identity (load_reference below)
         self.photos = PhotoStore()  # the page's uploads (realtime/photos.py)
-        # more of each session in GET /sessions, e.g. its WHEP viewers (realtime/whep.py)
+        # more of each session in GET /sessions, e.g. its WHEP viewers (realtime/whep/)
         self.describers: list[Callable[[PeerSession], dict]] = []
 
     @property
