@@ -127,7 +127,7 @@ async def test_killed_peer_is_cleaned_up_within_10_s(tmp_path):
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "realtime.client",
+            "realtime.call",
             url,
             "--wav",
             str(speech.path),

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from support.realtime import ScriptedEngine, running_server
 
+from realtime.call import call_stats
 from realtime.client import FacecastClient, PcmSource
 from realtime.playout import plan_playout, required_delay
 from realtime.service import SERVICE
@@ -62,7 +63,7 @@ async def serve_scripted(engine: ScriptedEngine, seconds: float, **session):
         await client.connect()
         await asyncio.sleep(seconds)
         live = app[SERVICE].sessions[client.session_id]
-        stats = live.stats()
+        stats = call_stats(live)
         budget = live.budget
         await client.close()
     # how far behind real time the client sent its audio (a loaded machine paces late):
