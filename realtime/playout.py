@@ -16,7 +16,7 @@ the first step runs at once (its audio is the pre-roll) and the avatar appears w
 step's time, idle, while speech still meets its frames at the steady delay: frame n's
 audio arrives `delay - preroll` before the clock shows it, which is what the bound needs.
 For an engine slower than real time the bound grows without end; the worker skips backlog
-instead (`realtime.worker`), and the delay covers two steps.
+instead (`realtime.generation`), and the delay covers two steps.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def plan_playout(
     A microphone gets the pre-roll that makes the first frame as early as the engine's
     speed allows (working through the pre-roll is compute-bound) while speech keeps the
     live bound; pushed audio needs none. A slow engine is planned over two steps: beyond
-    that the worker's skips keep the slack the second step had (`realtime.worker`)."""
+    that the worker's skips keep the slack the second step had (`realtime.generation`)."""
     keeps_up = steady_seconds < step(1).frames / FPS
     steps = [step(k) for k in range(HORIZON_STEPS if keeps_up else 2)]
 

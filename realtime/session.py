@@ -48,6 +48,7 @@ from pipeline.stream import AvatarStream
 from realtime.audio_in import InputResampler, PlaybackTimeline
 from realtime.errors import RealtimeError, SessionClosed
 from realtime.events import PlaybackTracker, message, parse_client_message
+from realtime.generation import ChunkStats, GenerationWorker
 from realtime.metrics import RealtimeMetrics
 from realtime.playout import EngineTiming, PlayoutBudget, plan_playout
 from realtime.teardown import release_peer_connection
@@ -60,7 +61,6 @@ from realtime.tracks import (
 )
 from realtime.utterance import UTTERANCE_MESSAGES, UtteranceChannel
 from realtime.vad import VadEvent, VadThread, VoiceActivityDetector
-from realtime.worker import ChunkStats, GenerationWorker
 
 log = logging.getLogger(__name__)
 PROBE_S = 0.1  # the first audio is held this long to tell a microphone from a push

@@ -43,7 +43,7 @@ from support.fleet import (  # noqa: E402
     session_of,
 )
 
-from realtime.fleet.worker import worker_actor  # noqa: E402
+from realtime.fleet.actor import worker_actor  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -424,7 +424,7 @@ def test_a_lost_worker_ends_only_its_own_incarnations_sessions():
 
 def test_a_worker_reads_the_fronts_reference_from_bytes(tmp_path):
     """The front sends its --reference as bytes: no worker node needs the file."""
-    from realtime.fleet.worker import FleetWorker
+    from realtime.fleet.actor import FleetWorker
 
     photo = (REPO / "pipeline" / "assets" / "reference.png").read_bytes()
     worker = FleetWorker("w", ServerConfig(reference=None), EngineOptions(), reference=photo)

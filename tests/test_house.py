@@ -224,3 +224,14 @@ def test_the_type_checker_reads_every_package():
         modules = [modules] if isinstance(modules, str) else modules
         ours = [m for m in modules if m.split(".")[0] in PACKAGES]
         assert not ours, f"mypy overrides may only cover third-party packages, not {ours}"
+
+
+def test_the_realtime_package_lists_every_module():
+    """realtime/__init__.py's docstring names each of its modules and packages, so that it
+    stays a true map of the package."""
+    realtime = ROOT / "realtime"
+    doc = ast.get_docstring(ast.parse((realtime / "__init__.py").read_text())) or ""
+    names = [p.stem for p in realtime.glob("*.py") if p.stem != "__init__"]
+    names += [f"{p.name}/" for p in realtime.iterdir() if (p / "__init__.py").is_file()]
+    missing = [n for n in sorted(names) if f"`{n}`" not in doc]
+    assert not missing, f"realtime/__init__.py does not mention {missing}"

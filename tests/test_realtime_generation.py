@@ -48,7 +48,7 @@ def scripted_worker(engine, frames, clock):
     import threading
 
     from pipeline.schedule import StreamStep
-    from realtime.worker import GenerationWorker
+    from realtime.generation import GenerationWorker
 
     return GenerationWorker(
         lambda: engine,
