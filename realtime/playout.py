@@ -9,7 +9,8 @@ every step when
     D >= done_k - first_frame_k / 25 + margin   for every k,
 
 done_k being when step k finishes, counted from A0. This module computes that bound; the
-session starts its clock with it and re-sets it only between utterances.
+session starts its clock (`PlayoutClock`, the one both tracks pace from) with it and
+re-sets it only between utterances.
 
 For a live microphone the session starts the timeline with a pre-roll of silence, so that
 the first step runs at once (its audio is the pre-roll) and the avatar appears within a
@@ -21,7 +22,9 @@ instead (`realtime.generation`), and the delay covers two steps.
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -130,3 +133,26 @@ class EngineTiming:
         slow = SERVE_SLOWDOWN.get((kind, own_process), 1.0)
         first, steady = times["first"] * slow, times["steady"] * slow
         return cls(engine.stream_step, first, steady, STEP_SPREAD.get(kind, 0.0))
+
+
+class PlayoutClock:
+    """The one clock both tracks pace from: t0 on `time.monotonic()`, set once."""
+
+    def __init__(self) -> None:
+        self._started = asyncio.Event()
+        self.t0: float | None = None
+
+    def start(self, t0: float) -> None:
+        if self.t0 is None:
+            self.t0 = t0
+            self._started.set()
+
+    async def wait_started(self) -> float:
+        await self._started.wait()
+        assert self.t0 is not None
+        return self.t0
+
+    def frame_now(self) -> int:
+        """Index of the video frame due now (0 before start); safe from any thread."""
+        t0 = self.t0
+        return 0 if t0 is None else max(0, int((time.monotonic() - t0) * FPS))

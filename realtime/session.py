@@ -50,14 +50,13 @@ from realtime.errors import RealtimeError, SessionClosed
 from realtime.events import PlaybackTracker, message, parse_client_message
 from realtime.generation import ChunkStats, GenerationWorker
 from realtime.metrics import RealtimeMetrics
-from realtime.playout import EngineTiming, PlayoutBudget, plan_playout
+from realtime.playout import EngineTiming, PlayoutBudget, PlayoutClock, plan_playout
 from realtime.teardown import release_peer_connection
 from realtime.tracks import (
     AvatarAudioTrack,
     AvatarVideoTrack,
     FrameQueue,
     MediaSink,
-    PlayoutClock,
 )
 from realtime.utterance import UTTERANCE_MESSAGES, UtteranceChannel
 from realtime.vad import VadEvent, VadThread, VoiceActivityDetector

@@ -7,7 +7,8 @@ import time
 
 import numpy as np
 
-from realtime.tracks import FrameQueue, PlayoutClock
+from realtime.playout import PlayoutClock
+from realtime.tracks import FrameQueue
 
 
 class ScriptedEngineSession:
