@@ -9,11 +9,9 @@ import numpy as np
 import pytest
 from support.realtime import ScriptedEngine, running_server
 
-from realtime.call import call_stats
 from realtime.client import FacecastClient, PcmSource
-from realtime.playout import plan_playout, required_delay
+from realtime.playout import PROBE_S, plan_playout, required_delay
 from realtime.service import SERVICE
-from realtime.session import PROBE_S
 
 RATE = 48_000
 FRAME = RATE // 25  # timeline samples per video frame
@@ -63,7 +61,7 @@ async def serve_scripted(engine: ScriptedEngine, seconds: float, **session):
         await client.connect()
         await asyncio.sleep(seconds)
         live = app[SERVICE].sessions[client.session_id]
-        stats = call_stats(live)
+        stats = live.stats()
         budget = live.budget
         await client.close()
     # how far behind real time the client sent its audio (a loaded machine paces late):
