@@ -32,9 +32,8 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from pipeline.clock import OUTPUT_RATE as RATE
+from pipeline.clock import OUTPUT_RATE, OUTPUT_SAMPLES_PER_PACKET
 from realtime.client import (
-    FRAME,
     FacecastClient,
     PcmSource,
     SpeechSocket,
@@ -74,25 +73,25 @@ def first_after(arrivals: list[tuple[int, float]], t: float, at: int = 0) -> flo
 
 
 async def mic_call(url: str, speech: np.ndarray, turns: int, speed: float) -> dict:
-    quiet = np.zeros(int(GAP_S * RATE), np.int16)
-    script = np.concatenate([quiet[: RATE * 2]] + [np.concatenate([speech, quiet])] * turns)
-    onsets = [2 * RATE + k * (speech.size + quiet.size) for k in range(turns)]
+    quiet = np.zeros(int(GAP_S * OUTPUT_RATE), np.int16)
+    script = np.concatenate([quiet[: OUTPUT_RATE * 2]] + [np.concatenate([speech, quiet])] * turns)
+    onsets = [2 * OUTPUT_RATE + k * (speech.size + quiet.size) for k in range(turns)]
     client = FacecastClient(url, PcmSource(script, speed=speed))
     await client.connect()
-    await asyncio.sleep(script.size / RATE + 3.0)  # the reply plays in real time
+    await asyncio.sleep(script.size / OUTPUT_RATE + 3.0)  # the reply plays in real time
     on_screen = []
     arrivals = loud_arrivals(client)
     grown = [
-        (e["at_ms"] * RATE // 1000, e["added_ms"] * RATE // 1000)
+        (e["at_ms"] * OUTPUT_RATE // 1000, e["added_ms"] * OUTPUT_RATE // 1000)
         for e in client.events
         if e["type"] == "delay_grown"
     ]
     for onset in onsets:
-        sent = client.source.sent_at[onset // FRAME]
+        sent = client.source.sent_at[onset // OUTPUT_SAMPLES_PER_PACKET]
         at = onset  # where the server's timeline has it: after the silence it inserted
         for where, added in grown:
             at += added if where <= at else 0
-        got = first_after(arrivals, sent, at - FRAME)
+        got = first_after(arrivals, sent, at - OUTPUT_SAMPLES_PER_PACKET)
         on_screen.append(None if got is None else got - sent)
     return await finish(url, client, on_screen, [])
 
@@ -110,7 +109,7 @@ async def channel_call(url: str, speech: np.ndarray, turns: int, speed: float, s
     on_screen, started = [], []
     for k in range(turns):
         sent = time.monotonic()
-        await sender.speech.say(speech, RATE, uid=f"turn{k}", speed=speed)
+        await sender.speech.say(speech, OUTPUT_RATE, uid=f"turn{k}", speed=speed)
         start = await sender.wait_event("playback_started", 60, sent)
         await sender.wait_event("playback_finished", 60, sent)
         await asyncio.sleep(1.0)
@@ -171,7 +170,7 @@ async def run(args: argparse.Namespace) -> dict:
     return {
         "config": args.config,
         "device": args.device,
-        "speech_s": round(speech.size / RATE, 3),
+        "speech_s": round(speech.size / OUTPUT_RATE, 3),
         "command": " ".join(["python bench/agent_bench.py", *sys.argv[1:]]),
         "paths": paths,
     }

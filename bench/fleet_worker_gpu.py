@@ -7,7 +7,7 @@
 
 Ray cannot travel to the lent GPU machine (its wheel alone is larger than what may be sent
 there), so this shows the GPU side of the fleet without it: a child process builds the
-worker object exactly as the actor would (`realtime.fleet.worker.FleetWorker`, no
+worker object exactly as the actor would (`realtime.fleet.actor.FleetWorker`, no
 registry), starts its engine with `start()`, and puts a few HTTP routes in front of its
 methods (the signalling the front relays through Ray: offer, sessions, delete, metrics,
 health). The calls are then `serve_bench.one_call`'s, so the fresh share, time to first
@@ -71,7 +71,7 @@ def worker_app(worker) -> web.Application:
 async def serve_worker(args: argparse.Namespace) -> None:
     """The child: one FleetWorker, warm, behind `worker_app` until killed."""
     from pipeline.startup import EngineOptions
-    from realtime.fleet.worker import FleetWorker
+    from realtime.fleet.actor import FleetWorker
     from realtime.service import ServerConfig
 
     engine = EngineOptions(config=args.config, device=args.device, compile=args.compile)

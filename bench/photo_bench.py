@@ -21,8 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.clock import FPS, model_samples
-from pipeline.clock import MODEL_SAMPLES_PER_FRAME as SAMPLES_PER_FRAME
+from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME, model_samples
 from pipeline.media import ASSETS, read_audio
 from pipeline.photo.reference import load_prepared
 from pipeline.startup import EngineOptions, start_engine
@@ -51,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     session = engine.new_stream(load_prepared(args.reference, engine.cfg))
     times, frames, k = [], 0, 0
     while True:
-        need = engine.stream_step(k).audio_frames * SAMPLES_PER_FRAME
+        need = engine.stream_step(k).audio_frames * MODEL_SAMPLES_PER_FRAME
         if need > len(audio):
             break
         session.push_audio(audio[session.timeline.total : need])

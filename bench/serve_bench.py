@@ -29,6 +29,7 @@ from pathlib import Path
 import aiohttp
 
 from pipeline.clock import OUTPUT_RATE
+from realtime.call import call_stats
 from realtime.client import FacecastClient, PcmSource, read_pcm, wait_until_ready
 
 SECTION = "## Live serving (`bench/serve_bench.py`)"
@@ -75,7 +76,7 @@ async def one_call(url: str, pcm, mode: str, seconds: float, speed: float) -> di
         if generated
         else None,
         "gpu_memory_peak_bytes": after.get("facecast_gpu_memory_peak_bytes"),
-        "client": client.stats(),
+        "client": call_stats(client),
     }
 
 

@@ -43,11 +43,10 @@ import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from pipeline.clock import OUTPUT_RATE
+from pipeline.clock import OUTPUT_RATE, OUTPUT_SAMPLES_PER_PACKET
 from realtime.client import wait_until_ready
 
 ROOT = Path(__file__).resolve().parent.parent
-FRAME = OUTPUT_RATE // 50  # 20 ms of 48 kHz audio per frame, as a microphone sends
 STALL_S = 0.2
 SECTION_BEGIN, SECTION_END = "<!-- facecast-soak:begin -->", "<!-- facecast-soak:end -->"
 UTTERANCES = [
@@ -92,7 +91,9 @@ class LoopedMic(MediaStreamTrack):
 
     def __init__(self, programme: np.ndarray) -> None:
         super().__init__()
-        self._pcm = np.concatenate([programme, programme[:FRAME]])  # a frame may wrap
+        self._pcm = np.concatenate(
+            [programme, programme[:OUTPUT_SAMPLES_PER_PACKET]]
+        )  # a frame may wrap
         self._index = 0
         self._t0: float | None = None
 
@@ -100,14 +101,18 @@ class LoopedMic(MediaStreamTrack):
         if self.readyState != "live":
             raise MediaStreamError
         self._t0 = self._t0 or time.monotonic()
-        delay = self._t0 + self._index * FRAME / OUTPUT_RATE - time.monotonic()
+        delay = self._t0 + self._index * OUTPUT_SAMPLES_PER_PACKET / OUTPUT_RATE - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        start = self._index * FRAME % (self._pcm.size - FRAME)
-        frame = av.AudioFrame.from_ndarray(
-            self._pcm[start : start + FRAME].reshape(1, -1), format="s16", layout="mono"
+        start = (
+            self._index * OUTPUT_SAMPLES_PER_PACKET % (self._pcm.size - OUTPUT_SAMPLES_PER_PACKET)
         )
-        frame.sample_rate, frame.pts = OUTPUT_RATE, self._index * FRAME
+        frame = av.AudioFrame.from_ndarray(
+            self._pcm[start : start + OUTPUT_SAMPLES_PER_PACKET].reshape(1, -1),
+            format="s16",
+            layout="mono",
+        )
+        frame.sample_rate, frame.pts = OUTPUT_RATE, self._index * OUTPUT_SAMPLES_PER_PACKET
         frame.time_base = fractions.Fraction(1, OUTPUT_RATE)
         self._index += 1
         return frame

@@ -33,7 +33,7 @@ from aiortc.mediastreams import MediaStreamError
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_bench import free_port, gpu_name, metric_values  # noqa: E402
 
-from pipeline.clock import VIDEO_TICKS_PER_FRAME  # noqa: E402
+from pipeline.clock import FPS, VIDEO_TICKS_PER_FRAME  # noqa: E402
 from realtime.client import FacecastClient, PcmSource, read_audio, wait_until_ready  # noqa: E402
 
 
@@ -90,7 +90,7 @@ class Player:
         if not v:
             return out
         out["ttff_ms"] = round((v[0][1] - self.posted) * 1000)
-        settled = v[25:] if len(v) > 50 else v
+        settled = v[FPS:] if len(v) > 2 * FPS else v  # past the first second
         if len(settled) > 1:
             out["fps"] = round((len(settled) - 1) / (settled[-1][1] - settled[0][1]), 2)
         steps = [b[0] - a[0] for a, b in zip(v, v[1:], strict=False)]
@@ -132,7 +132,7 @@ async def run(args: argparse.Namespace) -> dict:
         health = await wait_until_ready(url, args.startup_timeout, server)
         source = PcmSource(read_audio(args.wav), loop=True)
         async with aiohttp.ClientSession() as http, FacecastClient(url, source) as owner:
-            await owner.wait_frames(25, timeout=120)
+            await owner.wait_frames(FPS, timeout=120)
             await asyncio.sleep(args.warmup)
             idle_cpu = await cpu_rate(server.pid, args.cpu_window)
             endpoint = f"{url}/whep/{owner.session_id}"

@@ -288,6 +288,9 @@ def cmd_gate(args: argparse.Namespace) -> int:
         if args.compile:
             compile_engine(engine)
     elif args.compile:
+        from pipeline.flashhead.engine import FlashHeadEngine
+
+        assert isinstance(engine, FlashHeadEngine), "the real models' compile is the family's"
         engine.compile()
     report = gate.check(engine, args.baseline, args.tolerance_db)
     if args.precision != "default":
@@ -308,7 +311,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if cfg.runtime.stack == "flashhead":  # a broken download fails here, not after listening
         from pipeline.flashhead.weights import check_release
 
-        check_release(cfg.flashhead.weights, cfg.flashhead.wav2vec, cfg.flashhead.variant)
+        fh = cfg.flashhead
+        assert fh.weights and fh.wav2vec, "EngineOptions.validate asks for both"
+        check_release(fh.weights, fh.wav2vec, fh.variant)
     if cfg.runtime.stack == "photo":  # this process prepares every session's photo
         from pipeline.photo.face import FACE_CASCADE, cascade
 

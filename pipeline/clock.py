@@ -15,6 +15,11 @@ MODEL_SAMPLES_PER_FRAME = MODEL_RATE // FPS  # 640
 OUTPUT_SAMPLES_PER_FRAME = OUTPUT_RATE // FPS  # 1920
 VIDEO_TICKS_PER_FRAME = VIDEO_CLOCK // FPS  # 3600
 
+# WebRTC audio travels in 20 ms packets (what a microphone sends and Opus encodes)
+AUDIO_PACKETS_PER_SECOND = 50
+OUTPUT_SAMPLES_PER_PACKET = OUTPUT_RATE // AUDIO_PACKETS_PER_SECOND  # 960
+OUTPUT_SAMPLES_PER_MODEL_SAMPLE = OUTPUT_RATE // MODEL_RATE  # 3: a model-rate index at 48 kHz
+
 
 def model_samples(seconds: float) -> int:
     return int(seconds * MODEL_RATE)

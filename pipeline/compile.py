@@ -101,12 +101,12 @@ def pick_sdpa_backends(engine) -> dict[tuple[int, ...], dict]:
     if engine.device.type != "cuda":
         return {}
     dtype = engine.modules["a2v"].dtype
-    report = {}
-    choice = {}
+    report: dict[tuple[int, ...], dict] = {}
+    choice: dict[tuple[int, ...], SDPBackend] = {}
     for shape in a2v_attention_shapes(engine):
         timings = {b.name: time_sdpa(shape, b, dtype, engine.device) for b in SDPA_CANDIDATES}
         ok = {name: t for name, t in timings.items() if t is not None}
-        best = min(ok, key=ok.get)
+        best = min(ok, key=lambda name: ok[name])
         choice[shape] = next(b for b in SDPA_CANDIDATES if b.name == best)
         report[shape] = {"seconds": timings, "chosen": best}
     for module in engine.modules["a2v"].model.modules():

@@ -29,6 +29,13 @@ DTYPES = ("float32", "bfloat16", "float16")
 STACKS = ("diffusion", "photo", "flashhead")
 
 
+@typing.runtime_checkable
+class _Section(typing.Protocol):
+    """A config section: checks its own values (`FacecastConfig.validate` calls each)."""
+
+    def validate(self) -> None: ...
+
+
 @dataclass
 class VideoConfig:
     width: int = 128
@@ -280,7 +287,7 @@ class FacecastConfig:
     def validate(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if dataclasses.is_dataclass(value):
+            if isinstance(value, _Section):
                 value.validate()
         if self.runtime.stack == "flashhead":
             new = self.flashhead_new_frames
@@ -406,7 +413,7 @@ def _build(cls: type, raw: dict, prefix: str):
     for name, value in raw.items():
         hint = hints[name]
         key = f"{prefix}{name}"
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             kwargs[name] = _build(hint, value, prefix=f"{key}.")
         else:
             kwargs[name] = _coerce(value, hint, key)

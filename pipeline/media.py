@@ -96,7 +96,7 @@ def write_png(path: str | Path, rgb: np.ndarray, text: dict[str, str] | None = N
     packets = codec.encode(av.VideoFrame.from_ndarray(img, format="rgb24")) + codec.encode(None)
     data = b"".join(bytes(p) for p in packets)
     if text:
-        header_end = len(_PNG_SIGNATURE) + 25  # IHDR: length, type, 13 bytes, CRC
+        header_end = len(_PNG_SIGNATURE) + 4 + 4 + 13 + 4  # IHDR: length, type, data, CRC
         chunks = b"".join(_png_chunk(b"tEXt", _text_body(k, v)) for k, v in text.items())
         data = data[:header_end] + chunks + data[header_end:]
     Path(path).write_bytes(data)
@@ -214,7 +214,7 @@ def iter_audio(path: str | Path, block_seconds: float = 1.0) -> Iterator[AudioBl
         to_output = av.AudioResampler(format="flt", layout="mono", rate=OUTPUT_RATE)
         model_parts: list[np.ndarray] = []
         output_parts: list[np.ndarray] = []
-        buffered = 0
+        buffered = 0.0
         try:
             for frame in container.decode(audio=0):
                 if frame.format.name in ("flt", "fltp", "dbl", "dblp"):

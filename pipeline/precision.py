@@ -39,11 +39,17 @@ class Fp8Linear(nn.Module):
     """y = x W^T + b with W and x in e4m3: per-token activation and per-channel weight
     scales computed on each call (`input_amax` None), or one static scale for each."""
 
+    # buffers (register_buffer below)
+    weight: Tensor  # (out, in) e4m3
+    weight_scale: Tensor  # () static, (1, out) per channel; fp32
+    input_scale: Tensor  # () static only
+    bias: Tensor | None
+
     def __init__(self, linear: nn.Linear, input_amax: Tensor | None = None) -> None:
         super().__init__()
         w = linear.weight.detach().float()
         self.static = input_amax is not None
-        if self.static:
+        if input_amax is not None:
             scale = w.abs().amax().clamp(min=1e-12) / E4M3_MAX  # one for the tensor
             self.register_buffer("weight_scale", scale)
             amax = input_amax.detach().float().clamp(min=1e-12)
@@ -90,10 +96,10 @@ def fp8_layers(engine, scaling: str) -> list[tuple[nn.Module, str]]:
     return engine.fp8_targets(scaling)
 
 
-def calibrate_input_amax(engine, linears: list[nn.Linear]) -> dict[nn.Linear, Tensor]:
+def calibrate_input_amax(engine, linears: list[nn.Linear]) -> dict[nn.Module, Tensor]:
     """The largest |input| each layer sees over one throwaway session of every chunk
     shape (the warm-up's), recorded by forward pre-hooks on the bf16 layers."""
-    amax = {lin: torch.zeros((), device=engine.device) for lin in linears}
+    amax: dict[nn.Module, Tensor] = {lin: torch.zeros((), device=engine.device) for lin in linears}
 
     def record(module: nn.Module, args: tuple) -> None:
         torch.maximum(amax[module], args[0].detach().abs().amax().float(), out=amax[module])

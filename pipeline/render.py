@@ -16,7 +16,7 @@ from tqdm import tqdm
 from pipeline.clock import FPS, MODEL_RATE
 from pipeline.errors import MediaError
 from pipeline.media import Mp4Writer, iter_audio, load_reference
-from pipeline.stream import FrameBatch, Reference, StreamingEngine
+from pipeline.stream import FrameBatch, Reference, StageTimes, StreamingEngine
 
 
 @dataclass
@@ -81,4 +81,5 @@ def render_file(
     finally:
         bar.close()
         session.close()
-    return RenderResult(Path(out), writer.frames, model_samples / MODEL_RATE, session.times.seconds)
+    times: StageTimes = getattr(session, "times", StageTimes())  # in-process streams keep them
+    return RenderResult(Path(out), writer.frames, model_samples / MODEL_RATE, times.seconds)

@@ -37,7 +37,10 @@ class EngineProcessError(RuntimeError):
 
 
 class EngineProcess:
-    """A started engine in a child process; `new_stream` gives proxies of its sessions."""
+    """A started engine in a child process; `new_stream` gives proxies of its sessions. A
+    `realtime.engine_host.HostedEngine`."""
+
+    own_process = True
 
     def __init__(self, options: EngineOptions) -> None:
         ctx = mp.get_context("spawn")  # CUDA cannot be forked; a clean interpreter anyway

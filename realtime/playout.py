@@ -9,24 +9,35 @@ every step when
     D >= done_k - first_frame_k / 25 + margin   for every k,
 
 done_k being when step k finishes, counted from A0. This module computes that bound; the
-session starts its clock with it and re-sets it only between utterances.
+session starts its clock (`PlayoutClock`, the one both tracks pace from) with it and
+re-sets it only between utterances.
 
 For a live microphone the session starts the timeline with a pre-roll of silence, so that
 the first step runs at once (its audio is the pre-roll) and the avatar appears within a
 step's time, idle, while speech still meets its frames at the steady delay: frame n's
 audio arrives `delay - preroll` before the clock shows it, which is what the bound needs.
 For an engine slower than real time the bound grows without end; the worker skips backlog
-instead (`realtime.worker`), and the delay covers two steps.
+instead (`realtime.generation`), and the delay covers two steps.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from pipeline.clock import FPS, FRAME_SECONDS
+import numpy as np
+
+from pipeline.clock import FPS, FRAME_SECONDS, OUTPUT_RATE
 from pipeline.schedule import StreamStep
+from realtime.events import message
+
+if TYPE_CHECKING:
+    from realtime.metrics import RealtimeMetrics
+    from realtime.tracks import FrameQueue
 
 # Step time in serve over step time at warm-up, by (device, engine in its own process),
 # and the spread of step times (a fraction of a step, added to the margin), all measured
@@ -85,7 +96,7 @@ def plan_playout(
     A microphone gets the pre-roll that makes the first frame as early as the engine's
     speed allows (working through the pre-roll is compute-bound) while speech keeps the
     live bound; pushed audio needs none. A slow engine is planned over two steps: beyond
-    that the worker's skips keep the slack the second step had (`realtime.worker`)."""
+    that the worker's skips keep the slack the second step had (`realtime.generation`)."""
     keeps_up = steady_seconds < step(1).frames / FPS
     steps = [step(k) for k in range(HORIZON_STEPS if keeps_up else 2)]
 
@@ -130,3 +141,199 @@ class EngineTiming:
         slow = SERVE_SLOWDOWN.get((kind, own_process), 1.0)
         first, steady = times["first"] * slow, times["steady"] * slow
         return cls(engine.stream_step, first, steady, STEP_SPREAD.get(kind, 0.0))
+
+
+class PlayoutClock:
+    """The one clock both tracks pace from: t0 on `time.monotonic()`, set once."""
+
+    def __init__(self) -> None:
+        self._started = asyncio.Event()
+        self.t0: float | None = None
+
+    def start(self, t0: float) -> None:
+        if self.t0 is None:
+            self.t0 = t0
+            self._started.set()
+
+    async def wait_started(self) -> float:
+        await self._started.wait()
+        assert self.t0 is not None
+        return self.t0
+
+    def frame_now(self) -> int:
+        """Index of the video frame due now (0 before start); safe from any thread."""
+        t0 = self.t0
+        return 0 if t0 is None else max(0, int((time.monotonic() - t0) * FPS))
+
+
+PROBE_S = 0.1  # the first audio is held this long to tell a microphone from a push
+# Inserted silence comes in 160 ms steps: whole video frames (40 ms) and whole VAD windows
+# (32 ms), so neither the frames' audio nor the VAD's window phase shifts (silero's speech
+# edges move by up to 0.1 s with the phase).
+INSERT_STEP = 160 * OUTPUT_RATE // 1000
+
+
+def _ignore(at: int | None) -> None:
+    pass
+
+
+class PlayoutControl:
+    """One session's playout delay, from plan to growth, and the clock it starts.
+
+    The first `PROBE_S` of input is held to measure its rate (a microphone, or an agent
+    pushing faster than real time); then the delay is planned (`plan_playout`), a
+    microphone's timeline gets its pre-roll, and the held audio goes on. The clock starts
+    when the first frames exist, so that audio meets its frame at the planned delay. After
+    an utterance the delay may be re-planned longer (`replan`), and is reached while nobody
+    speaks by inserting silence (`grow`); it never shrinks mid-session. Silence and held
+    audio reach the session's timeline through `ingest`, and every insertion is told to
+    the peer (`delay_grown`) through `send`.
+    """
+
+    def __init__(
+        self,
+        timing: EngineTiming,
+        frames: FrameQueue,
+        metrics: RealtimeMetrics,
+        ingest: Callable[[np.ndarray, float | None], int | None],
+        send: Callable[[str], None],
+        step_seconds: Callable[[], float],
+        margin_s: float,
+        fixed_delay_s: float | None = None,
+    ) -> None:
+        self.clock = PlayoutClock()
+        self.timing = timing
+        self.steady_step = timing.step(1)
+        self._frames = frames
+        self._metrics = metrics
+        self._ingest = ingest
+        self._send = send
+        self._step_seconds = step_seconds  # the engine's steps as measured in this session
+        self._margin_s = margin_s
+        self._fixed_delay_s = fixed_delay_s
+        self.budget: PlayoutBudget | None = None
+        self.delay_s: float | None = None  # audio arrival → its frame, as started
+        self.planned: float | None = None  # decided after the first PROBE_S of audio
+        self.preroll_s = 0.0  # silence the timeline starts with (a microphone's)
+        # audio of the probe, with what to tell once it is on the timeline
+        self._held: list[tuple[np.ndarray, float, Callable[[int | None], None]]] = []
+        self._target: float | None = None  # what the delay grows to while quiet
+        self.inserted_s = 0.0  # silence inserted: the pre-roll and later growth
+        self.grown_s = 0.0  # of which growth after the start
+
+    def plan(self, rate: float = 1.0) -> PlayoutBudget:
+        steady = max(self.timing.steady_seconds, self._step_seconds())
+        first = self.timing.first_seconds
+        margin = self._margin_s + self.timing.spread * steady
+        return plan_playout(
+            self.timing.step,
+            first,
+            steady,
+            rate,
+            margin,
+            start_s=PROBE_S,
+            preroll_step_s=INSERT_STEP / OUTPUT_RATE,
+        )
+
+    def probe(
+        self,
+        pcm48: np.ndarray,
+        arrived: float,
+        first_audio: float,
+        placed: Callable[[int | None], None] = _ignore,
+    ) -> None:
+        """Hold input until the delay is planned (`planned` is None until then)."""
+        self._held.append((pcm48, arrived, placed))
+        if arrived - first_audio >= PROBE_S:
+            self.decide_start(first_audio)
+
+    def decide_start(self, first_audio: float) -> None:
+        """After the probe: plan the delay at the input's rate, and give a microphone's
+        timeline its pre-roll (the step-0 audio exists at once: the first frame leaves a
+        step's time after the probe, and speech keeps the planned delay)."""
+        held = sum(p.size for p, _, _ in self._held) / OUTPUT_RATE
+        rate = held / max(PROBE_S, time.monotonic() - first_audio)
+        pushed = rate > 1.5  # an agent's audio, faster than real time
+        self.budget = budget = self.plan(min(rate, 10.0) if pushed else 1.0)
+        fixed = self._fixed_delay_s
+        if fixed is not None:  # a set delay, all of it between first audio and first frame
+            budget = PlayoutBudget(fixed, fixed, 0.0, budget.keeps_up)
+        self.planned = budget.first_frame
+        if budget.preroll:
+            samples = round(budget.preroll * OUTPUT_RATE / INSERT_STEP) * INSERT_STEP
+            if samples:
+                self.preroll_s = samples / OUTPUT_RATE
+                self.inserted_s += self.preroll_s
+                self._ingest(np.zeros(samples, np.int16), None)
+                self._send_delay_grown(0, samples, budget.delay)
+        for pcm48, arrived, placed in self._held:
+            placed(self._ingest(pcm48, arrived))
+        self._held = []
+
+    def start(self, first_audio: float | None) -> None:
+        """The first frames exist: start the clock so that audio meets its frame at the
+        planned delay (never in the past)."""
+        now = time.monotonic()
+        first_audio = first_audio if first_audio is not None else now
+        planned = self.planned if self.planned is not None else 0.0
+        t0 = max(first_audio + planned, now)
+        self.delay_s = t0 - first_audio + self.preroll_s
+        self._metrics.playout_delay.observe(self.delay_s)
+        self.set_lead(self.delay_s)
+        self.clock.start(t0)
+
+    def replan(self) -> None:
+        """After an utterance: if generation got slower than planned, aim for a longer delay
+        (reached while quiet by `grow`). The delay never shrinks mid-session."""
+        if self.clock.t0 is None or self._fixed_delay_s is not None:
+            return
+        target = self.plan().delay
+        current = self._target or (self.delay_s or 0.0) + self.grown_s
+        if target > current + 0.02:
+            self._target = target
+            self.set_lead(target)
+
+    def grow(self, timeline_head: int, last_rx: float | None, quiet: bool) -> None:
+        """While nobody speaks (`quiet`: no speech, no utterance open, no speech start on
+        its way from the VAD), insert silence so that the delay reaches its target."""
+        target, t0 = self._target, self.clock.t0
+        if target is None or t0 is None or last_rx is None or not quiet:
+            return
+        # the delay the newest peer audio will see: its timeline slot minus its arrival
+        current = t0 + timeline_head / OUTPUT_RATE - last_rx
+        missing = target - current
+        if missing > 0.02:
+            samples = math.ceil(missing * OUTPUT_RATE / INSERT_STEP) * INSERT_STEP
+            self.inserted_s += samples / OUTPUT_RATE
+            self.grown_s += samples / OUTPUT_RATE
+            self._ingest(np.zeros(samples, np.int16), None)
+            delay = current + samples / OUTPUT_RATE
+            self._metrics.playout_delay.observe(delay)
+            self._send_delay_grown(timeline_head, samples, delay)
+        self._target = None
+
+    def _send_delay_grown(self, at: int, samples: int, delay: float) -> None:
+        """Peers that align the returned audio with what they sent need each insertion."""
+        self._send(
+            message(
+                "delay_grown",
+                at_ms=round(at * 1000 / OUTPUT_RATE),
+                added_ms=round(samples * 1000 / OUTPUT_RATE),
+                delay_ms=round(delay * 1000),
+            )
+        )
+
+    def detach(self) -> None:
+        """The session closed: drop its callbacks (they hold it: a reference cycle that
+        would keep the closed call in memory until a full garbage collection)."""
+        self._ingest = lambda pcm48, arrived: None
+        self._send = lambda text: None
+        steady = self._step_seconds()
+        self._step_seconds = lambda: steady  # not through self: no cycle of its own
+        self._held = []
+
+    def set_lead(self, delay_s: float) -> None:
+        """Generation may run ahead of playout by the delay plus a step (it must, to keep
+        the delay's worth of frames queued)."""
+        frames = math.ceil(delay_s * FPS) + 2 * self.steady_step.frames
+        self._frames.lead = max(self._frames.lead, frames)

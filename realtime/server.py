@@ -9,7 +9,7 @@ Routes (all but the page need `Authorization: Bearer TOKEN` when a token is set)
     POST /sessions/{id}/interrupt   flush queued speech → {played_ms}
     GET  /sessions/{id}/speech      WebSocket: the utterance channel (realtime/speech_ws.py)
     POST /whip, DELETE /whip/{id}   WHIP ingest, RFC 9725 (realtime/whip.py)
-    POST /whep/{id}, DELETE /whep/{id}/{viewer}   WHEP viewers of a session (realtime/whep.py)
+    POST /whep/{id}, DELETE /whep/{id}/{viewer}   WHEP viewers of a session (realtime/whep/)
     GET  /healthz                   {status: starting|ok|failed, sessions, max_sessions,
                                      startup_seconds}; 503 until the engine is warm
     GET  /metrics                   Prometheus text format
@@ -34,7 +34,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from aiohttp import web
 
 from pipeline.clock import FPS
@@ -43,7 +42,6 @@ from pipeline.startup import EngineOptions
 from pipeline.stream import StreamingEngine
 from realtime.dtls import allow_rsa_peers
 from realtime.edge import run_app
-from realtime.engine_process import EngineProcess
 from realtime.errors import (
     RealtimeError,
     Unauthorized,
@@ -55,6 +53,8 @@ from realtime.kvs import (
     options_from_args,
 )
 from realtime.metrics import CONTENT_TYPE_LATEST
+from realtime.negotiation import open_session
+from realtime.offer import json_body, parse_offer
 from realtime.photos import offer_photo
 from realtime.photos import upload as upload_photo
 from realtime.security import (
@@ -68,16 +68,12 @@ from realtime.service import (
     SERVICE,
     ServerConfig,
     Service,
-    SinkFactory,
     close_service,
-    json_body,
-    kvs_sink_factory,
-    open_session,
-    parse_offer,
     require_engine,
     session_from_request,
 )
 from realtime.session import SessionConfig
+from realtime.sinks import SinkFactory, kvs_sink_factory
 from realtime.speech_ws import add_speech_routes
 from realtime.whep import add_whep_routes
 from realtime.whip import add_whip_routes
@@ -258,13 +254,10 @@ async def _metrics(request: web.Request) -> web.Response:
 async def metrics_text(service: Service) -> bytes:
     """The service's metrics in Prometheus text format, gauges read now."""
     service.metrics.queue_depth.set(sum(s.frames.depth() for s in service.sessions.values()))
-    device = getattr(service.engine, "device", None)
-    if isinstance(service.engine, EngineProcess):
+    if service.engine is not None:
         peak = await asyncio.to_thread(service.engine.gpu_memory_peak)  # may wait for a step
         if peak is not None:
             service.metrics.gpu_memory.set(peak)
-    elif device is not None and device.type == "cuda":
-        service.metrics.gpu_memory.set(torch.cuda.max_memory_allocated(device))
     return service.metrics.render()
 
 

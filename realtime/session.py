@@ -37,31 +37,31 @@ import numpy as np
 from aiortc import RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME, OUTPUT_RATE, OUTPUT_SAMPLES_PER_FRAME
+from pipeline.clock import (
+    FPS,
+    MODEL_SAMPLES_PER_FRAME,
+    OUTPUT_RATE,
+    OUTPUT_SAMPLES_PER_FRAME,
+    OUTPUT_SAMPLES_PER_MODEL_SAMPLE,
+)
 from pipeline.stream import AvatarStream
 from realtime.audio_in import InputResampler, PlaybackTimeline
 from realtime.errors import RealtimeError, SessionClosed
 from realtime.events import PlaybackTracker, message, parse_client_message
+from realtime.generation import ChunkStats, GenerationWorker
 from realtime.metrics import RealtimeMetrics
-from realtime.playout import EngineTiming, PlayoutBudget, plan_playout
+from realtime.playout import PROBE_S, EngineTiming, PlayoutBudget, PlayoutControl
 from realtime.teardown import release_peer_connection
 from realtime.tracks import (
     AvatarAudioTrack,
     AvatarVideoTrack,
     FrameQueue,
     MediaSink,
-    PlayoutClock,
 )
 from realtime.utterance import UTTERANCE_MESSAGES, UtteranceChannel
 from realtime.vad import VadEvent, VadThread, VoiceActivityDetector
-from realtime.worker import ChunkStats, GenerationWorker
 
 log = logging.getLogger(__name__)
-PROBE_S = 0.1  # the first audio is held this long to tell a microphone from a push
-# Inserted silence comes in 160 ms steps: whole video frames (40 ms) and whole VAD windows
-# (32 ms), so neither the frames' audio nor the VAD's window phase shifts (silero's speech
-# edges move by up to 0.1 s with the phase).
-INSERT_STEP = 160 * OUTPUT_RATE // 1000
 
 
 @dataclass
@@ -86,10 +86,6 @@ class SessionConfig:
     # An utterance (realtime.utterance) whose stream sends nothing for this long is ended.
     utterance_idle_s: float = 10.0
     seed: int = 0
-
-
-def _ignore(at: int | None) -> None:
-    pass
 
 
 class PeerSession:
@@ -133,7 +129,6 @@ class PeerSession:
         self.last_interrupt: tuple[int, int, int] | None = None
         self._closing: asyncio.Task | None = None
 
-        self.clock = PlayoutClock()
         self.timeline = PlaybackTimeline(config.max_input_ahead_s)
         self._resampler = InputResampler()
         self.vad = VadThread(vad, self._loop, self._on_vad, name=f"vad-{session_id[:8]}")
@@ -149,16 +144,6 @@ class PeerSession:
             ).inc(),
         )
         self.timing = timing
-        self._steady_step = timing.step(1)
-        self.budget: PlayoutBudget | None = None
-        self.playout_delay_s: float | None = None  # audio arrival → its frame, as started
-        self._planned_delay: float | None = None  # decided after the first PROBE_S of audio
-        self._preroll_s = 0.0  # silence the timeline starts with (a microphone's)
-        # audio of the probe, with what to tell once it is on the timeline
-        self._held: list[tuple[np.ndarray, float, Callable[[int | None], None]]] = []
-        self._delay_target: float | None = None  # what the delay grows to while quiet
-        self._inserted_s = 0.0  # silence inserted: the pre-roll and later growth
-        self._grown_s = 0.0  # of which growth after the start
         self._heard_speech = False
         self._last_speech_start = 0.0
         # (timeline head after an append, its arrival time or None for inserted silence):
@@ -169,6 +154,17 @@ class PeerSession:
         self.first_step_s: float | None = None  # wall time of the engine's first step
         lead = max(1, int(config.lead_s * FPS))
         self.frames = FrameQueue(lead, capacity=lead + 10 * FPS)
+        self.playout = PlayoutControl(
+            timing,
+            self.frames,
+            metrics,
+            self._ingest,
+            self._send,
+            lambda: self.worker.step_seconds,
+            config.playout_margin_s,
+            config.playout_delay_s,
+        )
+        self.clock = self.playout.clock
         self.worker = GenerationWorker(
             lambda: open_engine_stream(config.seed),
             self.frames,
@@ -177,7 +173,7 @@ class PeerSession:
             self._on_chunk,
             self._on_worker_error,
             session_id,
-            step=self._steady_step,
+            step=self.playout.steady_step,
             step_seconds=timing.steady_seconds,
             margin_s=config.playout_margin_s + timing.spread * timing.steady_seconds,
             engine_lock=engine_lock,
@@ -211,7 +207,7 @@ class PeerSession:
             # No microphone (an agent speaking only through utterances): the avatar idles
             # from now on, as after a microphone's silent first audio.
             self._first_audio = self._last_rx = time.monotonic()
-            self._decide_start()
+            self.playout.decide_start(self._first_audio)
 
     def _receives_audio(self) -> bool:
         return any(
@@ -255,7 +251,7 @@ class PeerSession:
 
     def _release(self) -> None:
         """Break the cycles through this closed session (peer and channel listeners, track,
-        worker and playback callbacks), so dropping it frees the call at once instead of at
+        worker, playback and playout callbacks), so dropping it frees the call at once instead of at
         the next full garbage collection (see `realtime.teardown`)."""
         if self.pc.connectionState == "closed":
             release_peer_connection(self.pc)
@@ -264,6 +260,7 @@ class PeerSession:
         self.worker.release()
         self.playback.detach()
         self.speech.detach()
+        self.playout.detach()
         self.listeners.clear()
 
     async def _close_sinks(self) -> None:
@@ -310,8 +307,8 @@ class PeerSession:
                 if self._first_audio is None:
                     self._first_audio = self._last_rx
                 pcm48 = self._resampler.mono48(frame)
-                if self._planned_delay is None:
-                    self._probe(pcm48, self._last_rx)
+                if self.playout.planned is None:
+                    self.playout.probe(pcm48, self._last_rx, self._first_audio)
                 else:
                     self._ingest(pcm48, self._last_rx)
         except MediaStreamError:
@@ -328,8 +325,8 @@ class PeerSession:
         self._last_rx = time.monotonic()
         if self._first_audio is None:
             self._first_audio = self._last_rx
-        if self._planned_delay is None:
-            self._probe(pcm48, self._last_rx, placed)
+        if self.playout.planned is None:
+            self.playout.probe(pcm48, self._last_rx, self._first_audio, placed)
         else:
             placed(self._ingest(pcm48, self._last_rx))
 
@@ -360,7 +357,7 @@ class PeerSession:
         if self.state == "closed":
             return
         self.metrics.vad_transitions.labels(event.kind).inc()
-        at48 = event.sample * 3
+        at48 = event.sample * OUTPUT_SAMPLES_PER_MODEL_SAMPLE
         # Playbacks are VAD segments of a microphone; an agent's utterances say their own.
         segments = not self.speech.active
         if event.kind == "speech_started":
@@ -371,7 +368,7 @@ class PeerSession:
         else:
             if segments:
                 self.playback.speech_stopped(at48)
-            self._replan()  # between utterances: the only time the delay may change
+            self.playout.replan()  # between utterances: the only time the delay may change
         self._send(message(event.kind, at_ms=round(event.ms)))
 
     async def _watchdog(self) -> None:
@@ -384,10 +381,10 @@ class PeerSession:
             ticks += 1
             if ticks % 10 == 0:
                 self._send(message("stats", **self.stats()))
-            if self._planned_delay is None and self._first_audio is not None:
+            if self.playout.planned is None and self._first_audio is not None:
                 if time.monotonic() - self._first_audio >= PROBE_S:
-                    self._decide_start()  # the peer went quiet during the probe
-            self._grow_delay()
+                    self.playout.decide_start(self._first_audio)  # quiet during the probe
+            self.playout.grow(self.timeline.head, self._last_rx, self._quiet())
             self.speech.tick(time.monotonic())
             mic = None if self._last_mic is None else time.monotonic() - self._last_mic
             if mic is not None and mic > self.config.peer_timeout_s:
@@ -402,7 +399,7 @@ class PeerSession:
             if self.speech.open is not None:
                 self._fill_utterance()
                 continue
-            elapsed = time.monotonic() - self._first_audio + self._inserted_s
+            elapsed = time.monotonic() - self._first_audio + self.playout.inserted_s
             behind = elapsed - self.timeline.head / OUTPUT_RATE
             quiet = (last or 0.0) > self.config.fill_after_s
             if (quiet and behind > self.config.fill_margin_s) or behind > self.config.fill_drift_s:
@@ -431,7 +428,7 @@ class PeerSession:
     def _on_chunk(self, stats: ChunkStats) -> None:
         if self.clock.t0 is None:
             self.first_step_s = stats.seconds
-            self._start_playout()
+            self.playout.start(self._first_audio)
         duration = stats.frames / FPS
         self.generated += stats.frames
         self.metrics.frames_generated.inc(stats.frames)
@@ -441,115 +438,22 @@ class PeerSession:
         if stats.skipped:
             self.metrics.frames_skipped.inc(stats.skipped)
 
-    # ---- playout delay ---------------------------------------------------------------
-
-    def _plan(self, rate: float = 1.0) -> PlayoutBudget:
-        steady = max(self.timing.steady_seconds, self.worker.step_seconds)
-        first = self.timing.first_seconds
-        margin = self.config.playout_margin_s + self.timing.spread * steady
-        return plan_playout(
-            self.timing.step,
-            first,
-            steady,
-            rate,
-            margin,
-            start_s=PROBE_S,
-            preroll_step_s=INSERT_STEP / OUTPUT_RATE,
+    def _quiet(self) -> bool:
+        """Nobody speaks: no speech, no utterance open, and no speech start that may still be
+        on its way from the VAD thread (the playout delay grows only then)."""
+        return (
+            not self.vad.speaking
+            and self.speech.open is None
+            and time.monotonic() - self._last_speech_start >= 0.5
         )
 
-    def _probe(
-        self, pcm48: np.ndarray, arrived: float, placed: Callable[[int | None], None] = _ignore
-    ) -> None:
-        self._held.append((pcm48, arrived, placed))
-        if self._first_audio is not None and arrived - self._first_audio >= PROBE_S:
-            self._decide_start()
+    @property
+    def budget(self) -> PlayoutBudget | None:
+        return self.playout.budget
 
-    def _decide_start(self) -> None:
-        """After the probe: plan the delay at the input's rate, and give a microphone's
-        timeline its pre-roll (the step-0 audio exists at once: the first frame leaves a
-        step's time after the probe, and speech keeps the planned delay)."""
-        assert self._first_audio is not None
-        held = sum(p.size for p, _, _ in self._held) / OUTPUT_RATE
-        rate = held / max(PROBE_S, time.monotonic() - self._first_audio)
-        pushed = rate > 1.5  # an agent's audio, faster than real time
-        self.budget = budget = self._plan(min(rate, 10.0) if pushed else 1.0)
-        fixed = self.config.playout_delay_s
-        if fixed is not None:  # a set delay, all of it between first audio and first frame
-            budget = PlayoutBudget(fixed, fixed, 0.0, budget.keeps_up)
-        self._planned_delay = budget.first_frame
-        if budget.preroll:
-            samples = round(budget.preroll * OUTPUT_RATE / INSERT_STEP) * INSERT_STEP
-            if samples:
-                self._preroll_s = samples / OUTPUT_RATE
-                self._inserted_s += self._preroll_s
-                self._ingest(np.zeros(samples, np.int16))
-                self._send_delay_grown(0, samples, budget.delay)
-        for pcm48, arrived, placed in self._held:
-            placed(self._ingest(pcm48, arrived))
-        self._held = []
-
-    def _start_playout(self) -> None:
-        """The first frames exist: start the clock so that audio meets its frame at the
-        planned delay (never in the past)."""
-        now = time.monotonic()
-        first_audio = self._first_audio if self._first_audio is not None else now
-        planned = self._planned_delay if self._planned_delay is not None else 0.0
-        t0 = max(first_audio + planned, now)
-        self.playout_delay_s = t0 - first_audio + self._preroll_s
-        self.metrics.playout_delay.observe(self.playout_delay_s)
-        self._set_lead(self.playout_delay_s)
-        self.clock.start(t0)
-
-    def _replan(self) -> None:
-        """After an utterance: if generation got slower than planned, aim for a longer delay
-        (reached while quiet by `_grow_delay`). The delay never shrinks mid-session."""
-        if self.clock.t0 is None or self.config.playout_delay_s is not None:
-            return
-        target = self._plan().delay
-        current = self._delay_target or (self.playout_delay_s or 0.0) + self._grown_s
-        if target > current + 0.02:
-            self._delay_target = target
-            self._set_lead(target)
-
-    def _grow_delay(self) -> None:
-        """While nobody speaks, insert silence so that the delay reaches its target."""
-        target, t0, last_rx = self._delay_target, self.clock.t0, self._last_rx
-        if target is None or t0 is None or last_rx is None or self.vad.speaking:
-            return
-        if self.speech.open is not None:
-            return  # not inside an utterance: after it
-        if time.monotonic() - self._last_speech_start < 0.5:
-            return  # a speech start may still be on its way from the VAD thread
-        # the delay the newest peer audio will see: its timeline slot minus its arrival
-        current = t0 + self.timeline.head / OUTPUT_RATE - last_rx
-        missing = target - current
-        if missing > 0.02:
-            samples = math.ceil(missing * OUTPUT_RATE / INSERT_STEP) * INSERT_STEP
-            at = self.timeline.head
-            self._inserted_s += samples / OUTPUT_RATE
-            self._grown_s += samples / OUTPUT_RATE
-            self._ingest(np.zeros(samples, np.int16))
-            delay = current + samples / OUTPUT_RATE
-            self.metrics.playout_delay.observe(delay)
-            self._send_delay_grown(at, samples, delay)
-        self._delay_target = None
-
-    def _send_delay_grown(self, at: int, samples: int, delay: float) -> None:
-        """Peers that align the returned audio with what they sent need each insertion."""
-        self._send(
-            message(
-                "delay_grown",
-                at_ms=round(at * 1000 / OUTPUT_RATE),
-                added_ms=round(samples * 1000 / OUTPUT_RATE),
-                delay_ms=round(delay * 1000),
-            )
-        )
-
-    def _set_lead(self, delay_s: float) -> None:
-        """Generation may run ahead of playout by the delay plus a step (it must, to keep
-        the delay's worth of frames queued)."""
-        frames = math.ceil(delay_s * FPS) + 2 * self._steady_step.frames
-        self.frames.lead = max(self.frames.lead, frames)
+    @property
+    def playout_delay_s(self) -> float | None:
+        return self.playout.delay_s
 
     # ---- frames sent (event loop) ----------------------------------------------------
 
@@ -708,9 +612,11 @@ class PeerSession:
             "ttff_ms": ms(self.ttff_s),
             "playout_delay_ms": ms(self.playout_delay_s),
             "playout_delay_now_ms": ms(
-                None if self.playout_delay_s is None else self.playout_delay_s + self._grown_s
+                None
+                if self.playout_delay_s is None
+                else self.playout_delay_s + self.playout.grown_s
             ),
-            "preroll_ms": ms(self._preroll_s),
+            "preroll_ms": ms(self.playout.preroll_s),
             "speech_to_lips_p50_ms": ms(lips[len(lips) // 2]) if lips else None,
             "speech_to_lips_p95_ms": ms(lips[int(len(lips) * 0.95)]) if lips else None,
             "step_seconds": round(self.worker.step_seconds, 4),

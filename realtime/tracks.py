@@ -1,6 +1,6 @@
 """Outgoing media: a paced 25 fps video track and a 48 kHz audio track on one clock.
 
-Both tracks wait for the same `PlayoutClock` to start, then send item n at its deadline
+Both tracks wait for the same `PlayoutClock` (`realtime.playout`) to start, then send item n at its deadline
 `t0 + n·period`. Video frame n carries pts n·3600 (90 kHz) and shows engine frame n; audio
 frame k carries pts k·960 (48 kHz) and plays timeline samples [k·960, (k+1)·960), which are
 the input speech that engine frame k/2 was generated from, so lips and sound line up.
@@ -31,13 +31,14 @@ from pipeline.clock import (
     FPS,
     FRAME_SECONDS,
     OUTPUT_RATE,
+    OUTPUT_SAMPLES_PER_PACKET,
     VIDEO_CLOCK,
     VIDEO_TICKS_PER_FRAME,
 )
 from realtime.audio_in import PlaybackTimeline
 from realtime.metrics import RealtimeMetrics
+from realtime.playout import PlayoutClock
 
-AUDIO_SAMPLES = 960  # 20 ms at 48 kHz
 MAX_CATCHUP_FRAMES = 5  # a stall up to 200 ms is sent as a burst; longer ones skip
 log = logging.getLogger(__name__)
 
@@ -48,29 +49,6 @@ class MediaSink(Protocol):
     def put_video(self, frame_rgb: np.ndarray, index: int) -> None: ...
 
     def put_audio(self, pcm_s16_48k: np.ndarray, sample_index: int) -> None: ...
-
-
-class PlayoutClock:
-    """The one clock both tracks pace from: t0 on `time.monotonic()`, set once."""
-
-    def __init__(self) -> None:
-        self._started = asyncio.Event()
-        self.t0: float | None = None
-
-    def start(self, t0: float) -> None:
-        if self.t0 is None:
-            self.t0 = t0
-            self._started.set()
-
-    async def wait_started(self) -> float:
-        await self._started.wait()
-        assert self.t0 is not None
-        return self.t0
-
-    def frame_now(self) -> int:
-        """Index of the video frame due now (0 before start); safe from any thread."""
-        t0 = self.t0
-        return 0 if t0 is None else max(0, int((time.monotonic() - t0) * FPS))
 
 
 class FrameQueue:
@@ -258,19 +236,19 @@ class AvatarAudioTrack(_PacedTrack):
     async def recv(self) -> av.AudioFrame:
         # Audio never skips: the Opus encoder stamps RTP by sample count, so a skipped
         # frame would shift all later audio against the video.
-        index = await self._wait_deadline(AUDIO_SAMPLES / OUTPUT_RATE)
-        start = index * AUDIO_SAMPLES
+        index = await self._wait_deadline(OUTPUT_SAMPLES_PER_PACKET / OUTPUT_RATE)
+        start = index * OUTPUT_SAMPLES_PER_PACKET
         try:
-            pcm = self._timeline.read(start, AUDIO_SAMPLES)
+            pcm = self._timeline.read(start, OUTPUT_SAMPLES_PER_PACKET)
             self._timeline.release_before(start)
         except Exception:
             log.exception("session %s: audio frame %d failed; sending silence", self._sid, index)
-            pcm = np.zeros(AUDIO_SAMPLES, np.int16)
+            pcm = np.zeros(OUTPUT_SAMPLES_PER_PACKET, np.int16)
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = OUTPUT_RATE
         frame.pts = start
         frame.time_base = fractions.Fraction(1, OUTPUT_RATE)
-        self.position = start + AUDIO_SAMPLES
+        self.position = start + OUTPUT_SAMPLES_PER_PACKET
         for sink in self._sinks:
             _safe(self._sid, sink.put_audio, pcm, start)
         _safe(self._sid, self._on_played, self.position)

@@ -36,7 +36,9 @@ from aiortc.sdp import SessionDescription, candidate_from_sdp
 
 from realtime.errors import BadRequest, SessionNotFound, Unprocessable, UnsupportedMediaType
 from realtime.ice_servers import link_header
-from realtime.service import SERVICE, OfferRequest, open_session, require_engine
+from realtime.negotiation import open_session
+from realtime.offer import OfferRequest
+from realtime.service import SERVICE, require_engine
 from realtime.session import PeerSession
 
 SDP_TYPE = "application/sdp"

@@ -25,6 +25,7 @@ import pytest
 from support.realtime import make_speech_wav, normalized_xcorr_peak
 
 from pipeline.startup import EngineOptions
+from realtime.call import call_stats
 from realtime.client import FacecastClient, PcmSource, wait_until_ready
 from realtime.fleet.options import CPU_WORKER, NAMESPACE, FleetOptions, worker_resources
 from realtime.service import ServerConfig
@@ -42,7 +43,7 @@ from support.fleet import (  # noqa: E402
     session_of,
 )
 
-from realtime.fleet.worker import worker_actor  # noqa: E402
+from realtime.fleet.actor import worker_actor  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -131,7 +132,7 @@ async def test_two_nodes_one_slot_each(cluster, voices):
 
     for client in (a, b):
         fps, gap = cadence(client, start, end)
-        assert fps >= 24.0, (fps, gap, client.stats())
+        assert fps >= 24.0, (fps, gap, call_stats(client))
         assert moving(client)
     got_a, got_b = a.received.audio_timeline(), b.received.audio_timeline()
     own = normalized_xcorr_peak(got_a, a_wav.pcm), normalized_xcorr_peak(got_b, b_wav.pcm)
@@ -423,7 +424,7 @@ def test_a_lost_worker_ends_only_its_own_incarnations_sessions():
 
 def test_a_worker_reads_the_fronts_reference_from_bytes(tmp_path):
     """The front sends its --reference as bytes: no worker node needs the file."""
-    from realtime.fleet.worker import FleetWorker
+    from realtime.fleet.actor import FleetWorker
 
     photo = (REPO / "pipeline" / "assets" / "reference.png").read_bytes()
     worker = FleetWorker("w", ServerConfig(reference=None), EngineOptions(), reference=photo)

@@ -512,7 +512,7 @@ async def test_a_restarted_registry_lists_the_live_sessions_again(cluster):
 def framed(path) -> np.ndarray:
     """A portrait framed as the photo stack's engine frames it (its rest frame)."""
     from pipeline.config import load_config
-    from realtime.service import load_reference
+    from realtime.reference import load_reference
 
     return load_reference(str(path), load_config("photo")).framed.astype(np.float32)
 

@@ -9,8 +9,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("pipeline", "realtime", "facecast")
 CLOCK = ROOT / "pipeline" / "clock.py"
-# rates (Hz) and samples or ticks per frame that only pipeline/clock.py may spell
-CLOCK_NUMBERS = {"16000", "48000", "90000", "640", "1920", "3600"}
+# rates (Hz) and samples or ticks per frame or packet that only pipeline/clock.py may spell
+CLOCK_NUMBERS = {"16000", "48000", "90000", "640", "1920", "3600", "960"}
+# a 25 that is not the frame rate says so on its line
+NOT_THE_CLOCK = "# not the clock"
 
 
 def _sources(*folders: str) -> list[Path]:
@@ -18,8 +20,9 @@ def _sources(*folders: str) -> list[Path]:
 
 
 def _clock_literals(path: Path, root: Path = ROOT) -> list[str]:
-    """Numbers in code (not comments or docstrings) that are the clock's: a rate or a
-    samples-per-frame count, or 25 next to * or / (frames per second)."""
+    """Numbers in code (not comments or docstrings) that are the clock's: a rate, a
+    samples-per-frame or per-packet count, a 50 divided by (packets per second), or any 25
+    (frames per second) unless its line says `# not the clock` and why."""
     toks = [
         t
         for t in tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
@@ -29,8 +32,12 @@ def _clock_literals(path: Path, root: Path = ROOT) -> list[str]:
     for i, t in enumerate(toks):
         if t.type != tokenize.NUMBER:
             continue
-        near = {toks[i - 1].string if i else "", toks[i + 1].string if i + 1 < len(toks) else ""}
-        if t.string.replace("_", "") in CLOCK_NUMBERS or (t.string == "25" and near & {"*", "/"}):
+        number, before = t.string.replace("_", ""), toks[i - 1].string if i else ""
+        if (
+            number in CLOCK_NUMBERS
+            or (number == "50" and before in {"/", "//"})
+            or (number == "25" and NOT_THE_CLOCK not in t.line)
+        ):
             found.append(f"{path.relative_to(root)}:{t.start[0]}: {t.string}")
     return found
 
@@ -44,8 +51,48 @@ def test_the_clock_check_sees_what_it_should(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text(
         '"""16000 in a docstring is fine"""\nRATE = 48_000  # 640 here too\nx = n / 25\n'
+        "FRAME = 960\nPACKET = OUTPUT_RATE // 50\nhalf = n // 50 + 50\n"
+        "def f(fps: int = 25): ...\n"
+        "pitch = rng.integers(25, 75)  # not the clock: espeak's pitch\n"
     )
-    assert [f.split(": ")[1] for f in _clock_literals(bad, tmp_path)] == ["48_000", "25"]
+    assert [f.split(": ")[1] for f in _clock_literals(bad, tmp_path)] == [
+        "48_000",
+        "25",
+        "960",
+        "50",
+        "50",
+        "25",
+    ]
+
+
+def _renamed_clock_imports(path: Path, root: Path = ROOT) -> list[str]:
+    """`from pipeline.clock import X as Y`: the clock's names keep their names, so that a
+    search for one finds every use."""
+    return [
+        f"{path.relative_to(root)}:{node.lineno}: {a.name} as {a.asname}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.module == "pipeline.clock"
+        for a in node.names
+        if a.asname and a.asname != a.name
+    ]
+
+
+def test_clock_names_are_imported_under_their_own_names():
+    found = [f for p in _sources(*PACKAGES, "bench", "tests") for f in _renamed_clock_imports(p)]
+    assert not found, "import the clock's names as they are:\n" + "\n".join(found)
+
+
+def test_the_renamed_import_check_sees_what_it_should(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from pipeline.clock import FPS, OUTPUT_RATE as RATE\n"
+        "from pipeline.clock import (\n    MODEL_RATE,\n    VIDEO_CLOCK as CLOCK,\n)\n"
+        "from pipeline.media import resample as rs\n"
+    )
+    assert [f.split(": ")[1] for f in _renamed_clock_imports(bad, tmp_path)] == [
+        "OUTPUT_RATE as RATE",
+        "VIDEO_CLOCK as CLOCK",
+    ]
 
 
 def _module_name(path: Path) -> str:
@@ -161,3 +208,30 @@ def test_tests_share_helpers_only_through_the_support_package():
                 if n.split(".")[0] == "conftest" or n.split(".")[0].startswith("test_")
             ]
     assert not offenders, offenders
+
+
+def test_the_type_checker_reads_every_package():
+    """`make typecheck` runs mypy over the files pyproject.toml names: every package, whole."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
+    assert sorted(config["files"]) == sorted(PACKAGES)
+    assert "ignore_missing_imports" not in config, (
+        "name the untyped third-party packages in a [[tool.mypy.overrides]] entry instead"
+    )
+    for override in config.get("overrides", []):
+        modules = override["module"]
+        modules = [modules] if isinstance(modules, str) else modules
+        ours = [m for m in modules if m.split(".")[0] in PACKAGES]
+        assert not ours, f"mypy overrides may only cover third-party packages, not {ours}"
+
+
+def test_the_realtime_package_lists_every_module():
+    """realtime/__init__.py's docstring names each of its modules and packages, so that it
+    stays a true map of the package."""
+    realtime = ROOT / "realtime"
+    doc = ast.get_docstring(ast.parse((realtime / "__init__.py").read_text())) or ""
+    names = [p.stem for p in realtime.glob("*.py") if p.stem != "__init__"]
+    names += [f"{p.name}/" for p in realtime.iterdir() if (p / "__init__.py").is_file()]
+    missing = [n for n in sorted(names) if f"`{n}`" not in doc]
+    assert not missing, f"realtime/__init__.py does not mention {missing}"

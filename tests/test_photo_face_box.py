@@ -192,8 +192,8 @@ def test_serve_reference_is_framed_by_the_box(tmp_path):
     """`serve --reference PHOTO --face-box …` reaches the server's config, and the server's
     reference (what every session without its own photo animates) is framed by it."""
     from facecast.cli import build_parser
+    from realtime.reference import load_reference
     from realtime.server import config_from_args
-    from realtime.service import load_reference
 
     identity = random_identity(DARK_SEED)
     plain = write_png(tmp_path / "plain.png", render_reference(identity, SIZE))

@@ -127,7 +127,7 @@ async def test_killed_peer_is_cleaned_up_within_10_s(tmp_path):
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "realtime.client",
+            "realtime.call",
             url,
             "--wav",
             str(speech.path),
@@ -187,7 +187,7 @@ class FailingEngine:
     """The real engine, except that each session's third generate_ready() raises."""
 
     def __init__(self, engine) -> None:
-        self.cfg = engine.cfg
+        self.cfg, self.device, self.startup = engine.cfg, engine.device, engine.startup
         self._engine = engine
         self.stream_step = engine.stream_step
         self.step_seconds = engine.step_seconds

@@ -93,7 +93,7 @@ async def test_thirty_calls_measured_alone(tmp_path):
 
         async def killed_call() -> None:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "realtime.client", url, "--wav", str(speech.path),
+                sys.executable, "-m", "realtime.call", url, "--wav", str(speech.path),
                 "--seconds", "60",
                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
             )  # fmt: skip

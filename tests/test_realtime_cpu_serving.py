@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 from support.realtime import make_speech_wav
 
+from realtime.call import call_stats
 from realtime.client import FacecastClient, PcmSource, wait_until_ready
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,7 +61,7 @@ async def call(url: str, wav, seconds: float) -> tuple[dict, dict]:
     async with aiohttp.ClientSession() as http:
         listed = (await (await http.get(f"{url}/sessions")).json())["sessions"]
     await client.close()
-    return next(s for s in listed if s["id"] == client.session_id), client.stats()
+    return next(s for s in listed if s["id"] == client.session_id), call_stats(client)
 
 
 @pytest.mark.timeout(150)

@@ -10,9 +10,8 @@ import pytest
 from support.realtime import ScriptedEngine, running_server
 
 from realtime.client import FacecastClient, PcmSource
-from realtime.playout import plan_playout, required_delay
+from realtime.playout import PROBE_S, plan_playout, required_delay
 from realtime.service import SERVICE
-from realtime.session import PROBE_S
 
 RATE = 48_000
 FRAME = RATE // 25  # timeline samples per video frame

@@ -137,7 +137,7 @@ def test_engine_placement_and_threads_follow_the_measurements():
     photo stack there leaves torch one CPU thread for the VAD (bench/RESULTS.md: with 16,
     photo720 reached the viewer at 15-17 fps of 25; with one, 25.0 and 100 % fresh)."""
     from pipeline.startup import EngineOptions
-    from realtime.service import engine_in_own_process, torch_threads_in_process
+    from realtime.engine_host import engine_in_own_process, torch_threads_in_process
 
     assert engine_in_own_process(EngineOptions(config="photo", device="cpu"))
     assert not engine_in_own_process(EngineOptions(config="photo720", device="cuda"))

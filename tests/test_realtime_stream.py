@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from support.realtime import make_speech_wav, running_server
 
+from realtime.call import call_stats
 from realtime.client import FacecastClient, PcmSource
 from realtime.service import SERVICE
 
@@ -66,7 +67,7 @@ async def test_stream_frames_sync_vad_and_metrics(speech, tmp_path):
             listed = (await (await http.get(f"{url}/sessions")).json())["sessions"]
         assert [s["id"] for s in listed] == [client.session_id] and listed[0]["frames_sent"] > 0
         await client.close()
-        stats = client.stats()
+        stats = call_stats(client)
 
     rec = client.received
     # Cadence: ≥ 95% of the frames 25 fps promises between the first and last arrival.

@@ -9,7 +9,8 @@ from support.realtime import RATE
 
 from realtime.audio_in import PlaybackTimeline
 from realtime.metrics import RealtimeMetrics
-from realtime.tracks import AvatarAudioTrack, AvatarVideoTrack, FrameQueue, PlayoutClock
+from realtime.playout import PlayoutClock
+from realtime.tracks import AvatarAudioTrack, AvatarVideoTrack, FrameQueue
 
 
 async def test_tracks_pace_from_one_clock_with_exact_pts():

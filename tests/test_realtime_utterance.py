@@ -20,7 +20,8 @@ from support.realtime import (
     wait_until,
 )
 
-from realtime.client import FRAME, FacecastClient, PcmSource, SpeechSocket
+from pipeline.clock import OUTPUT_SAMPLES_PER_PACKET
+from realtime.client import FacecastClient, PcmSource, SpeechSocket
 from realtime.errors import BadRequest
 from realtime.service import SERVICE
 from realtime.session import SessionConfig
@@ -71,7 +72,7 @@ async def test_pushed_utterance_is_said_sooner_than_the_same_audio_on_the_mic():
         await wait_until(lambda: len(mic.source.sent) > loud + 2 * RATE, 60)
         await wait_until(lambda: first_loud_arrival(mic) is not None, 30)
         mic_ttff = app[SERVICE].sessions[mic.session_id].ttff_s
-        mic_s = first_loud_arrival(mic) - mic.source.sent_at[loud // FRAME]
+        mic_s = first_loud_arrival(mic) - mic.source.sent_at[loud // OUTPUT_SAMPLES_PER_PACKET]
         await mic.close()
 
         agent = FacecastClient(url, None)
@@ -157,8 +158,11 @@ async def test_twenty_utterances_ten_clears_exact_once_and_in_order():
             # exact: the avatar's returned audio is speech up to the position, silent after
             if position > 0.2:
                 assert rms(returned[begin : fin["at_sample"]]) > 300, fin
-            if cleared and fin["at_sample"] + 4 * FRAME < returned.size:
-                after_cut = returned[fin["at_sample"] + FRAME : fin["at_sample"] + 4 * FRAME]
+            if cleared and fin["at_sample"] + 4 * OUTPUT_SAMPLES_PER_PACKET < returned.size:
+                after_cut = returned[
+                    fin["at_sample"] + OUTPUT_SAMPLES_PER_PACKET : fin["at_sample"]
+                    + 4 * OUTPUT_SAMPLES_PER_PACKET
+                ]
                 assert rms(after_cut) < 30, (fin, rms(after_cut))
             last = fin["at_sample"]
         else:
@@ -309,7 +313,7 @@ class Timeline:
         self.head += samples
 
     def play_to(self, position: int) -> None:
-        for p in range(self.channel.position, position + 1, FRAME):
+        for p in range(self.channel.position, position + 1, OUTPUT_SAMPLES_PER_PACKET):
             self.channel.played(p)
         self.channel.played(position)
 

@@ -28,7 +28,6 @@ from support.realtime import make_speech_wav, running_server, wait_until, whip_p
 from support.whep import Watcher, whep_watch
 
 from pipeline.clock import FPS, OUTPUT_RATE, VIDEO_CLOCK, VIDEO_TICKS_PER_FRAME
-from realtime import whep as whep_module
 from realtime.client import FacecastClient, PcmSource
 from realtime.ice_servers import parse_ice_server
 from realtime.service import SERVICE
@@ -40,6 +39,7 @@ from realtime.whep import (
     ViewerVideoTrack,
     WhepMetrics,
 )
+from realtime.whep import viewer as whep_viewer
 from realtime.whip import TRICKLE_TYPE
 
 TOKEN = "s3cret"
@@ -347,7 +347,7 @@ async def test_whep_refuses_bad_requests_with_a_reason_and_the_session_runs_on(m
             await wait_until(lambda: not fanout.viewers, 10)  # the players hung up
 
             # a player that POSTs and never connects holds its viewer only so long
-            monkeypatch.setattr(whep_module, "CONNECT_TIMEOUT_S", 1.0)
+            monkeypatch.setattr(whep_viewer, "CONNECT_TIMEOUT_S", 1.0)
             async with http.post(whep, data=offer, headers={**SDP, **AUTH}) as r:
                 assert r.status == 201
             assert len(fanout.viewers) == 1

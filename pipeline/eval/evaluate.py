@@ -129,6 +129,7 @@ def measure_video(
             ref = M.to_working(reference if reference is not None else batch[0])
             layout = M.measure_layout(ref[0] * 255.0)
             ref_feat = M.identity_features(ref, np.zeros((1, 2), np.float32), layout)
+        assert ref_feat is not None  # measured with the layout, from the first batch
         off = M.register(x, layout)
         parts["offsets"].append(off)
         parts["opening"].append(M.mouth_opening(x, off, layout))

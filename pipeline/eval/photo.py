@@ -31,8 +31,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from pipeline.clock import FPS
-from pipeline.clock import MODEL_SAMPLES_PER_FRAME as SAMPLES_PER_FRAME
+from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME
 from pipeline.config import PhotoConfig
 from pipeline.errors import MediaError
 from pipeline.eval.evaluate import _batches
@@ -93,8 +92,10 @@ def ssim_map(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def speech_envelope(samples_16k: np.ndarray, n_frames: int) -> np.ndarray:
     x = np.asarray(samples_16k, np.float64).reshape(-1)
-    x = np.pad(x, (0, max(0, n_frames * SAMPLES_PER_FRAME - len(x))))
-    return np.sqrt((x[: n_frames * SAMPLES_PER_FRAME].reshape(n_frames, -1) ** 2).mean(axis=1))
+    x = np.pad(x, (0, max(0, n_frames * MODEL_SAMPLES_PER_FRAME - len(x))))
+    return np.sqrt(
+        (x[: n_frames * MODEL_SAMPLES_PER_FRAME].reshape(n_frames, -1) ** 2).mean(axis=1)
+    )
 
 
 def _pearson(a: np.ndarray, b: np.ndarray) -> float:
@@ -119,7 +120,7 @@ def framed_photo(
     scores use (x, y, w, h); `face_box` (photo pixels) frames it by hand, as render did."""
     data = read_photo_file(str(photo), SCORING)
     prepared = prepare_reference(data, str(photo), width, height, SCORING, face_box)
-    faces = detect_faces(prepared.framed) if face_box is None else []
+    faces = detect_faces(prepared.framed) if face_box is None else np.zeros((0, 4))
     if len(faces) == 0:  # a synthetic reference, or a face framed by hand
         return prepared.framed, np.array(prepared.face.box)
     return prepared.framed, faces[0]
@@ -151,6 +152,7 @@ def run_photo_eval(
             mouth_mask = np.zeros((H, W), bool)
             mouth_mask[mb[1] : mb[3], mb[0] : mb[2]] = True
             ref = luma(framed)
+        assert ref is not None and mouth_mask is not None and box is not None
         for frame in batch:
             g = luma(frame)
             ssim.append(float(ssim_map(g, ref)[~mouth_mask].mean()))
@@ -159,7 +161,7 @@ def run_photo_eval(
                 hits = detect_faces(frame)
                 found.append(any(_iou(f, box) > 0.3 for f in hits))
             n += 1
-    if n == 0:
+    if n == 0 or box is None:
         raise MediaError("the video has no frames")
     ssim_a, motion_a = np.array(ssim), np.array(motion)
     env = speech_envelope(audio_16k, n)
@@ -168,7 +170,7 @@ def run_photo_eval(
         lag: _pearson(motion_a[max(0, lag) : n + min(0, lag)], env[max(0, -lag) : n - max(0, lag)])
         for lag in range(-3, 4)
     }
-    best = max(lags, key=lags.get)
+    best = max(lags, key=lambda lag: lags[lag])
     win = max(1, min(n // 2, int(window_s * FPS)))
     first, last = float(ssim_a[:win].mean()), float(ssim_a[-win:].mean())
     return PhotoScores(

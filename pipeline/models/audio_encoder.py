@@ -50,6 +50,9 @@ def log_mel(samples_BS: Tensor, window: Tensor, mel_fb: Tensor) -> Tensor:
 
 
 class AudioEncoder(nn.Module):
+    mel_fb: Tensor  # (n_mels, bins) buffers, registered below
+    window: Tensor
+
     def __init__(self, cfg: AudioEncoderConfig) -> None:
         super().__init__()
         self.cfg = cfg

@@ -61,7 +61,8 @@ class SelfAttention(nn.Module):
         self.q_norm = nn.RMSNorm(dim // heads, eps=1e-6)
         self.k_norm = nn.RMSNorm(dim // heads, eps=1e-6)
         self.out = nn.Linear(dim, dim)
-        self.attend = Attention(backend)
+        # a seam: sequence parallelism wraps it (pipeline/parallel/ulysses.py)
+        self.attend: nn.Module = Attention(backend)
 
     def forward(self, x_BLD: Tensor, rope: tuple[Tensor, Tensor], window: FrameWindow | None):
         B, L, D = x_BLD.shape

@@ -103,6 +103,16 @@ class Encoder(nn.Module):
         return to_5d(mean), to_5d(logvar)
 
 
+class _DecoderLevel(nn.Module):
+    """One resolution of the decoder: residual blocks, then the conv after a 2x upsample.
+    (Its weights are named `levels.i.blocks.j…` and `levels.i.up…`, as they always were.)"""
+
+    def __init__(self, channels: int, channels_next: int, res_blocks: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(CausalResBlock(channels) for _ in range(res_blocks))
+        self.up = nn.Conv2d(channels, channels_next, 3, padding=1)
+
+
 class Decoder(nn.Module):
     def __init__(self, cfg: VAEConfig) -> None:
         super().__init__()
@@ -111,18 +121,10 @@ class Decoder(nn.Module):
         self.conv_in = CausalConv3d(cfg.latent_channels, chans[0])
         # depth-to-time: one latent frame becomes r video frames
         self.to_time = nn.Conv3d(chans[0], chans[0] * self.r, kernel_size=1)
-        self.levels = nn.ModuleList()
-        for i, c in enumerate(chans):
-            c_next = chans[min(i + 1, len(chans) - 1)]
-            blocks = nn.ModuleList(CausalResBlock(c) for _ in range(cfg.res_blocks))
-            self.levels.append(
-                nn.ModuleDict(
-                    {
-                        "blocks": blocks,
-                        "up": nn.Conv2d(c, c_next, 3, padding=1),
-                    }
-                )
-            )
+        self.levels = nn.ModuleList(
+            _DecoderLevel(c, chans[min(i + 1, len(chans) - 1)], cfg.res_blocks)
+            for i, c in enumerate(chans)
+        )
         self.norm_out = nn.GroupNorm(min(8, chans[-1]), chans[-1])
         self.conv_out = nn.Conv2d(chans[-1], 3, 3, padding=1)
         self.cache_size = 1 + 2 * cfg.res_blocks * len(chans)
@@ -135,12 +137,13 @@ class Decoder(nn.Module):
         x = self.to_time(x).view(B, C, self.r, T, h, w).transpose(2, 3).reshape(B, C, -1, h, w)
         i = 1
         for level in self.levels:
-            for block in level["blocks"]:
+            assert isinstance(level, _DecoderLevel)
+            for block in level.blocks:
                 x = block(x, cache, i)
                 i += 2
             B, C, TT, h, w = x.shape
             y = x.transpose(1, 2).reshape(B * TT, C, h, w)
-            y = level["up"](F.interpolate(y, scale_factor=2, mode="nearest"))
+            y = level.up(F.interpolate(y, scale_factor=2, mode="nearest"))
             x = y.view(B, TT, *y.shape[1:]).transpose(1, 2)
         B, C, TT, H, W = x.shape
         y = F.silu(self.norm_out(x.transpose(1, 2).reshape(B * TT, C, H, W)))

@@ -9,10 +9,15 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
+from pipeline.models.layers import BlockStack
+from pipeline.parallel.ulysses import SequenceParallelStack
+
 
 def dit_blocks(model: nn.Module) -> list[nn.Module]:
     stack = model.transformer
-    stack = getattr(stack, "stack", stack)  # sequence-parallel wrapper, if applied
+    if isinstance(stack, SequenceParallelStack):  # applied first, when both are
+        stack = stack.stack
+    assert isinstance(stack, BlockStack), f"{type(model).__name__} has no BlockStack"
     return list(stack.blocks)
 
 
@@ -20,9 +25,10 @@ def shard_weights(
     model: nn.Module, mesh: DeviceMesh, offload: bool = False, prefetch: int = 1
 ) -> nn.Module:
     policy = CPUOffloadPolicy(pin_memory=True) if offload else OffloadPolicy()
-    blocks = dit_blocks(model)
-    for block in blocks:
+    blocks = [
         fully_shard(block, mesh=mesh, reshard_after_forward=True, offload_policy=policy)
+        for block in dit_blocks(model)
+    ]
     fully_shard(model, mesh=mesh, reshard_after_forward=True, offload_policy=policy)
     for i, block in enumerate(blocks):
         following = blocks[i + 1 : i + 1 + prefetch]

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,7 +43,10 @@ def free_port() -> int:
 def numa_cpus_for_gpu(index: int) -> set[int] | None:
     """CPUs of the NUMA node the GPU hangs off, when the host reports one."""
     try:
-        bus = torch.cuda.get_device_properties(index).pci_bus_id.lower()
+        # pci_bus_id is not in torch's declared properties; builds without it raise
+        # AttributeError, caught below
+        props: Any = torch.cuda.get_device_properties(index)
+        bus = str(props.pci_bus_id).lower()
         node = int(Path(f"/sys/bus/pci/devices/{bus}/numa_node").read_text())
         if node < 0:
             return None
@@ -101,9 +105,11 @@ def parallelize_engine(engine, opts: ParallelOptions) -> None:
     from pipeline.parallel.ulysses import parallelize_sequence
 
     mesh = init_device_mesh(engine.device.type, (opts.world,)) if opts.fsdp else None
+    world = dist.group.WORLD
+    assert world is not None, "init_process_group runs before parallelize_engine"
     for name in ("a2v", "sr"):
         model = engine.modules[name].model
-        parallelize_sequence(model, dist.group.WORLD, opts.head_groups)
+        parallelize_sequence(model, world, opts.head_groups)
         if mesh is not None:
             shard_weights(model, mesh, offload=opts.fsdp_offload)
 
@@ -125,16 +131,18 @@ def render_worker(
     dev = f"cuda:{rank}" if device == "cuda" else "cpu"
     engine = Engine.load(cfg, dev)
     parallelize_engine(engine, opts)
-    box = [load_image(reference) if rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    session = engine.new_stream(box[0], seed=seed)
+    image_box = [load_image(reference) if rank == 0 else None]
+    dist.broadcast_object_list(image_box, src=0)
+    image = image_box[0]
+    assert image is not None, "rank 0 broadcast the reference"
+    session = engine.new_stream(image, seed=seed)
     writer = Mp4Writer(out, cfg.video.width, cfg.video.height) if rank == 0 else None
     blocks = iter_audio(audio) if rank == 0 else None
     try:
         while True:
-            box = [next(blocks, None) if rank == 0 else None]
-            dist.broadcast_object_list(box, src=0)
-            block = box[0]
+            block_box = [next(blocks, None) if blocks is not None else None]
+            dist.broadcast_object_list(block_box, src=0)
+            block = block_box[0]
             if block is None:
                 break
             session.push_audio(block.model)

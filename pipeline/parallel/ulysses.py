@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from pipeline.models.attention import Attention, FrameWindow
-from pipeline.models.layers import BlockStack
+from pipeline.models.attention import FrameWindow
+from pipeline.models.layers import BlockStack, DiTBlock
 
 
 def _seq_to_heads(x_BNSH: Tensor, world: int) -> Tensor:
@@ -39,7 +39,7 @@ def _back_to_seq_shard(o_BnLH: Tensor, world: int) -> Tensor:
 
 
 class UlyssesAttention(nn.Module):
-    def __init__(self, inner: Attention, group: dist.ProcessGroup, head_groups: int = 1):
+    def __init__(self, inner: nn.Module, group: dist.ProcessGroup, head_groups: int = 1):
         super().__init__()
         self.inner = inner
         self.group = group
@@ -108,7 +108,14 @@ class SequenceParallelStack(nn.Module):
 
 def parallelize_sequence(model: nn.Module, group: dist.ProcessGroup, head_groups: int = 1):
     """Turn a DiT (anything with a `.transformer` BlockStack) sequence-parallel in place."""
-    for block in model.transformer.blocks:
+    stack = model.transformer
+    if not isinstance(stack, BlockStack):
+        raise TypeError(
+            f"{type(model).__name__}.transformer is {type(stack).__name__}: only a "
+            "BlockStack is made sequence-parallel, and only once"
+        )
+    for block in stack.blocks:
+        assert isinstance(block, DiTBlock)
         block.attn.attend = UlyssesAttention(block.attn.attend, group, head_groups)
-    model.transformer = SequenceParallelStack(model.transformer, group)
+    model.transformer = SequenceParallelStack(stack, group)
     return model

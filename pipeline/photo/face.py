@@ -117,12 +117,17 @@ def cascade(name: str) -> cv2.CascadeClassifier:
     if name not in _CASCADES:
         # OpenCV 5 moved the cascade classifier out of the main module and its wheels ship
         # no cascades: say so, once, instead of an AttributeError inside a session
-        if not hasattr(cv2, "CascadeClassifier") or not hasattr(cv2, "data"):
+        haarcascades: str | None
+        try:
+            from cv2.data import haarcascades
+        except ImportError:
+            haarcascades = None
+        if not hasattr(cv2, "CascadeClassifier") or haarcascades is None:
             raise FacecastError(
                 f"the installed OpenCV {cv2.__version__} has no Haar face detector: the photo "
                 "stack needs opencv-python-headless>=4.8,<5 (pip install 'opencv-python-headless<5')"
             )
-        clf = cv2.CascadeClassifier(cv2.data.haarcascades + name)
+        clf = cv2.CascadeClassifier(haarcascades + name)
         if clf.empty():
             raise FacecastError(
                 f"OpenCV's {name} is missing: opencv-python-headless>=4.8,<5 ships it"
@@ -189,8 +194,8 @@ def _equalise_lifted(grey: np.ndarray) -> np.ndarray:
 
 
 def _cascade_boxes(name: str, grey: np.ndarray, side: int) -> np.ndarray:
-    return cascade(name).detectMultiScale(
-        grey, scaleFactor=1.08, minNeighbors=6, minSize=(side, side)
+    return np.asarray(
+        cascade(name).detectMultiScale(grey, scaleFactor=1.08, minNeighbors=6, minSize=(side, side))
     )
 
 
@@ -443,9 +448,13 @@ def measure_face(framed: np.ndarray, box: np.ndarray) -> FaceGeometry:
         mouth=(mx, my),
         mouth_half_width=0.19 * w,
         eyes=eyes,
-        skin=tuple(float(v) for v in skin),
-        lips=tuple(float(v) for v in lips),
+        skin=_rgb(skin),
+        lips=_rgb(lips),
     )
+
+
+def _rgb(x: np.ndarray) -> tuple[float, float, float]:
+    return float(x[0]), float(x[1]), float(x[2])
 
 
 def _lip_line(framed: np.ndarray, grey: np.ndarray, box, skin: np.ndarray) -> float:

@@ -22,12 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pipeline.clock import MODEL_SAMPLES_PER_FRAME as SAMPLES_PER_FRAME
+from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.config import PhotoConfig
 from pipeline.models.audio_encoder import HOP, WINDOW, log_mel, mel_filterbank
 
 MOUTH_PARAMS = ("jaw", "width", "rounding", "teeth")
-HOPS_PER_FRAME = SAMPLES_PER_FRAME // HOP
+HOPS_PER_FRAME = MODEL_SAMPLES_PER_FRAME // HOP
 
 
 class CausalBlock(nn.Module):
@@ -44,6 +44,9 @@ class CausalBlock(nn.Module):
 
 class MotionNet(nn.Module):
     """(B, S) audio → (B, T, 4) jaw 0..1, width -1..1, rounding 0..1, teeth 0..1."""
+
+    mel_fb: Tensor  # (n_mels, bins) buffers, registered below
+    window: Tensor
 
     def __init__(self, cfg: PhotoConfig) -> None:
         super().__init__()
@@ -92,6 +95,6 @@ class MotionNet(nn.Module):
 
 def window_frames(cfg: PhotoConfig, start: int, n_frames: int) -> tuple[int, int]:
     """Absolute sample range a chunk of frames [start, start + n) reads."""
-    lo = (start - cfg.context_frames) * SAMPLES_PER_FRAME
-    hi = (start + n_frames + cfg.lookahead_frames) * SAMPLES_PER_FRAME
+    lo = (start - cfg.context_frames) * MODEL_SAMPLES_PER_FRAME
+    hi = (start + n_frames + cfg.lookahead_frames) * MODEL_SAMPLES_PER_FRAME
     return lo, hi

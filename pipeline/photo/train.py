@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from pipeline.clock import MODEL_SAMPLES_PER_FRAME as SAMPLES_PER_FRAME
+from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.config import load_config
 from pipeline.module import save_checkpoint
 from pipeline.photo.motion import MOUTH_PARAMS, MotionNet
@@ -48,11 +48,11 @@ def sample_batch(audio, params, starts, net: MotionNet, batch: int, frames: int,
         k = int(rng.choice(np.flatnonzero(lengths > frames + 1)))
         first = int(rng.integers(-c.context_frames, lengths[k] - frames))  # window's chunk start
         lo = first - c.context_frames
-        win = np.zeros(span * SAMPLES_PER_FRAME, np.float32)
+        win = np.zeros(span * MODEL_SAMPLES_PER_FRAME, np.float32)
         a, b = max(lo, 0), min(lo + span, lengths[k])
-        clip = audio[starts[k] * SAMPLES_PER_FRAME : starts[k + 1] * SAMPLES_PER_FRAME]
-        win[(a - lo) * SAMPLES_PER_FRAME : (b - lo) * SAMPLES_PER_FRAME] = clip[
-            a * SAMPLES_PER_FRAME : b * SAMPLES_PER_FRAME
+        clip = audio[starts[k] * MODEL_SAMPLES_PER_FRAME : starts[k + 1] * MODEL_SAMPLES_PER_FRAME]
+        win[(a - lo) * MODEL_SAMPLES_PER_FRAME : (b - lo) * MODEL_SAMPLES_PER_FRAME] = clip[
+            a * MODEL_SAMPLES_PER_FRAME : b * MODEL_SAMPLES_PER_FRAME
         ]
         gain = float(np.exp(rng.uniform(np.log(0.25), np.log(2.0))))
         noise = rng.normal(0, 10 ** rng.uniform(-4.5, -2.5), win.shape).astype(np.float32)
@@ -70,8 +70,8 @@ def held_out_r(net: MotionNet, audio, params, starts) -> dict[str, float]:
     preds, gts = [], []
     look = net.cfg.lookahead_frames
     for k in range(len(starts) - 1):
-        clip = audio[starts[k] * SAMPLES_PER_FRAME : starts[k + 1] * SAMPLES_PER_FRAME]
-        clip = np.pad(clip, (0, look * SAMPLES_PER_FRAME))
+        clip = audio[starts[k] * MODEL_SAMPLES_PER_FRAME : starts[k + 1] * MODEL_SAMPLES_PER_FRAME]
+        clip = np.pad(clip, (0, look * MODEL_SAMPLES_PER_FRAME))
         out = net(torch.from_numpy(clip)[None])[0, look:].numpy()
         preds.append(out[: starts[k + 1] - starts[k]])
         gts.append(params[starts[k] : starts[k + 1]])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -112,7 +113,10 @@ class FaceIdentity:
         unknown = sorted(set(data) - fields)
         if unknown:
             raise ValueError(f"unknown FaceIdentity fields {unknown}; allowed: {sorted(fields)}")
-        return FaceIdentity(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+        values: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in data.items()
+        }
+        return FaceIdentity(**values)
 
 
 def _rgb(x: np.ndarray) -> tuple[float, float, float]:
@@ -241,8 +245,8 @@ class _Canvas:
         if u.size == 0:
             return None
         alpha = np.clip(0.5 - shape(u, v) / self.px, 0.0, 1.0)
-        if not np.isscalar(opacity):
-            opacity = opacity[:, None, None] if np.ndim(opacity) == 1 else opacity
+        if isinstance(opacity, np.ndarray) and opacity.ndim == 1:
+            opacity = opacity[:, None, None]
         alpha = alpha * opacity
         if clip is not None:
             alpha = np.minimum(alpha, clip)
@@ -417,8 +421,12 @@ def _paint_head(c: _Canvas, ident: FaceIdentity, m: MotionTrack) -> None:
 
     # Ears.
     for side in (-1.0, 1.0):
+
+        def ear(u: np.ndarray, v: np.ndarray, s: float = side) -> np.ndarray:
+            return _ellipse(u - s * (fw + 0.005), v - (fy + 0.02), 0.045, 0.075)
+
         c.paint(
-            lambda u, v, s=side: _ellipse(u - s * (fw + 0.005), v - (fy + 0.02), 0.045, 0.075),
+            ear,
             skin * 0.85,
             (side * fw - 0.06, fy - 0.06, side * fw + 0.06, fy + 0.1),
         )
@@ -522,8 +530,12 @@ def _paint_nose(c: _Canvas, ident: FaceIdentity, skin) -> None:
         opacity=0.8,
     )
     for s in (-1.0, 1.0):
+
+        def nostril(u: np.ndarray, v: np.ndarray, s: float = s) -> np.ndarray:
+            return _ellipse(u - s * nw * 0.45, v - ny - 0.008, 0.013, 0.008)
+
         c.paint(
-            lambda u, v, s=s: _ellipse(u - s * nw * 0.45, v - ny - 0.008, 0.013, 0.008),
+            nostril,
             skin * 0.45,
             (-nw, ny - 0.02, nw, ny + 0.03),
         )
@@ -610,8 +622,12 @@ def _paint_eyes(c: _Canvas, ident: FaceIdentity, m: MotionTrack, skin) -> None:
         ex = s * ident.eye_spacing
         box = (ex - ew - 0.03, ey - eh - 0.03, ex + ew + 0.03, ey + eh + 0.03)
         # Socket shadow and eyelid crease.
+
+        def socket(u: np.ndarray, v: np.ndarray, ex: float = ex) -> np.ndarray:
+            return _ellipse(u - ex, v - ey + 0.006, ew * 1.25, eh * 1.5)
+
         c.paint(
-            lambda u, v, ex=ex: _ellipse(u - ex, v - ey + 0.006, ew * 1.25, eh * 1.5),
+            socket,
             skin * 0.9,
             box,
         )
@@ -668,8 +684,12 @@ def _paint_glasses(c: _Canvas, ident: FaceIdentity) -> None:
     r = ident.eye_size * 1.45
     for s in (-1.0, 1.0):
         ex = s * ident.eye_spacing
+
+        def rim(u: np.ndarray, v: np.ndarray, ex: float = ex) -> np.ndarray:
+            return np.abs(_ellipse(u - ex, v - ey, r, r * 0.78)) - 0.008
+
         c.paint(
-            lambda u, v, ex=ex: np.abs(_ellipse(u - ex, v - ey, r, r * 0.78)) - 0.008,
+            rim,
             (0.1, 0.1, 0.12),
             (ex - r - 0.02, ey - r, ex + r + 0.02, ey + r),
         )

@@ -123,7 +123,7 @@ def random_speech(
     lang = str(rng.choice(sorted(CORPUS)))
     variant = str(rng.choice(VARIANTS))
     speed = int(rng.integers(120, 210))
-    pitch = int(rng.integers(25, 75))
+    pitch = int(rng.integers(25, 75))  # not the clock: espeak's pitch, 0-99
     gain = rng.uniform(0.5, 1.0)
     target = rng.uniform(min_s, max_s)
     parts = [np.zeros(int(rng.uniform(0.2, 1.0) * MODEL_RATE), np.float32)]

@@ -113,6 +113,7 @@ class SegmentPool:
     jaw: np.ndarray
     context_frames: int
     lookahead_frames: int
+    seconds: float = 0.0  # how long `render` took
 
     @staticmethod
     def render(
@@ -135,9 +136,8 @@ class SegmentPool:
             _init_worker(spec)
             parts = [_render_segment(i) for i in range(n_segments)]
         frames, refs, audio, jaw = (np.stack(x) for x in zip(*parts, strict=True))
-        pool_ = SegmentPool(frames, refs, audio, jaw, context_frames, lookahead_frames)
-        pool_.seconds = time.perf_counter() - t0
-        return pool_
+        seconds = time.perf_counter() - t0
+        return SegmentPool(frames, refs, audio, jaw, context_frames, lookahead_frames, seconds)
 
 
 _WORKER_SPEC: tuple | None = None
@@ -150,6 +150,7 @@ def _init_worker(spec: tuple) -> None:
 
 def _render_segment(i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Segment i: a random clip, start and identity, all from (seed, i)."""
+    assert _WORKER_SPEC is not None, "_init_worker runs first in every worker"
     speech, F, size, ctx, look, seed = _WORKER_SPEC
     rng = np.random.default_rng([seed, _SEGMENT_STREAM, i])
     c = int(rng.integers(len(speech.params)))

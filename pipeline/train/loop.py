@@ -99,8 +99,12 @@ def train_stage(
         opt.step()
         step += 1
         spent = time.perf_counter() - t0
-        parts = {"loss": loss.detach(), **parts, "grad_norm": grad_norm}
-        for k, v in parts.items():
+        logged: dict[str, torch.Tensor | float] = {
+            "loss": loss.detach(),
+            **parts,
+            "grad_norm": grad_norm,
+        }
+        for k, v in logged.items():
             running[k] = running.get(k, 0.0) + float(v)  # one sync per step: fine at this size
         n_run += 1
         if step % s.log_every == 0 or step == s.steps:

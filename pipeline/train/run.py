@@ -21,7 +21,11 @@ import torch
 from torch import nn
 
 from pipeline.config import FacecastConfig, latent_grid
+from pipeline.models.a2v_dit import A2VDiT
+from pipeline.models.audio_encoder import AudioEncoder
 from pipeline.models.build import build_models
+from pipeline.models.sr_dit import SRDiT
+from pipeline.models.vae import VAE
 from pipeline.module import load_checkpoint, save_checkpoint
 from pipeline.train import a2v as a2v_train
 from pipeline.train import sr as sr_train
@@ -116,7 +120,14 @@ def train_all(  # noqa: C901 - the four stages in order, each skipped on resume;
     d = cfg.a2v.downscale
 
     # -- VAE --------------------------------------------------------------------------
-    vae = models["vae"]
+    vae, a2v, audio_encoder, sr = (
+        models["vae"],
+        models["a2v"],
+        models["audio"],
+        models["sr"],
+    )
+    assert isinstance(vae, VAE) and isinstance(a2v, A2VDiT)
+    assert isinstance(audio_encoder, AudioEncoder) and isinstance(sr, SRDiT)
     if "vae" in stages and not (
         resume and (weights / "vae.safetensors").is_file() and _done(state_dir, "vae", tc.vae)
     ):
@@ -172,7 +183,7 @@ def train_all(  # noqa: C901 - the four stages in order, each skipped on resume;
     print(f"[encode] full {tuple(full.shape)} low {tuple(low.shape)} std {summary['latent_std']}")
 
     # -- A2V + audio encoder ----------------------------------------------------------
-    pair = nn.ModuleDict({"a2v": models["a2v"], "audio": models["audio"]})
+    pair = nn.ModuleDict({"a2v": a2v, "audio": audio_encoder})
     if "a2v" in stages and not (resume and _done(state_dir, "a2v", tc.a2v)):
         modes = a2v_train.chunk_modes(cfg)
         probs = torch.tensor([m.weight for m in modes])
@@ -184,20 +195,17 @@ def train_all(  # noqa: C901 - the four stages in order, each skipped on resume;
                 low, audio, ref_low, mode, tc.a2v.batch, cfg.vae.temporal_ratio, ctx, look, gen
             )
             with _autocast(dev):
-                return a2v_train.a2v_loss(
-                    pair["a2v"], pair["audio"], x0, au, ref, mode, cfg, noise_gen
-                )
+                return a2v_train.a2v_loss(a2v, audio_encoder, x0, au, ref, mode, cfg, noise_gen)
 
         summary["stages"]["a2v"] = train_stage(
             "a2v", pair, a2v_step, tc.a2v, state_dir=state_dir, log=log, resume=resume
         )
     elif (state_dir / "state_a2v.pt").is_file():
         pair.load_state_dict(torch.load(state_dir / "state_a2v.pt", weights_only=True)["model"])
-    save_checkpoint(models["a2v"], weights / "a2v.safetensors")
-    save_checkpoint(models["audio"], weights / "audio.safetensors")
+    save_checkpoint(a2v, weights / "a2v.safetensors")
+    save_checkpoint(audio_encoder, weights / "audio.safetensors")
 
     # -- SR ---------------------------------------------------------------------------
-    sr = models["sr"]
     if "sr" in stages and not (resume and _done(state_dir, "sr", tc.sr)):
 
         def sr_step(step: int):

@@ -92,6 +92,7 @@ def normalize_latents(vae: VAE, x_B3THW: Tensor) -> Tensor:
     scale = mean.float().pow(2).mean(dim=(0, 2, 3, 4)).sqrt().clamp_min(1e-4)  # (C,)
     C = scale.numel()
     conv_out = vae.encoder.conv_out
+    assert conv_out.bias is not None, "the encoder's last conv has a bias"
     conv_out.weight[:C] /= scale[:, None, None, None]
     conv_out.bias[:C] /= scale
     conv_out.bias[C:] -= 2.0 * scale.log()  # the variance scales with the mean

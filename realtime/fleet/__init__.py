@@ -1,7 +1,7 @@
 """The fleet: sessions placed across GPU nodes of a Ray cluster (`facecast serve --cluster ray`).
 
     caller ──HTTP signalling──▶ front (fleet/front.py) ──Ray actor calls──▶ worker actors
-       ▲                          │   places each offer by free slots         (fleet/worker.py)
+       ▲                          │   places each offer by free slots         (fleet/actor.py)
        └──────── WebRTC media, directly between the caller and the worker's node ◀──┘
 
 Each worker is a Ray actor that owns one engine (started as `facecast serve` starts it) and

@@ -52,8 +52,9 @@ from realtime.fleet.pool import POOL, WorkerPool
 from realtime.fleet.relay import add_relay_routes, place
 from realtime.fleet.speech import relay_speech
 from realtime.metrics import CONTENT_TYPE_LATEST
+from realtime.offer import json_body, parse_offer
 from realtime.server import http_app
-from realtime.service import ServerConfig, json_body, parse_offer
+from realtime.service import ServerConfig
 
 log = logging.getLogger(__name__)
 REPORT = web.AppKey("facecast-fleet-report", asyncio.Task)

@@ -37,10 +37,10 @@ from realtime.errors import (
     SessionNotFound,
     WorkerUnavailable,
 )
+from realtime.fleet.actor import worker_actor
 from realtime.fleet.answers import error_from
 from realtime.fleet.options import WORKER_PREFIX, FleetOptions, worker_resources
 from realtime.fleet.registry import registry_actor
-from realtime.fleet.worker import worker_actor
 from realtime.service import ServerConfig
 
 log = logging.getLogger(__name__)

@@ -142,7 +142,7 @@ class _LocalLink:
 
         from realtime.metrics import RealtimeMetrics
         from realtime.playout import EngineTiming
-        from realtime.service import load_reference
+        from realtime.reference import load_reference
         from realtime.session import PeerSession, SessionConfig
         from realtime.vad import VoiceActivityDetector
 

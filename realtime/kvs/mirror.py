@@ -21,6 +21,7 @@ import time
 import numpy as np
 from prometheus_client import CollectorRegistry
 
+from pipeline.clock import FPS
 from realtime.kvs.errors import KvsError
 from realtime.kvs.ledger import FragmentLedger
 from realtime.kvs.metrics import KvsStats, metrics_for
@@ -56,7 +57,7 @@ class KvsMirror:
         stream_name: str,
         width: int,
         height: int,
-        fps: int = 25,
+        fps: int = FPS,
         registry: CollectorRegistry | None = None,
     ) -> None:
         options.validate(fps)

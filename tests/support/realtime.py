@@ -169,6 +169,7 @@ class ScriptedEngine:
         )
         self.device = SimpleNamespace(type="scripted")  # no serve slowdown, no spread
         self.step_seconds = {"first": rtf * first / 25, "steady": rtf * chunk / 25}
+        self.startup = None  # not started by pipeline.startup
         self.sessions: list[ScriptedStream] = []
 
     def stream_step(self, k: int):

@@ -30,7 +30,8 @@ import numpy as np
 from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME
 from pipeline.schedule import StreamStep
 from pipeline.stream import AvatarStream
-from realtime.tracks import FrameQueue, PlayoutClock
+from realtime.playout import PlayoutClock
+from realtime.tracks import FrameQueue
 
 log = logging.getLogger(__name__)
 

@@ -42,15 +42,10 @@ from pipeline.startup import EngineOptions
 from realtime.errors import EngineStarting, RealtimeError, ServerFull, SessionNotFound
 from realtime.fleet.answers import failure
 from realtime.fleet.speech import SpeechChannels
+from realtime.negotiation import open_session
+from realtime.offer import OfferRequest
 from realtime.server import build_app, metrics_text
-from realtime.service import (
-    SERVICE,
-    OfferRequest,
-    ServerConfig,
-    Service,
-    close_service,
-    open_session,
-)
+from realtime.service import SERVICE, ServerConfig, Service, close_service
 from realtime.session import PeerSession
 from realtime.whep import add_whep_viewer, check_whep_resource, close_whep_viewer, find_viewer
 from realtime.whip import add_fragment, close_whip_session, open_whip_session, whip_session

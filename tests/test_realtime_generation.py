@@ -7,7 +7,8 @@ import time
 
 import numpy as np
 
-from realtime.tracks import FrameQueue, PlayoutClock
+from realtime.playout import PlayoutClock
+from realtime.tracks import FrameQueue
 
 
 class ScriptedEngineSession:
@@ -48,7 +49,7 @@ def scripted_worker(engine, frames, clock):
     import threading
 
     from pipeline.schedule import StreamStep
-    from realtime.worker import GenerationWorker
+    from realtime.generation import GenerationWorker
 
     return GenerationWorker(
         lambda: engine,

@@ -1,0 +1,117 @@
+"""Where a server's engine runs: in the server's process or in one of its own.
+
+Both hosts are a `HostedEngine`: the `StreamingEngine` sessions use, plus the little the
+server asks of the host itself (whether a step crosses a process, the GPU's peak memory,
+closing it). `InProcessEngine` wraps an engine started here; `EngineProcess`
+(`realtime.engine_process`) is the proxy of one started in a child. Nothing outside this
+module and that one needs to know which it has.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Protocol
+
+import torch
+
+from pipeline.config import FacecastConfig
+from pipeline.schedule import StreamStep
+from pipeline.startup import EngineOptions, StartupReport, start_engine
+from pipeline.stream import AvatarStream, Reference, StreamingEngine
+from realtime.engine_process import EngineProcess
+
+
+class HostedEngine(StreamingEngine, Protocol):
+    """A started engine as the server holds it."""
+
+    @property
+    def own_process(self) -> bool:
+        """Whether steps run in another process (serving is slower there on a CPU)."""
+        ...
+
+    def gpu_memory_peak(self) -> int | None:
+        """Peak bytes on the engine's GPU; None on a CPU. May wait for a step to finish."""
+        ...
+
+    def close(self) -> None:
+        """Free the engine (blocking: call it off the event loop)."""
+        ...
+
+
+class InProcessEngine:
+    """An engine in the server's own process, as a `HostedEngine`."""
+
+    own_process = False
+
+    def __init__(self, engine: StreamingEngine) -> None:
+        self.engine = engine
+
+    @property
+    def cfg(self) -> FacecastConfig:
+        return self.engine.cfg
+
+    @property
+    def device(self) -> torch.device:
+        return self.engine.device
+
+    @property
+    def step_seconds(self) -> dict[str, float] | None:
+        return self.engine.step_seconds
+
+    @property
+    def startup(self) -> StartupReport | None:
+        return self.engine.startup
+
+    def stream_step(self, k: int) -> StreamStep:
+        return self.engine.stream_step(k)
+
+    def new_stream(self, reference_rgb: Reference, seed: int = 0) -> AvatarStream:
+        return self.engine.new_stream(reference_rgb, seed=seed)
+
+    def gpu_memory_peak(self) -> int | None:
+        device = self.engine.device
+        return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+
+    def close(self) -> None:
+        """Nothing to free early: the engine's memory goes with the server's process."""
+
+
+def engine_in_own_process(options: EngineOptions) -> bool:
+    """Where the engine runs unless told: in a process of its own on a CPU (one core left
+    to the media loop), in the server's process on a GPU (bench/RESULTS.md has both)."""
+    return options.device == "cpu"
+
+
+def torch_threads_in_process(options: EngineOptions, stack: str) -> int | None:
+    """torch's CPU thread count for a server whose engine runs in the server's process (None:
+    leave it). On a GPU the photo stack computes nothing on the CPU with torch, and torch's
+    threads serve the VAD's 512-sample windows: 16 of them beside the media loop kept the
+    VAD thread 79 % busy, and `photo720` reached the viewer at 15-17 fps of 25; with one,
+    100 % fresh at 25 fps (bench/RESULTS.md, "The photo stack at 720p"). The diffusion
+    engine keeps its threads: with one, rt720-low-latency's served steps took 0.55-0.78 s
+    against 0.44 s, and its first live call waited 33 s for a frame."""
+    if options.threads is not None or options.device == "cpu" or stack != "photo":
+        return None
+    return 1
+
+
+def host_engine(options: EngineOptions, own_process: bool | None = None) -> HostedEngine:
+    """Start the engine and wait until it is warm (blocking: run it off the event loop), in
+    a process of its own unless told not to, and set this process's torch threads for it."""
+    if own_process is None:
+        own_process = engine_in_own_process(options)
+    if own_process:
+        if options.device == "cpu" and options.threads is None:
+            # leave a core to the media loop: an engine whose threads outnumber the free
+            # cores stalls at every barrier (the demo on 2 cores beside a busy loop: 0.25 s
+            # a step alone, 0.76 s with 2 threads, 0.41 s either way with 1)
+            options = dataclasses.replace(options, threads=max(1, (os.cpu_count() or 2) - 1))
+        hosted = EngineProcess(options)
+        torch.set_num_threads(1)  # this process only runs the VAD now
+        return hosted
+    engine, _ = start_engine(options)
+    threads = torch_threads_in_process(options, engine.cfg.runtime.stack)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return InProcessEngine(engine)
