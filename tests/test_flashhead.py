@@ -22,6 +22,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from pipeline.clock import MODEL_RATE, MODEL_SAMPLES_PER_FRAME
 from pipeline.errors import CheckpointError, ConfigError
 from pipeline.flashhead.color import ColorMatch, lab_stats, srgb_to_lab
 from pipeline.flashhead.random_release import write_random_release, write_wav2vec
@@ -103,8 +104,8 @@ def test_the_dit_wav2vec2_and_a_three_chunk_render_match_the_authors(parity_rele
     torch.testing.assert_close(out, ref["dit.out"], atol=1e-4, rtol=1e-4)
 
     speech = ref["audio"].numpy()
-    samples = engine.new_frames * 640
-    window = np.concatenate([np.zeros(8 * 16000 - samples, np.float32), speech[:samples]])
+    samples = engine.new_frames * MODEL_SAMPLES_PER_FRAME
+    window = np.concatenate([np.zeros(8 * MODEL_RATE - samples, np.float32), speech[:samples]])
     feats = models.speech.frames(window, 200)
     torch.testing.assert_close(feats[190:200], ref["w2v.features_190_200"], atol=1e-4, rtol=1e-4)
 
@@ -224,7 +225,7 @@ def test_the_command_line_says_what_is_wrong_in_one_line_and_writes_nothing(rele
 
 def test_a_stream_makes_every_frame_once_in_order_whatever_the_pushes(release):
     engine, _ = start_engine(engine_options(release))
-    audio = (0.2 * np.sin(np.arange(int(2.5 * 16000)) * 0.05)).astype(np.float32)
+    audio = (0.2 * np.sin(np.arange(int(2.5 * MODEL_RATE)) * 0.05)).astype(np.float32)
     runs = []
     for pieces in ([len(audio)], [1000, 17000, 23333, len(audio)]):
         stream = engine.new_stream(np.full((48, 40, 3), 120, np.uint8), seed=7)
@@ -237,7 +238,9 @@ def test_a_stream_makes_every_frame_once_in_order_whatever_the_pushes(release):
         starts = [b.start for b in frames]
         assert starts == sorted(starts) and starts[0] == 0
         video = np.concatenate([b.frames for b in frames])
-        assert len(video) == round(len(audio) / 640)  # 2.5 s: every frame once, no more
+        assert len(video) == round(
+            len(audio) / MODEL_SAMPLES_PER_FRAME
+        )  # 2.5 s: every frame once, no more
         runs.append(video)
         stream.close()
     np.testing.assert_array_equal(runs[0], runs[1])  # the same seed, any split: the same
@@ -247,7 +250,7 @@ def test_a_stream_makes_every_frame_once_in_order_whatever_the_pushes(release):
 def test_memory_stays_flat_over_a_minute_of_audio(release):
     engine, _ = start_engine(engine_options(release, size=16))
     stream = engine.new_stream(np.full((16, 16, 3), 90, np.uint8), seed=1)
-    chunk = engine.new_frames * 640
+    chunk = engine.new_frames * MODEL_SAMPLES_PER_FRAME
     retained, held = [], []
     for k in range(60 * 25 // engine.new_frames):
         stream.push_audio(np.random.default_rng(k).normal(0, 0.1, chunk).astype(np.float32))
@@ -255,7 +258,7 @@ def test_memory_stays_flat_over_a_minute_of_audio(release):
         retained.append(stream.timeline.retained)
         held.append(sum(t.numel() for t in (stream.ref_lat, stream.motion)))
     # the audio kept is the wav2vec2 window (8 s), whatever the duration; tensors the same
-    assert max(retained) <= 8 * 16000 and retained[-1] == retained[10]
+    assert max(retained) <= 8 * MODEL_RATE and retained[-1] == retained[10]
     assert len(set(held)) == 1
 
 

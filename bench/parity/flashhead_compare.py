@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from pipeline.clock import MODEL_SAMPLES_PER_FRAME  # noqa: E402
 from pipeline.startup import EngineOptions, start_engine  # noqa: E402
 
 
@@ -92,7 +93,7 @@ def run(args) -> dict:
 
     models.vae.decode, models.vae.encode = keep_decode, keep_encode
     k = 0
-    samples = engine.new_frames * 640
+    samples = engine.new_frames * MODEL_SAMPLES_PER_FRAME
     for k in range(meta["chunks"]):
         stream.push_audio(audio[k * samples : (k + 1) * samples])
         (batch,) = stream.generate_ready()

@@ -42,6 +42,7 @@ import torch
 FACECAST = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(FACECAST))
 
+from pipeline.clock import MODEL_RATE, MODEL_SAMPLES_PER_FRAME  # noqa: E402
 from pipeline.flashhead.weights import (  # noqa: E402
     dit_config_json,
     random_dit_state,
@@ -126,8 +127,8 @@ def make_inputs(out: Path, size: int, chunks: int, seed: int) -> tuple[Path, np.
     img = np.clip(img + 0.08 * rng.standard_normal(img.shape), 0, 1)
     path = out / "reference.png"
     Image.fromarray((img * 255).astype(np.uint8)).save(path)
-    n = chunks * 28 * 640
-    t = np.arange(n) / 16000
+    n = chunks * 28 * MODEL_SAMPLES_PER_FRAME
+    t = np.arange(n) / MODEL_RATE
     envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 3.1 * t)
     audio = envelope * (0.3 * np.sin(2 * np.pi * 180 * t) + 0.1 * rng.standard_normal(n))
     audio = audio.astype(np.float32)
@@ -172,7 +173,7 @@ def build_release(args, shape: dict, out: Path) -> tuple[Path, Path]:
     w2v.save_pretrained(str(out / "wav2vec"))
     Wav2Vec2FeatureExtractor(
         feature_size=1,
-        sampling_rate=16000,
+        sampling_rate=MODEL_RATE,
         padding_value=0.0,
         do_normalize=True,
         return_attention_mask=False,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.clock import MODEL_RATE
 from pipeline.flashhead.weights import random_dit_state, randomise_module, write_release_dit
 from pipeline.models.ltx.vae import RELEASE as LTX_RELEASE
 from pipeline.models.ltx.vae import TINY as LTX_TINY
@@ -81,7 +82,7 @@ def write_wav2vec(folder: Path, config_kwargs: dict, seed: int) -> Path:
     model.save_pretrained(str(folder))
     Wav2Vec2FeatureExtractor(
         feature_size=1,
-        sampling_rate=16_000,
+        sampling_rate=MODEL_RATE,
         padding_value=0.0,
         do_normalize=True,
         return_attention_mask=False,
