@@ -43,10 +43,10 @@ FACECAST = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(FACECAST))
 
 from pipeline.clock import MODEL_RATE, MODEL_SAMPLES_PER_FRAME  # noqa: E402
+from pipeline.flashhead.random_release import write_wav2vec  # noqa: E402
 from pipeline.flashhead.weights import (  # noqa: E402
     dit_config_json,
     random_dit_state,
-    randomise_module,
 )
 from pipeline.models.wan.dit import WanDiTConfig  # noqa: E402
 from pipeline.models.wan.vae import WanVAEConfig, random_checkpoint  # noqa: E402
@@ -141,7 +141,6 @@ def make_inputs(out: Path, size: int, chunks: int, seed: int) -> tuple[Path, np.
 def build_release(args, shape: dict, out: Path) -> tuple[Path, Path]:
     from flash_head.src.modules.flash_head_model import WanModelAudioProject
     from flash_head.wan.modules import vae as wan_vae
-    from transformers import Wav2Vec2Config, Wav2Vec2FeatureExtractor, Wav2Vec2Model
 
     cfg: WanDiTConfig = shape["dit"]
     release = out / "release"
@@ -168,17 +167,8 @@ def build_release(args, shape: dict, out: Path) -> tuple[Path, Path]:
     original = wan_vae._video_vae
     wan_vae._video_vae = lambda **kw: original(**kw, dim=shape["vae_dim"])
 
-    w2v = Wav2Vec2Model(Wav2Vec2Config(**shape["wav2vec"]))
-    randomise_module(w2v, args.seed + 2)
-    w2v.save_pretrained(str(out / "wav2vec"))
-    Wav2Vec2FeatureExtractor(
-        feature_size=1,
-        sampling_rate=MODEL_RATE,
-        padding_value=0.0,
-        do_normalize=True,
-        return_attention_mask=False,
-    ).save_pretrained(str(out / "wav2vec"))
-    return release, out / "wav2vec"
+    # saved by the authors' transformers (4.x), read by Facecast's (5.x)
+    return release, write_wav2vec(out / "wav2vec", shape["wav2vec"], args.seed + 2)
 
 
 def run(args) -> None:
