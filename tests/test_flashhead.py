@@ -323,7 +323,7 @@ async def test_serve_a_random_release_to_an_aiortc_client_for_30_seconds(release
     proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once; the server runs beside the loop
         [sys.executable, "-m", "facecast", "serve", "--port", str(port), "--device", "cpu",
          "--model", "flashhead-pro", "--weights", str(weights), "--wav2vec", str(wav2vec),
-         "--reference", str(PORTRAIT), "--set", "video.width=32", "--set", "video.height=32"],
+         "--reference", str(PORTRAIT), "--set", "video.width=16", "--set", "video.height=16"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

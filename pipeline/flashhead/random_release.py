@@ -98,6 +98,7 @@ def write_ltx_vae(folder: Path, cfg: LtxVaeConfig, seed: int) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(cfg.to_json(), indent=1))
     state = {k: v.contiguous() for k, v in network.state_dict().items()}
+    state["latents_std"] = state["latents_std"].abs() + 0.5  # a spread: positive by nature
     save_file(state, str(folder / "diffusion_pytorch_model.safetensors"))
 
 
