@@ -305,8 +305,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
     from realtime.server import config_from_args, serve
 
-    opts = engine_options(args)
-    opts.validate()  # bad flags and a bad config fail here, in one line, before listening
+    # bad flags and a bad config fail here, in one line, before listening; the device is
+    # resolved where the engine runs (a fleet's workers decide `auto` on their own nodes)
+    opts = engine_options(args, device=args.device)
+    opts.validate()
     cfg = load_config(*opts.config_and_overrides())
     if cfg.runtime.stack == "flashhead":  # a broken download fails here, not after listening
         from pipeline.flashhead.weights import check_release
@@ -337,7 +339,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         logging.getLogger("realtime").setLevel(logging.INFO)
     if args.cluster == "ray":
         return serve_fleet(args, config)
-    return serve(config, opts)
+    return serve(config, engine_options(args))
 
 
 def serve_fleet(args: argparse.Namespace, config) -> int:
