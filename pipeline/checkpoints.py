@@ -82,12 +82,15 @@ def read_state_dict(path: Path) -> dict[str, Tensor]:
     except Exception as exc:  # torch raises many kinds for a damaged zip or pickle
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CheckpointError(
-            f"{path}: not a readable PyTorch state dict, truncated or damaged ({reason[:120]})"
+            f"{path}: not a readable PyTorch state dict, truncated or damaged ({reason[:120]}): "
+            "download it again"
         ) from None
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise CheckpointError(f"{path}: expected a dict of parameter name → tensor")
+        raise CheckpointError(
+            f"{path}: not a plain state dict of tensors (found {type(state).__name__})"
+        )
     return state
 
 

@@ -25,7 +25,6 @@ Legend: B batch, C latent channels (z_dim, 16), T latent frames, F video frames
 
 from __future__ import annotations
 
-import pickle
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from diffusers import AutoencoderKLWan
 from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
 from torch import Tensor, nn
 
+from pipeline.checkpoints import read_state_dict
 from pipeline.errors import CheckpointError
 
 # Per-channel statistics of Wan 2.1 latents (published with the model).
@@ -259,7 +259,7 @@ def load_wan_vae(
     a one-line `CheckpointError` naming the file and the first wrong key. `config=None`
     takes the width from the file (the published 96, or a narrower test checkpoint)."""
     path = Path(path)
-    state = _read_state_dict(path)
+    state = read_state_dict(path)
     if config is None:
         first = state.get("encoder.conv1.weight")
         if first is None or first.dim() != 5:
@@ -303,28 +303,6 @@ def load_wan_vae(
         )
     vae.load_state_dict(mapped, strict=True, assign=True)
     return vae.to(device=device, dtype=dtype).eval().requires_grad_(False)
-
-
-def _read_state_dict(path: Path) -> dict[str, Tensor]:
-    if not path.is_file():
-        raise CheckpointError(
-            f"Wan 2.1 VAE checkpoint not found: {path} (the published file is "
-            "VAE_Wan/Wan2.1_VAE.pth in the model's download)"
-        )
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
-        why = str(exc).strip().splitlines()[0].split(". ")[0] if str(exc).strip() else repr(exc)
-        raise CheckpointError(
-            f"{path}: not a readable torch checkpoint ({why}); the file is truncated or "
-            "corrupt: download it again"
-        ) from None
-    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise CheckpointError(
-            f"{path}: not a plain state dict of tensors (found {type(state).__name__}); "
-            "pass the original Wan2.1_VAE.pth"
-        )
-    return state
 
 
 # ---- random weights at the real shapes (vLLM's "dummy" load format) --------------------------
