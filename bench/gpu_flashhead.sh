@@ -11,9 +11,9 @@
 #                     diffusers 0.35.2, loguru (their wav2vec2 subclass predates transformers 5)
 #   .gpu/             grace_square.png (the portrait framed here: OpenCV 5 there has no Haar)
 #                     and speech.wav (tests/support/realtime.make_speech_wav)
-# Usage there: bash bench/gpu_flashhead.sh parity|speed|serve
+# Usage there: bash bench/gpu_flashhead.sh parity|decode|speed|serve
 set -uo pipefail
-mode=${1:?parity|speed|serve}
+mode=${1:?parity|decode|speed|serve}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD/.whl/pure:$PWD PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}
@@ -42,15 +42,23 @@ parity)
     > "$out/authors_timing.log" 2>&1; tail -2 "$out/authors_timing.log"
   cp "$work/authors/timing.json" "$out/authors_timing.json"
   ;;
-speed)
-  [ -d "$work/float32/release" ] || python3 -m pipeline.flashhead.random_release "$work/float32" --shape full
-  w="--model flashhead-pro --weights $work/float32/release --wav2vec $work/float32/wav2vec"
-  w+=" --device cuda --seconds ${SECONDS_BENCH:-30}"
-  for flags in "" "--compile" "--compile --precision fp8"; do
-    name=facecast$(echo "$flags" | tr -d ' -')
-    # shellcheck disable=SC2086
-    timeout 420 python3 -m facecast bench $w $flags --json "$out/$name.json" 2>"$out/$name.log" \
-      || { echo "FAILED $flags"; tail -5 "$out/$name.log"; }
+decode)  # the Wan VAE's decode schedules and layouts, one chunk
+  python3 bench/wan_decode_bench.py --json "$out/wan_decode.json" 2>"$out/wan_decode.log" \
+    || { echo "decode bench FAILED"; tail -20 "$out/wan_decode.log"; }
+  ;;
+speed)  # MODELS="flashhead-pro flashhead-lite", FLAGS_LIST a ;-separated list of flag sets
+  [ -d "$work/float32/release/Model_Lite" ] \
+    || python3 -m pipeline.flashhead.random_release "$work/float32" --shape full --lite
+  IFS=';' read -ra flag_sets <<< "${FLAGS_LIST:-;--compile;--compile --precision fp8}"
+  for model in ${MODELS:-flashhead-pro}; do
+    w="--model $model --weights $work/float32/release --wav2vec $work/float32/wav2vec"
+    w+=" --device cuda --seconds ${SECONDS_BENCH:-30}"
+    for flags in "${flag_sets[@]}"; do
+      name=$model$(echo "$flags" | tr -d ' -')
+      # shellcheck disable=SC2086
+      timeout 420 python3 -m facecast bench $w $flags --json "$out/$name.json" 2>"$out/$name.log" \
+        || { echo "FAILED $model $flags"; tail -5 "$out/$name.log"; }
+    done
   done
   ;;
 serve)

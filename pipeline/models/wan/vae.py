@@ -12,7 +12,8 @@ owns those lists, so a decode can stop after any latent frame and resume later:
 - `WanVAE.encode(video)`: a fresh cache per call; frames go in as 1, then 4 at a time.
 - `WanDecodeStream`: one per chunk of latents; `decode(z)` takes one or more latent frames,
   returns their pixels and keeps the cache for the next call. The first latent frame of a
-  stream gives 1 video frame, every later one gives 4.
+  stream gives 1 video frame, every later one gives 4; latent frames after the first go
+  through the decoder together (one wide pass instead of one per frame: the same pixels).
 - `WanVAE.decode(latents)`: a whole chunk through a fresh stream.
 
 Latents are normalised with the 16 published per-channel means and standard deviations:
@@ -139,34 +140,44 @@ class WanVAE(nn.Module):
 
 class WanDecodeStream:
     """The decoder's state across one chunk: the causal cache and how many latent frames
-    went in. The decoder runs one latent frame at a time (its temporal upsamplers treat the
-    very first frame apart), so every split of a chunk gives bit-identical pixels."""
+    went in. The stream's very first latent frame runs alone (the temporal upsamplers treat
+    it apart: 1 video frame, not 4); later ones run together, as many per pass as asked.
+    Every convolution in time is causal and reads its look-back from the cache, so a pass
+    over k latent frames gives the pixels of k passes over one (the same sums, in another
+    order: equal to float rounding), and every split of a chunk gives the same pixels."""
 
     def __init__(self, vae: WanVAE) -> None:
         self.vae = vae
         self.cache: FeatCache = [None] * vae.decoder_cache_size
         self.latent_frames = 0
 
-    def frames(self, lat_BCThw: Tensor) -> Iterator[Tensor]:
-        """Yield each latent frame's pixels as soon as it is decoded: (B, 3, 1, H, W) for the
-        stream's first latent frame, (B, 3, 4, H, W) after. The cache advances with each
-        yield: a consumer that stops early can go on with the next latent frame later."""
+    def frames(self, lat_BCThw: Tensor, latents_per_pass: int | None = None) -> Iterator[Tensor]:
+        """Yield pixels pass by pass: (B, 3, 1, H, W) for the stream's first latent frame,
+        then (B, 3, 4k, H, W) for each pass over k latent frames (k = `latents_per_pass`, or
+        all that are left when None: one wide pass keeps the GPU busy, per-frame passes let
+        the first frames leave sooner). The cache advances with each yield: a consumer that
+        stops early can go on with the next latent frame later."""
+        if latents_per_pass is not None and latents_per_pass < 1:
+            raise ValueError(f"latents_per_pass must be at least 1, got {latents_per_pass}")
         net = self.vae.net
         inv_std, mean = _per_channel(self.vae.latent_inv_std), _per_channel(self.vae.latent_mean)
         z_BCThw = lat_BCThw / inv_std + mean
-        for t in range(z_BCThw.shape[2]):
-            x_BC1hw = net.post_quant_conv(z_BCThw[:, :, t : t + 1])
+        T, t = z_BCThw.shape[2], 0
+        while t < T:
             first = self.latent_frames == 0
-            out = net.decoder(x_BC1hw, feat_cache=self.cache, feat_idx=[0], first_chunk=first)
-            self.latent_frames += 1
+            n = 1 if first else min(latents_per_pass or T, T - t)
+            x_BCnhw = net.post_quant_conv(z_BCThw[:, :, t : t + n])
+            out = net.decoder(x_BCnhw, feat_cache=self.cache, feat_idx=[0], first_chunk=first)
+            self.latent_frames += n
+            t += n
             yield out.clamp_(-1.0, 1.0)
 
-    def decode(self, lat_BCThw: Tensor) -> Tensor:
+    def decode(self, lat_BCThw: Tensor, latents_per_pass: int | None = None) -> Tensor:
         """One or more latent frames → their pixels (B, 3, F, H, W): F = 4T, or 4T - 3 when
         they open the stream."""
         if lat_BCThw.shape[2] == 0:
             raise ValueError("decode needs at least one latent frame")
-        return torch.cat(list(self.frames(lat_BCThw)), dim=2)
+        return torch.cat(list(self.frames(lat_BCThw, latents_per_pass)), dim=2)
 
 
 def _per_channel(v_C: Tensor) -> Tensor:
