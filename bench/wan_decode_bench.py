@@ -88,6 +88,7 @@ def main() -> None:
                     vae.net.decoder.forward = torch.compile(vae.net.decoder.forward)  # type: ignore[method-assign]
                 for name, per_pass in (("per-frame", 1), ("wide", None)):
                     label = f"{name} {layout}{' compile' if compiled else ''}"
+                    torch.cuda.reset_peak_memory_stats()
                     try:
                         seconds = timed(vae, x, per_pass, args.repeats)
                         out = decode(vae, x, per_pass).float()
