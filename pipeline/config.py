@@ -267,12 +267,23 @@ class FacecastConfig:
         return self.vae.temporal_ratio if self.runtime.stack == "diffusion" else 1
 
     @property
+    def vae_temporal_stride(self) -> int:
+        """The VAE's temporal stride in video frames (after a stream's first latent frame):
+        the project's causal VAE's ratio, 4 for FlashHead Pro's Wan VAE, 8 for Lite's
+        LTX-Video VAE, 1 for the photo stack (no VAE). Chunk seams fall on latent starts."""
+        if self.runtime.stack == "flashhead":
+            return 4 if self.flashhead.variant == "pro" else 8
+        if self.runtime.stack == "photo":
+            return 1
+        return self.vae.temporal_ratio
+
+    @property
     def flashhead_new_frames(self) -> int:
         """Video frames a FlashHead chunk adds: its frames less the motion frames, which
         repeat the previous chunk's last ones (the first motion latent is one frame, each
         later one a temporal stride of frames)."""
         fh = self.flashhead
-        stride = 4 if fh.variant == "pro" else 8
+        stride = self.vae_temporal_stride
         return fh.chunk_frames - ((fh.motion_latents - 1) * stride + 1)
 
     @property
@@ -292,7 +303,7 @@ class FacecastConfig:
         if self.runtime.stack == "flashhead":
             new = self.flashhead_new_frames
             fh, sch = self.flashhead, self.schedule
-            stride = 4 if fh.variant == "pro" else 8
+            stride = self.vae_temporal_stride
             _check(
                 (fh.chunk_frames - 1) % stride == 0,
                 "flashhead.chunk_frames",
@@ -350,13 +361,19 @@ def load_config(name_or_path: str | Path, overrides: dict | None = None) -> Face
     return cfg
 
 
+def config_names() -> list[str]:
+    """The presets in `configs/`, by name."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
 def _read_preset(name_or_path: str | Path, seen: tuple[str, ...]) -> dict:
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):
         path = CONFIG_DIR / f"{name_or_path}.yaml"
         if not path.is_file():
-            known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-            raise ConfigError(f"unknown config {str(name_or_path)!r}; known configs: {known}")
+            raise ConfigError(
+                f"unknown config {str(name_or_path)!r}; known configs: {config_names()}"
+            )
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:

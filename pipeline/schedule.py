@@ -93,6 +93,18 @@ class ChunkPlan:
         end = self.n_end(k) - self.w
         return StreamStep(k, self.n_end(k) * r + lookahead_frames, begin * r, end * r)
 
+    def seams(self, temporal_ratio: int, n_frames: int) -> list[int]:
+        """The video frames where one generated sequence's frames follow another's, within
+        the first `n_frames`: each N chunk's start, or with I chunks both ends of each I
+        chunk's frames. What `facecast eval` compares with the frames around them."""
+        starts: list[int] = []
+        for k in range(1, n_frames + 1):
+            seam = self.n_start(k)
+            if seam * temporal_ratio >= n_frames:
+                break
+            starts += [seam - self.w, seam + self.w] if self.w else [seam]
+        return [s * temporal_ratio for s in starts if 0 < s * temporal_ratio < n_frames]
+
     def execution_order(self, n_chunks: int) -> list[Chunk]:
         order = [self.n_chunk(0)]
         for k in range(1, n_chunks):

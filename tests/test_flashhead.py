@@ -302,6 +302,19 @@ def test_render_a_random_release_of_pro_and_lite_through_the_command_line(releas
         assert abs(len(frames) - round(seconds * 25)) <= 1, len(frames)
         assert frames[0].shape == (64, 64, 3)
         assert np.std(np.stack(frames).astype(float), axis=0).mean() > 1.0  # it moves
+        # scored as users score it: the model's chunk seams (28 frames Pro, 24 Lite) and its
+        # VAE's phase, against the photo framed as the model framed it
+        scored = tmp_path / f"{model}.json"
+        run = facecast(
+            "eval", "--model", model, "--photo", str(PORTRAIT), "--video", str(out),
+            "--audio", str(SPEECH), "--json", str(scored),
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr[-2000:]
+        scores = json.loads(scored.read_text())
+        chunk = 28 if model == "flashhead-pro" else 24
+        assert scores["n_seams"] == (len(frames) - 1) // chunk, scores
+        assert scores["seam_ratio"] > 0 and np.isfinite(scores["seam_ratio_global"]), scores
+        assert "seams" in run.stdout and scores["n_frames"] == len(frames)
 
 
 @pytest.mark.slow

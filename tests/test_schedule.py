@@ -32,6 +32,26 @@ def test_plan_emits_each_latent_frame_once_in_order(w, b):
     assert emitted == list(range(plan.n_end(4)))
 
 
+@pytest.mark.parametrize("w,ratio", [(0, 1), (1, 2), (2, 4)])
+def test_seams_are_where_one_generated_sequence_hands_over_to_the_next(w, ratio):
+    """`facecast eval --model` scores these frames: every frame whose latent another chunk
+    made than the one before it, and no other."""
+    plan = ChunkPlan(ScheduleConfig(chunk_latents=7, first_chunk_latents=5, seam_latents=w))
+    owner: list[str] = []
+    for k in range(6):
+        if k == 0:
+            owner += ["N0"] * (plan.n_chunk(0).emit[1] - plan.n_chunk(0).emit[0])
+        else:
+            if w:
+                i = plan.i_chunk(k - 1)
+                owner += [f"I{k - 1}"] * (i.emit[1] - i.emit[0])
+            n = plan.n_chunk(k)
+            owner += [f"N{k}"] * (n.emit[1] - n.emit[0])
+    frames = len(owner) * ratio
+    handovers = [t * ratio for t in range(1, len(owner)) if owner[t] != owner[t - 1]]
+    assert plan.seams(ratio, frames) == handovers
+
+
 def test_i_chunk_anchors_are_the_last_kept_and_first_body_frames():
     plan = ChunkPlan(ScheduleConfig(chunk_latents=6, first_chunk_latents=4, seam_latents=1))
     i0 = plan.i_chunk(0)

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.clock import MODEL_RATE
+from pipeline.config import config_names, load_config
 from pipeline.errors import MediaError
 from pipeline.eval.evaluate import run_eval
+from pipeline.families import REAL_MODELS
 from pipeline.media import load_image, read_audio
-from pipeline.photo.face import FACE_BOX_HELP, check_face_box, parse_face_box
+from pipeline.photo.face import FACE_BOX_HELP, FaceBox, check_face_box, parse_face_box
+from pipeline.schedule import ChunkPlan
 from pipeline.synth.motion import mouth_track_from_audio, silence_segments
 
 
@@ -20,7 +24,29 @@ def _seams(args: argparse.Namespace, n_frames: int) -> list[int]:
         return [int(s) for s in args.seams.split(",") if s.strip()]
     if args.chunk_frames:
         return list(range(args.chunk_frames, n_frames, args.chunk_frames))
+    if args.model:
+        cfg = load_config(args.model)
+        return ChunkPlan(cfg.schedule).seams(cfg.frames_per_latent, n_frames)
     return []
+
+
+def _seam_period(args: argparse.Namespace) -> int:
+    if args.seam_period is not None:
+        return args.seam_period
+    return load_config(args.model).vae_temporal_stride if args.model else 1
+
+
+def _framed_as_the_model_saw_it(
+    model: str, photo: Path, box: FaceBox | None, folder: Path
+) -> tuple[Path, None]:
+    """The reference `model` made the video from, as a PNG in `folder`: the photo framed as
+    its engine frames it (with the hand-drawn box, if one was drawn). The box is then the
+    detector's on the framed square."""
+    from pipeline.media import load_reference, write_png
+
+    framed = folder / "reference.png"
+    write_png(framed, load_reference(photo, load_config(model), box))
+    return framed, None
 
 
 def _photo_eval(args: argparse.Namespace) -> int:
@@ -33,7 +59,20 @@ def _photo_eval(args: argparse.Namespace) -> int:
         box = parse_face_box(args.face_box)
         check_face_box(box, load_image(photo).shape)
     audio = np.concatenate([b.model for b in iter_audio(args.audio)] or [np.zeros(0, np.float32)])
-    scores = run_photo_eval(args.video, photo, audio, window_s=args.window_s or 10.0, face_box=box)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.model and load_config(args.model).runtime.stack == "flashhead":
+            # FlashHead sees a face-centred square of the photo (`pipeline.flashhead.framing`):
+            # score the video against that square, not the photo stack's framing of it
+            photo, box = _framed_as_the_model_saw_it(args.model, photo, box, Path(tmp))
+        scores = run_photo_eval(
+            args.video,
+            photo,
+            audio,
+            window_s=args.window_s or 10.0,
+            face_box=box,
+            seams_for=lambda n: _seams(args, n),
+            seam_period=_seam_period(args),
+        )
     print(scores.summary())
     if args.json:
         write_json(scores, args.json)
@@ -71,13 +110,18 @@ def eval_main(argv: list[str] | None = None) -> int:
         help="--photo: the face framed by hand, as the video was rendered with it; "
         + FACE_BOX_HELP,
     )
+    p.add_argument(
+        "--model",
+        choices=sorted({*REAL_MODELS, *config_names()}),
+        help="the model (or project config) that made the video: its chunk seams and its "
+        "VAE's frames per latent are scored (instead of --seams/--chunk-frames, --seam-period)",
+    )
     p.add_argument("--seams", help="comma-separated first frames of new chunks")
     p.add_argument("--chunk-frames", type=int, help="seams every N frames (instead of --seams)")
     p.add_argument(
         "--seam-period",
         type=int,
-        default=1,
-        help="frames per latent of the model (demo: 2): seams are compared with frames of "
+        help="frames per latent of the model (demo: 2; default: --model's, else 1): seams are compared with frames of "
         "the same phase, so the VAE's own latent-to-latent change is not counted as a seam",
     )
     p.add_argument(
@@ -106,7 +150,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         silence_segments(samples),
         reference,
         window_s=args.window_s,
-        seam_period=args.seam_period,
+        seam_period=_seam_period(args),
     )
     print(scores.summary())
     if args.json:

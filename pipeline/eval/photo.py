@@ -17,7 +17,10 @@ The measurement of issue 16, for any stack (demo, photo, …) and any real portr
   mouth box and the photo's; the speech envelope = RMS of the frame's 40 ms of audio;
   Pearson r between the two (at lag 0, and the best within ±3 frames);
 - a face is detectable: the cascade on every 25th frame finds a face overlapping the
-  photo's face box (IoU > 0.3); the share of such frames.
+  photo's face box (IoU > 0.3); the share of such frames;
+- chunk seams, given the model that made the video (`--model`: FlashHead's 28-frame chunks,
+  say): the mean absolute luma change into each seam's first frame over the change at the
+  same latent phase around it (`metrics.seam_smoothness`; 1 = seamless).
 
 The video is read in batches; only per-frame numbers are kept.
 """
@@ -25,6 +28,7 @@ The video is read in batches; only per-frame numbers are kept.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -35,6 +39,7 @@ from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME
 from pipeline.config import PhotoConfig
 from pipeline.errors import MediaError
 from pipeline.eval.evaluate import _batches
+from pipeline.eval.metrics import seam_smoothness
 from pipeline.photo.face import FaceBox, detect_faces, read_photo_file
 from pipeline.photo.reference import prepare_reference
 
@@ -55,6 +60,11 @@ class PhotoScores:
     face_detected: float  # share of sampled frames with the face found
     face_box: list[float]
     mouth_box: list[int]
+    # the model's chunk seams (`facecast eval --model`): the frame-to-frame change at a seam
+    # over the change at the same latent phase near it (1 = seamless); None without seams
+    seam_ratio: float | None = None
+    seam_ratio_global: float | None = None
+    n_seams: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -70,6 +80,14 @@ class PhotoScores:
                 f"{self.mouth_speech_r_best:.3f} at lag {self.best_lag:+d}",
                 f"face detected       {self.face_detected:.0%} of sampled frames",
             ]
+            + (
+                [
+                    f"seams               ratio {self.seam_ratio:.2f} local, "
+                    f"{self.seam_ratio_global:.2f} global over {self.n_seams} seams"
+                ]
+                if self.seam_ratio is not None and self.seam_ratio_global is not None
+                else []
+            )
         )
 
 
@@ -132,11 +150,15 @@ def run_photo_eval(
     audio_16k: np.ndarray,
     window_s: float = 10.0,
     face_box: FaceBox | None = None,
+    seams_for: Callable[[int], list[int]] | None = None,
+    seam_period: int = 1,
 ) -> PhotoScores:
-    """Score `video` (a file, frames or batches) against the photo file it animates."""
-    ref = framed = box = None
+    """Score `video` (a file, frames or batches) against the photo file it animates.
+    `seams_for(n)`: the chunk seams of an n-frame video of the model that made it, scored
+    against frames `seam_period` (its VAE's frames per latent) apart."""
+    ref = framed = box = previous = None
     mouth_mask = None
-    ssim, motion, found = [], [], []
+    ssim, motion, found, change = [], [], [], []
     n = 0
     for batch in _batches(video):
         if framed is None:
@@ -155,6 +177,8 @@ def run_photo_eval(
         assert ref is not None and mouth_mask is not None and box is not None
         for frame in batch:
             g = luma(frame)
+            change.append(np.nan if previous is None else float(np.abs(g - previous).mean()))
+            previous = g
             ssim.append(float(ssim_map(g, ref)[~mouth_mask].mean()))
             motion.append(float(np.abs(g - ref)[mouth_mask].mean()))
             if n % FPS == 0:
@@ -173,6 +197,10 @@ def run_photo_eval(
     best = max(lags, key=lambda lag: lags[lag])
     win = max(1, min(n // 2, int(window_s * FPS)))
     first, last = float(ssim_a[:win].mean()), float(ssim_a[-win:].mean())
+    seams = [s for s in seams_for(n) if 0 < s < n] if seams_for else []
+    seam_ratio = seam_global = None
+    if seams:
+        seam_ratio, seam_global = seam_smoothness(np.array(change), seams, period=seam_period)
     return PhotoScores(
         n_frames=n,
         ssim_outside_mouth=float(ssim_a.mean()),
@@ -185,6 +213,9 @@ def run_photo_eval(
         face_detected=float(np.mean(found)),
         face_box=[float(v) for v in box],
         mouth_box=list(mb),
+        seam_ratio=seam_ratio,
+        seam_ratio_global=seam_global,
+        n_seams=len(seams),
     )
 
 

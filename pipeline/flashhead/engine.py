@@ -125,7 +125,7 @@ class FlashHeadEngine:
         self.warmup_steps = 3  # one chunk shape: the first step, then two steady ones
         fh = cfg.flashhead
         self.timesteps = sampling_timesteps(fh.steps, fh.shift, device)
-        self.stride = 4 if fh.variant == "pro" else 8
+        self.stride = cfg.vae_temporal_stride
         self.motion_frames = (fh.motion_latents - 1) * self.stride + 1
         self.new_frames = cfg.flashhead_new_frames
 
@@ -147,7 +147,7 @@ class FlashHeadEngine:
             vae = load_wan_vae(vae_path, dev, dtype, config=None)
         else:
             vae = load_ltx_vae(vae_path, dev, dtype)
-        if dit.cfg.vae_stride[0] != (4 if fh.variant == "pro" else 8):
+        if dit.cfg.vae_stride[0] != cfg.vae_temporal_stride:
             raise ConfigError(
                 f"{dit_dir / 'config.json'}: vae_stride {dit.cfg.vae_stride} is not the "
                 f"{fh.variant} variant's"
