@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -56,8 +56,23 @@ from torch import Tensor, nn
 from pipeline.models.attention import Attention
 from pipeline.models.layers import rope_axis_dims
 from pipeline.models.wan.dit import FrameCrossAttention, RMSNorm, apply_rope, sinusoid
+from pipeline.models.wan.s2v_audio import (
+    AudioInjector,
+    AudioTokens,
+    CausalAudioEncoder,
+    layer_norm,
+    linear32,
+)
+from pipeline.models.wan.s2v_cache import (
+    BlockCausalMask,
+    CachedStep,
+    KeyValues,
+    Rope,
+    S2VCache,
+    SinkPrefill,
+)
 
-Rope = tuple[Tensor, Tensor]  # cos, sin (L, K/2), fp32 holding fp16 values
+__all__ = ["AudioTokens", "S2VCache", "S2VConfig", "S2VTransformer"]
 
 
 @dataclass(frozen=True)
@@ -115,7 +130,7 @@ class S2VConfig:
     def from_release(cls, raw: dict) -> S2VConfig:
         """From the release's `config.json` (diffusers' names for the constructor's
         arguments); keys that do not shape the network are left alone."""
-        kept = {}
+        kept: dict[str, Any] = {}
         for f in ("dim", "ffn_dim", "freq_dim", "num_heads", "num_layers", "in_dim", "out_dim"):
             kept[f] = int(raw[f]) if f in raw else getattr(cls, f)
         for f in ("text_dim", "text_len", "cond_dim", "audio_dim", "num_audio_token"):
@@ -189,27 +204,6 @@ def motion_positions(cfg: S2VConfig, h: int, w: int) -> Tensor:
 # -- the pieces -------------------------------------------------------------------------------
 
 
-def layer_norm(x: Tensor, eps: float) -> Tensor:
-    return F.layer_norm(x, x.shape[-1:], eps=eps)
-
-
-def linear32(layer: nn.Linear, x: Tensor) -> Tensor:
-    """A linear layer in fp32 whatever the weights' dtype (the authors run the timestep and
-    head paths under fp32 autocast)."""
-    bias = None if layer.bias is None else layer.bias.float()
-    return F.linear(x.float(), layer.weight.float(), bias)
-
-
-class KeyValues(Protocol):
-    """Where a layer's self-attention finds its keys and values: it receives the current
-    tokens' normed keys (un-rotated and rotated) and values, (B, L, N, K) each, keeps what it
-    must, and returns keys and values (B, N, L', K) to attend to, and a mask or None."""
-
-    def __call__(
-        self, layer: int, k_raw: Tensor, k_rot: Tensor, v: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor | None]: ...
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, dim: int, heads: int, eps: float) -> None:
         super().__init__()
@@ -281,99 +275,6 @@ class S2VBlock(nn.Module):
         return (x + gated(y, gate2)).to(dtype)
 
 
-class CausalConv1d(nn.Module):
-    """A time convolution padded on the past side by repeating the first frame."""
-
-    def __init__(self, c_in: int, c_out: int, stride: int = 1) -> None:
-        super().__init__()
-        self.conv = nn.Conv1d(c_in, c_out, 3, stride=stride)
-
-    def forward(self, x_BCF: Tensor) -> Tensor:
-        x = F.pad(x_BCF, (2, 0), mode="replicate")
-        return F.conv1d(x, self.conv.weight.float(), self.conv.bias.float(), self.conv.stride)
-
-
-class AudioMotionEncoder(nn.Module):
-    """wav2vec2 frames (B, F, A) → per latent frame (4x fewer, causal) M local tokens plus a
-    learnt padding token, and one global token (the adaptive norm's input)."""
-
-    def __init__(self, cfg: S2VConfig) -> None:
-        super().__init__()
-        d, n = cfg.dim, cfg.num_audio_token
-        self.heads = n
-        self.conv1_local = CausalConv1d(cfg.audio_dim, d // 4 * n)
-        self.conv1_global = CausalConv1d(cfg.audio_dim, d // 4)
-        self.conv2 = CausalConv1d(d // 4, d // 2, stride=2)
-        self.conv3 = CausalConv1d(d // 2, d, stride=2)
-        self.final_linear = nn.Linear(d, d)
-        self.padding_tokens = nn.Parameter(torch.randn(1, 1, 1, d))
-
-    def tail(self, x_GCF: Tensor) -> Tensor:
-        """conv1's output → (G, F/4, D): the layers the local and global paths share."""
-        x = F.silu(layer_norm(x_GCF.transpose(1, 2), 1e-6)).transpose(1, 2)
-        x = F.silu(layer_norm(self.conv2(x).transpose(1, 2), 1e-6)).transpose(1, 2)
-        return F.silu(layer_norm(self.conv3(x).transpose(1, 2), 1e-6))
-
-    def forward(self, x_BFA: Tensor) -> tuple[Tensor, Tensor]:
-        B = x_BFA.shape[0]
-        x_BAF = x_BFA.transpose(1, 2).float()
-        local = self.conv1_local(x_BAF)  # (B, n*c, F): heads outermost
-        local = self.tail(local.unflatten(1, (self.heads, -1)).flatten(0, 1))
-        local_BTnD = local.unflatten(0, (B, self.heads)).transpose(1, 2)
-        pad = self.padding_tokens.float().expand(B, local_BTnD.shape[1], 1, -1)
-        local_BTMD = torch.cat([local_BTnD, pad], dim=2)
-        glob = linear32(self.final_linear, self.tail(self.conv1_global(x_BAF)))
-        return glob[:, :, None], local_BTMD
-
-
-class CausalAudioEncoder(nn.Module):
-    """A learnt softmax-free weighting of the wav2vec2 hidden states, then the encoder."""
-
-    def __init__(self, cfg: S2VConfig) -> None:
-        super().__init__()
-        self.weights = nn.Parameter(torch.full((1, cfg.audio_layers, 1, 1), 0.01))
-        self.encoder = AudioMotionEncoder(cfg)
-
-    def forward(self, feats_BSAF: Tensor) -> tuple[Tensor, Tensor]:
-        w = F.silu(self.weights.float())
-        x_BAF = ((feats_BSAF.float() * w) / w.sum(dim=1, keepdim=True)).sum(dim=1)
-        return self.encoder(x_BAF.transpose(1, 2))
-
-
-class AdaNorm(nn.Module):
-    """LayerNorm (eps 1e-5, no affine) shifted and scaled from the audio's global token."""
-
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(dim, 2 * dim)
-
-    def forward(self, x_GPD: Tensor, emb_GD: Tensor) -> Tensor:
-        shift, scale = self.linear(F.silu(emb_GD)).chunk(2, dim=1)
-        return layer_norm(x_GPD, 1e-5) * (1 + scale[:, None]) + shift[:, None]
-
-
-class AudioInjector(nn.Module):
-    """In the listed layers, after the layer: each latent frame's tokens attend to that
-    frame's audio tokens, through an adaptive norm driven by the global audio token."""
-
-    def __init__(self, cfg: S2VConfig) -> None:
-        super().__init__()
-        n = len(cfg.audio_inject_layers)
-        self.layer_ids = {layer: i for i, layer in enumerate(cfg.audio_inject_layers)}
-        self.injector = nn.ModuleList(
-            [FrameCrossAttention(cfg.dim, cfg.num_heads, cfg.eps) for _ in range(n)]
-        )
-        self.injector_adain_layers = nn.ModuleList([AdaNorm(cfg.dim) for _ in range(n)])
-
-    def forward(self, layer: int, x_BLD: Tensor, audio: AudioTokens) -> Tensor:
-        i = self.layer_ids[layer]
-        B, L, D = x_BLD.shape
-        T = audio.local_BTMD.shape[1]
-        ada = cast(AdaNorm, self.injector_adain_layers[i])
-        h = ada(x_BLD.reshape(B * T, L // T, D), audio.global_BTD.flatten(0, 1))
-        return x_BLD + self.injector[i](h.reshape(B, L, D), audio.local_BTMD)
-
-
 class FramePack(nn.Module):
     """The motion latents as tokens: the newest frame at full resolution, the two before it
     2x compressed (in time and space), the sixteen before those 4x."""
@@ -421,112 +322,6 @@ class FrameHead(nn.Module):
         return linear32(self.head, h.view(B, L, D))
 
 
-# -- stream state -----------------------------------------------------------------------------
-
-
-@dataclass
-class AudioTokens:
-    """One block's audio: per latent frame, the global token and the local tokens."""
-
-    global_BTD: Tensor
-    local_BTMD: Tensor
-
-
-@dataclass
-class S2VCache:
-    """Everything a stream carries between blocks, allocated once (memory does not grow
-    with the stream's length).
-
-    Per sampling step and layer, one buffer of keys and one of values, (B, N, Ls + W, K):
-    the sink's Ls tokens first (values copied in once; keys rotated anew each forward),
-    then a ring of `window_frames / frames_per_block` block slots. A block writes its slot
-    while it is denoised; the valid part is always the prefix [0, Ls + filled slots).
-    """
-
-    k: Tensor  # (S, layers, B, N, Ls + W, K)
-    v: Tensor
-    sink_k: Tensor  # (layers, B, Ls, N, K): normed keys before RoPE
-    text_B1MD: Tensor  # the embedded prompt, (B, 1, text_len, D)
-    sink_rope_pos: Tensor  # (Ls, 3) fp64: the reference at its prefill position
-    grid: tuple[int, int]  # token grid (h, w)
-    ref_tokens: int
-    block_tokens: int
-    slots: int
-    block: int = 0  # absolute index of the block being generated
-
-    @property
-    def sink_tokens(self) -> int:
-        return self.sink_k.shape[2]
-
-    def slot(self) -> int:
-        return self.block % self.slots
-
-    def valid(self) -> int:
-        """Keys the current block sees: the sink and every filled slot, its own included."""
-        return self.sink_tokens + min(self.block + 1, self.slots) * self.block_tokens
-
-    def advance(self) -> None:
-        """The block is final (its K/V written by each step): the next block's turn."""
-        self.block += 1
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.sink_k))
-
-
-class _SinkPrefill:
-    """The sink attends to itself; its normed keys (before RoPE) and values are kept."""
-
-    def __init__(self, cache: S2VCache) -> None:
-        self.cache = cache
-
-    def __call__(self, layer: int, k_raw: Tensor, k_rot: Tensor, v: Tensor):
-        c, n = self.cache, k_raw.shape[1]
-        c.sink_k[layer] = k_raw
-        c.v[:, layer, :, :, :n] = v.transpose(1, 2)[None]  # every step's buffer
-        return k_rot.transpose(1, 2), v.transpose(1, 2), None
-
-
-class _CachedStep:
-    """One step of a block: write the block's K/V into its slot of this step's ring, and
-    attend to the sink (rotated for this block) and the filled slots."""
-
-    def __init__(self, cache: S2VCache, step: int, sink_rope: Rope) -> None:
-        self.cache, self.step, self.sink_rope = cache, step, sink_rope
-        self.start = cache.sink_tokens + cache.slot() * cache.block_tokens
-        self.valid = cache.valid()
-
-    def __call__(self, layer: int, k_raw: Tensor, k_rot: Tensor, v: Tensor):
-        c, s, ls, end = self.cache, self.step, self.cache.sink_tokens, self.start + k_rot.shape[1]
-        k, v_buf = c.k[s, layer], c.v[s, layer]
-        k[:, :, :ls] = apply_rope(c.sink_k[layer], *self.sink_rope).transpose(1, 2)
-        k[:, :, self.start : end] = k_rot.transpose(1, 2)
-        v_buf[:, :, self.start : end] = v.transpose(1, 2)
-        return k[:, :, : self.valid], v_buf[:, :, : self.valid], None
-
-
-class _BlockCausalMask:
-    """The whole sequence at once (tests): keys are every block's tokens, then one copy of
-    the sink per block (each rotated for its block); a block's queries see its own sink
-    copy and the blocks of its window."""
-
-    def __init__(self, cache: S2VCache, sink_ropes: list[Rope], window_blocks: int) -> None:
-        self.cache, self.sink_ropes = cache, sink_ropes
-        nb, lb, ls = len(sink_ropes), cache.block_tokens, cache.sink_tokens
-        qb = torch.arange(nb).repeat_interleave(lb)
-        kb = torch.arange(nb).repeat_interleave(lb)
-        sb = torch.arange(nb).repeat_interleave(ls)
-        seen = (kb[None] <= qb[:, None]) & (kb[None] > qb[:, None] - window_blocks)
-        self.mask = torch.cat([seen, sb[None] == qb[:, None]], dim=1)
-
-    def __call__(self, layer: int, k_raw: Tensor, k_rot: Tensor, v: Tensor):
-        c = self.cache
-        v_sink = c.v[0, layer, :, :, : c.sink_tokens]
-        sinks_k = [apply_rope(c.sink_k[layer], *r).transpose(1, 2) for r in self.sink_ropes]
-        k_all = torch.cat([k_rot.transpose(1, 2), *sinks_k], dim=2)
-        v_all = torch.cat([v.transpose(1, 2), *[v_sink] * len(sinks_k)], dim=2)
-        return k_all, v_all, self.mask.to(k_all.device)
-
-
 # -- the model --------------------------------------------------------------------------------
 
 
@@ -545,8 +340,10 @@ class S2VTransformer(nn.Module):
         self.blocks = nn.ModuleList([S2VBlock(cfg) for _ in range(cfg.num_layers)])
         self.head = FrameHead(cfg)
         # the published name, misspelling included
-        self.casual_audio_encoder = CausalAudioEncoder(cfg)
-        self.audio_injector = AudioInjector(cfg)
+        self.casual_audio_encoder = CausalAudioEncoder(
+            cfg.audio_layers, cfg.audio_dim, d, cfg.num_audio_token
+        )
+        self.audio_injector = AudioInjector(cfg.audio_inject_layers, d, cfg.num_heads, cfg.eps)
         self.trainable_cond_mask = nn.Embedding(3, d)  # rows: noisy, reference, motion
         self.frame_packer = FramePack(cfg)
 
@@ -643,7 +440,7 @@ class S2VTransformer(nn.Module):
         B = x.shape[0]
         _, mod0 = self.time_modulation(torch.zeros(B, 1, device=x.device))
         rope = rope_fp16(cache.sink_rope_pos, self.cfg.head_dim)  # the reference unshifted
-        kv = _SinkPrefill(cache)
+        kv = SinkPrefill(cache)
         for i, block in enumerate(self.layers()):
             x = block(x, mod0, rope, cache.text_B1MD, kv, i)
 
@@ -663,7 +460,7 @@ class S2VTransformer(nn.Module):
         dtype = self.dtype
         tok = self.patch_embedding(x_BCTHW.to(dtype))
         if pose_BCTHW is None:  # the authors feed zero latents: the encoder's bias alone
-            tok = tok + self.cond_encoder.bias[:, None, None, None]
+            tok = tok + cast(Tensor, self.cond_encoder.bias)[:, None, None, None]
         else:
             tok = tok + self.cond_encoder(pose_BCTHW.to(dtype))
         return tok.flatten(2).transpose(1, 2) + self.trainable_cond_mask.weight[0]
@@ -696,7 +493,7 @@ class S2VTransformer(nn.Module):
         frame0 = cache.block * cfg.frames_per_block
         h, w = cache.grid
         rope = rope_fp16(block_positions(frame0, T, h, w, x_BCTHW.device), cfg.head_dim)
-        kv = _CachedStep(cache, step, self.sink_rope(cache, frame0, ref_distance))
+        kv = CachedStep(cache, step, self.sink_rope(cache, frame0, ref_distance))
         x = self.embed_block(x_BCTHW, pose_BCTHW)
         t_BT = t_B.reshape(-1, 1).float().expand(B, T)
         out = self.run_layers(x, t_BT, rope, audio, cache.text_B1MD, kv)
@@ -719,7 +516,7 @@ class S2VTransformer(nn.Module):
         sink_ropes = [
             self.sink_rope(cache, b * cfg.frames_per_block, ref_distance) for b in range(blocks)
         ]
-        kv = _BlockCausalMask(cache, sink_ropes, cache.slots)
+        kv = BlockCausalMask(cache, sink_ropes, cache.slots)
         rope = rope_fp16(block_positions(0, T, h, w, x_BCTHW.device), cfg.head_dim)
         out = self.run_layers(
             self.embed_block(x_BCTHW, None), t_BT.float(), rope, audio, cache.text_B1MD, kv
