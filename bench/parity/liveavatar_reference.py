@@ -2,7 +2,7 @@
 it computes.
 
     PYTHONPATH=/path/to/refsite python bench/parity/liveavatar_reference.py \
-        --reference-repo PATH --out DIR [--blocks 5] [--seed 0]
+        --reference-repo PATH --out DIR [--shape tiny|mid] [--blocks 5] [--seed 0]
 
 PATH is a checkout of github.com/Alibaba-Quark/LiveAvatar; nothing of it is copied into
 Facecast: it is imported from PATH, in its own process, with diffusers 0.35, einops and
@@ -59,7 +59,21 @@ PACKAGES = (
     "liveavatar.models.wan.wan_2_2.modules.s2v",
     "liveavatar.models.wan.wan_2_2.distributed",
 )
-LATENT_HW = (8, 16)  # non-square: a swapped h/w shows
+SHAPES = {
+    # (config, latent h x w): non-square, so a swapped h/w shows
+    "tiny": (S2VConfig.tiny(), (8, 16)),
+    # the release's head size (128: RoPE's 44/42/42 split), wav2vec2-large and umT5 widths
+    "mid": (
+        S2VConfig(
+            dim=256,
+            ffn_dim=512,
+            num_heads=2,
+            num_layers=4,
+            audio_inject_layers=(0, 3),
+        ),
+        (16, 24),
+    ),
+}
 PROMPT_TOKENS = 7
 
 
@@ -165,9 +179,9 @@ def build(cm, cfg: S2VConfig, state: dict):
     return model.eval().requires_grad_(False), kwargs
 
 
-def make_inputs(cfg: S2VConfig, blocks: int, seed: int) -> dict[str, torch.Tensor]:
+def make_inputs(cfg: S2VConfig, hw, blocks: int, seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed + 1)
-    H, W = LATENT_HW
+    H, W = hw
     fpb = cfg.frames_per_block
     return {
         "prompt": torch.randn(1, PROMPT_TOKENS, cfg.text_dim, generator=g),
@@ -181,15 +195,15 @@ def make_inputs(cfg: S2VConfig, blocks: int, seed: int) -> dict[str, torch.Tenso
 def stream(cm, model, cfg: S2VConfig, inputs: dict, blocks: int, steps: int, seed: int) -> dict:
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    H, W = LATENT_HW
+    H, W = inputs["ref"].shape[-2:]
     fpb, n, k = cfg.frames_per_block, cfg.num_heads, cfg.head_dim
     fsl = (H // 2) * (W // 2)  # their frame_seq_length
     lat_motion = cfg.motion_latent_frames
     cache_tokens = cfg.window_frames * fsl  # their max_seq_len for infer_frames 48
     shared_cond = [
         {
-            "cond_k": torch.zeros(1, 256, n, k),
-            "cond_v": torch.zeros(1, 256, n, k),
+            "cond_k": torch.zeros(1, 2800, n, k),  # their size
+            "cond_v": torch.zeros(1, 2800, n, k),
             "cond_end": torch.tensor([0]),
         }
         for _ in range(cfg.num_layers)
@@ -268,6 +282,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reference-repo", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     p.add_argument("--blocks", type=int, default=5)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
@@ -275,11 +290,11 @@ def main() -> None:
     torch.manual_seed(a.seed)
     out = Path(a.out)
     (out / "release").mkdir(parents=True, exist_ok=True)
-    cfg = S2VConfig.tiny()
+    cfg, hw = SHAPES[a.shape]
     cm = import_model(Path(a.reference_repo).resolve(), cfg.dim)
     state = random_published_state(cfg, a.seed)
     model, kwargs = build(cm, cfg, state)
-    inputs = make_inputs(cfg, a.blocks, a.seed)
+    inputs = make_inputs(cfg, hw, a.blocks, a.seed)
     results = stream(cm, model, cfg, inputs, a.blocks, a.steps, a.seed)
     from safetensors.torch import save_file
 
@@ -289,7 +304,8 @@ def main() -> None:
         "seed": a.seed,
         "blocks": a.blocks,
         "steps": a.steps,
-        "latent_hw": list(LATENT_HW),
+        "shape": a.shape,
+        "latent_hw": list(hw),
         "config": {k: v for k, v in dataclasses.asdict(cfg).items()},
     }
     tensors = {f"in.{k}": v for k, v in inputs.items()} | results
