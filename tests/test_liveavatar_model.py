@@ -19,7 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from pipeline.errors import CheckpointError
-from pipeline.models.wan.s2v import AudioTokens, S2VConfig, S2VTransformer
+from pipeline.models.wan.s2v import AudioTokens, S2VConfig, S2VTransformer, euler_sigmas
 from pipeline.models.wan.s2v_weights import (
     load_published,
     published_shapes,
@@ -59,7 +59,8 @@ def test_one_block_and_five_cached_blocks_match_the_authors():
     ref = load_file(str(FIXTURE))
     model = tiny_model(meta["seed"])
     ins = {k[3:]: v for k, v in ref.items() if k.startswith("in.")}
-    timesteps, sigmas = ref["timesteps"], ref["sigmas"]
+    timesteps, sigmas = euler_sigmas(4, shift=3.0)  # the authors' scheduler's, bit for bit
+    assert torch.equal(timesteps, ref["timesteps"]) and torch.equal(sigmas, ref["sigmas"])
     distances = iter(ref["ref_distances"].tolist())
     fpb = model.cfg.frames_per_block
     cache = model.new_cache(1, HW, len(timesteps), "cpu", torch.float32)
@@ -117,6 +118,8 @@ def test_the_cache_memory_stays_flat_as_blocks_roll_past_the_window():
     cache = model.new_cache(1, HW, 2, "cpu", torch.float32)
     tensors = (cache.k, cache.v, cache.sink_k)
     before = [(t.data_ptr(), t.nbytes) for t in tensors]
+    with torch.no_grad(), pytest.raises(RuntimeError, match="prefill"):
+        model.forward_block(ins["x"][:, :, :fpb], torch.tensor([500.0]), None, cache, 0)  # type: ignore[arg-type]
     with torch.no_grad():
         model.prefill(cache, ins["prompt"], ins["ref"], ins["motion"])
         for b in range(blocks):

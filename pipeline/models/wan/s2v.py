@@ -15,10 +15,20 @@ What a caller does, per stream and per block:
     for each block:                                             # 3 latent frames = 12 video frames
         audio = model.encode_audio(w2v_BSAF)                    # (B, 25, 1024, 12) hidden states
         x = noise_BC3HW
-        for step, (s, s_next) in enumerate(zip(sigmas, sigmas[1:])):
-            v = model.forward_block(x, 1000 * s, audio, cache, step)
-            x = x + (s_next - s) * v
+        for step in range(4):                                   # timesteps, sigmas = euler_sigmas()
+            v = model.forward_block(x, timesteps[step : step + 1], audio, cache, step)
+            x = x + (sigmas[step + 1] - sigmas[step]) * v
         cache.advance()                                         # the next block's ring slot
+
+`prompt_BLC` is the umT5 encoder's output for the prompt's real tokens (B, L, 4096), as
+the authors' T5EncoderModel returns it; `ref_BC1HW` the VAE latents of the reference image
+(their encode of the image repeated 5 frames, first latent dropped); `motion_BCTHW` the
+latents of the motion frames (their encode of the image repeated 73 frames: 19 latent
+frames; fewer are zero-padded in front); `w2v_BSAF` the block's 12 video-rate frames of
+all 25 wav2vec2-large hidden states, in the authors' layout (B, layers, width, frames).
+`prefill` may be called again mid-stream to replace the sink (the authors'
+`--enable_online_decode` does it once, after the first 4 blocks, with the first generated
+latent frame as the reference and the re-encoded last 73 frames as motion).
 
 How the authors commit a block (`causal_s2v_pipeline.py`): there is no clean re-run at t=0.
 They keep one KV cache per sampling step, and step i of a block writes its own keys and
@@ -199,6 +209,18 @@ def motion_positions(cfg: S2VConfig, h: int, w: int) -> Tensor:
         ts = [-t for t in _span(end, end - n + 1, max(n // c, 1))]
         out.append(_grid(ts, _span(0, h - 1, h // c), _span(0, w - 1, w // c)))
     return torch.cat(out)
+
+
+def euler_sigmas(steps: int = 4, shift: float = 3.0, train_steps: int = 1000) -> Rope:
+    """(timesteps (steps,), sigmas (steps + 1,)) in fp32, as the authors sample: diffusers'
+    `FlowMatchEulerDiscreteScheduler(shift=3).set_timesteps(4)`, whose schedule is shifted
+    twice (its smallest sigma is the shifted 1/1000, then the spaced sigmas are shifted
+    again): 1, 0.858, 0.602, 0.0089, 0, not the once-shifted 1, 0.9, 0.75, 0.5, 0."""
+    s = torch.tensor([1.0 / train_steps], dtype=torch.float32)  # their fp32 table's last
+    sigma_min = (shift * s / (1 + (shift - 1) * s)).item()
+    t = np.linspace(1.0 * train_steps, sigma_min * train_steps, steps) / train_steps
+    sigmas = torch.from_numpy(shift * t / (1 + (shift - 1) * t)).float()
+    return sigmas * train_steps, torch.cat([sigmas, torch.zeros(1)])
 
 
 # -- the pieces -------------------------------------------------------------------------------
@@ -443,6 +465,7 @@ class S2VTransformer(nn.Module):
         kv = SinkPrefill(cache)
         for i, block in enumerate(self.layers()):
             x = block(x, mod0, rope, cache.text_B1MD, kv, i)
+        cache.prefilled = True
 
     # -- per block -----------------------------------------------------------------------------
 
@@ -466,7 +489,13 @@ class S2VTransformer(nn.Module):
         return tok.flatten(2).transpose(1, 2) + self.trainable_cond_mask.weight[0]
 
     def run_layers(
-        self, x_BLD: Tensor, t_BT: Tensor, rope: Rope, audio: AudioTokens, text: Tensor, kv
+        self,
+        x_BLD: Tensor,
+        t_BT: Tensor,
+        rope: Rope,
+        audio: AudioTokens,
+        text: Tensor,
+        kv: KeyValues,
     ) -> Tensor:
         e_BTD, mod_BT6D = self.time_modulation(t_BT)
         injected = self.audio_injector.layer_ids
@@ -487,11 +516,21 @@ class S2VTransformer(nn.Module):
         ref_distance: int | None = None,
     ) -> Tensor:
         """The flow (velocity) for one block's noisy latents at timestep t (0..1000), for
-        sampling step `step` (its K/V go to that step's cache)."""
+        sampling step `step` (its K/V go to that step's cache). `pose_BCTHW`: pose latents
+        (the authors' inference passes none: zeros); `ref_distance`: see `sink_rope`."""
         B, _, T, H, W = x_BCTHW.shape
         cfg = self.cfg
-        frame0 = cache.block * cfg.frames_per_block
         h, w = cache.grid
+        if not cache.prefilled:
+            raise RuntimeError("the cache holds no sink yet: call prefill(cache, ...) first")
+        if not 0 <= step < cache.k.shape[0]:
+            raise ValueError(f"step {step} outside the cache's {cache.k.shape[0]} steps")
+        if (T, H, W) != (cfg.frames_per_block, h * cfg.patch_size[1], w * cfg.patch_size[2]):
+            raise ValueError(
+                f"a block is {cfg.frames_per_block} latent frames of the cache's "
+                f"{h * cfg.patch_size[1]}x{w * cfg.patch_size[2]}; got {T} of {H}x{W}"
+            )
+        frame0 = cache.block * cfg.frames_per_block
         rope = rope_fp16(block_positions(frame0, T, h, w, x_BCTHW.device), cfg.head_dim)
         kv = CachedStep(cache, step, self.sink_rope(cache, frame0, ref_distance))
         x = self.embed_block(x_BCTHW, pose_BCTHW)

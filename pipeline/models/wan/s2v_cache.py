@@ -56,6 +56,7 @@ class S2VCache:
     block_tokens: int
     slots: int
     block: int = 0  # absolute index of the block being generated
+    prefilled: bool = False
 
     @property
     def sink_tokens(self) -> int:
