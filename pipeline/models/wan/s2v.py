@@ -11,7 +11,7 @@ What a caller does, per stream and per block:
 
     model = S2VTransformer(cfg)                                # weights: s2v_weights.load_published
     cache = model.new_cache(batch, (lat_h, lat_w), steps=4, device=dev, dtype=dt)
-    model.prefill(cache, prompt_BLC, ref_BC1HW, motion_BCTHW)   # once: text context + sink K/V
+    model.prefill(cache, prompt_BLC, ref_BC1HW, motion_BCTHW)   # once: text K/V + sink K/V
     for each block:                                             # 3 latent frames = 12 video frames
         audio = model.encode_audio(w2v_BSAF)                    # (B, 25, 1024, 12) hidden states
         x = noise_BC3HW
@@ -65,7 +65,7 @@ from torch import Tensor, nn
 
 from pipeline.models.attention import Attention
 from pipeline.models.layers import rope_axis_dims
-from pipeline.models.wan.dit import FrameCrossAttention, RMSNorm, apply_rope, sinusoid
+from pipeline.models.wan.dit import RMSNorm, apply_rope, sinusoid
 from pipeline.models.wan.s2v_audio import (
     AudioInjector,
     AudioTokens,
@@ -251,6 +251,32 @@ class CausalSelfAttention(nn.Module):
         return self.o(o_BNLK.transpose(1, 2).reshape(B, L, D))
 
 
+class TextCrossAttention(nn.Module):
+    """Every token attends to the prompt's tokens. The prompt is fixed for a stream, so its
+    keys and values are projected once (`context_kv`, at prefill) and kept in the cache."""
+
+    def __init__(self, dim: int, heads: int, eps: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * dim)
+        self.o = nn.Linear(dim, dim)
+        self.norm_q = RMSNorm(dim, eps)
+        self.norm_k = RMSNorm(dim, eps)
+        self.attend = Attention("sdpa")
+
+    def context_kv(self, ctx_BMD: Tensor) -> tuple[Tensor, Tensor]:
+        k, v = self.kv(ctx_BMD).chunk(2, dim=-1)
+        k_BNMK = self.norm_k(k).unflatten(-1, (self.heads, -1)).transpose(1, 2)
+        return k_BNMK, v.unflatten(-1, (self.heads, -1)).transpose(1, 2)
+
+    def forward(self, x_BLD: Tensor, kv: tuple[Tensor, Tensor]) -> Tensor:
+        B, L, D = x_BLD.shape
+        q_BNLK = self.norm_q(self.q(x_BLD)).unflatten(-1, (self.heads, -1)).transpose(1, 2)
+        o_BNLK = self.attend(q_BNLK, *kv)
+        return self.o(o_BNLK.transpose(1, 2).reshape(B, L, D))
+
+
 class S2VBlock(nn.Module):
     def __init__(self, cfg: S2VConfig) -> None:
         super().__init__()
@@ -258,7 +284,7 @@ class S2VBlock(nn.Module):
         self.eps = eps
         self.self_attn = CausalSelfAttention(d, cfg.num_heads, eps)
         self.norm3 = nn.LayerNorm(d, eps=eps)
-        self.cross_attn = FrameCrossAttention(d, cfg.num_heads, eps)
+        self.cross_attn = TextCrossAttention(d, cfg.num_heads, eps)
         self.ffn = nn.Sequential(
             nn.Linear(d, cfg.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_dim, d)
         )
@@ -269,7 +295,7 @@ class S2VBlock(nn.Module):
         x_BLD: Tensor,
         mod_BT6D: Tensor,
         rope: Rope,
-        text_B1MD: Tensor,
+        text_kv: tuple[Tensor, Tensor],
         kv: KeyValues,
         layer: int,
     ) -> Tensor:
@@ -292,7 +318,7 @@ class S2VBlock(nn.Module):
         x = x_BLD.float() + gated(y, gate1)
         # the authors' layer hands norm3 its input rounded to bf16, in any dtype
         h = self.norm3(x.to(torch.bfloat16)).to(dtype)
-        x = x + self.cross_attn(h, text_B1MD).float()
+        x = x + self.cross_attn(h, text_kv).float()
         y = self.ffn(modulate(layer_norm(x, self.eps), shift2, scale2))
         return (x + gated(y, gate2)).to(dtype)
 
@@ -403,11 +429,13 @@ class S2VTransformer(nn.Module):
         slots = cfg.window_frames // cfg.frames_per_block
         n, k = cfg.num_heads, cfg.head_dim
         shape = (steps, cfg.num_layers, batch, n, len(sink) + slots * block_tokens, k)
+        text_shape = (cfg.num_layers, batch, n, cfg.text_len, k)
         return S2VCache(
             k=torch.zeros(shape, device=device, dtype=dtype),
             v=torch.zeros(shape, device=device, dtype=dtype),
             sink_k=torch.zeros(cfg.num_layers, batch, len(sink), n, k, device=device, dtype=dtype),
-            text_B1MD=torch.zeros(batch, 1, cfg.text_len, cfg.dim, device=device, dtype=dtype),
+            text_k=torch.zeros(text_shape, device=device, dtype=dtype),
+            text_v=torch.zeros(text_shape, device=device, dtype=dtype),
             sink_rope_pos=sink.to(device),
             grid=(h, w),
             ref_tokens=h * w,
@@ -416,14 +444,14 @@ class S2VTransformer(nn.Module):
         )
 
     def embed_text(self, prompt_BLC: Tensor) -> Tensor:
-        """umT5 tokens (B, L <= text_len, 4096) → (B, 1, text_len, D); zero-padded to
+        """umT5 tokens (B, L <= text_len, 4096) → (B, text_len, D); zero-padded to
         text_len first, and the padding is attended to (as the authors do)."""
         B, L, _ = prompt_BLC.shape
         if L > self.cfg.text_len:
             raise ValueError(f"prompt has {L} tokens, at most {self.cfg.text_len} fit")
         padded = prompt_BLC.new_zeros(B, self.cfg.text_len, prompt_BLC.shape[-1])
         padded[:, :L] = prompt_BLC
-        return self.text_embedding(padded.to(self.dtype))[:, None]
+        return self.text_embedding(padded.to(self.dtype))
 
     def sink_rope(self, cache: S2VCache, frame0: int, ref_distance: int | None) -> Rope:
         """The sink's RoPE for a block starting at latent frame `frame0`: the reference
@@ -454,7 +482,10 @@ class S2VTransformer(nn.Module):
         """Once per stream: embed the prompt and run the sink (reference latents + packed
         motion latents, zero timestep) through every layer, keeping its keys and values."""
         dtype = self.dtype
-        cache.text_B1MD.copy_(self.embed_text(prompt_BLC))
+        ctx_BMD = self.embed_text(prompt_BLC)
+        for i, block in enumerate(self.layers()):
+            k, v = block.cross_attn.context_kv(ctx_BMD)
+            cache.text_k[i], cache.text_v[i] = k, v
         ref = self.patch_embedding(ref_BC1HW.to(dtype)).flatten(2).transpose(1, 2)
         mot = self.frame_packer(motion_BCTHW.to(dtype))
         rows = self.trainable_cond_mask.weight
@@ -464,7 +495,7 @@ class S2VTransformer(nn.Module):
         rope = rope_fp16(cache.sink_rope_pos, self.cfg.head_dim)  # the reference unshifted
         kv = SinkPrefill(cache)
         for i, block in enumerate(self.layers()):
-            x = block(x, mod0, rope, cache.text_B1MD, kv, i)
+            x = block(x, mod0, rope, cache.text_kv(i), kv, i)
         cache.prefilled = True
 
     # -- per block -----------------------------------------------------------------------------
@@ -494,13 +525,13 @@ class S2VTransformer(nn.Module):
         t_BT: Tensor,
         rope: Rope,
         audio: AudioTokens,
-        text: Tensor,
+        cache: S2VCache,
         kv: KeyValues,
     ) -> Tensor:
         e_BTD, mod_BT6D = self.time_modulation(t_BT)
         injected = self.audio_injector.layer_ids
         for i, block in enumerate(self.layers()):
-            x_BLD = block(x_BLD, mod_BT6D, rope, text, kv, i)
+            x_BLD = block(x_BLD, mod_BT6D, rope, cache.text_kv(i), kv, i)
             if i in injected:
                 x_BLD = self.audio_injector(i, x_BLD, audio)
         return self.head(x_BLD, e_BTD)
@@ -535,7 +566,7 @@ class S2VTransformer(nn.Module):
         kv = CachedStep(cache, step, self.sink_rope(cache, frame0, ref_distance))
         x = self.embed_block(x_BCTHW, pose_BCTHW)
         t_BT = t_B.reshape(-1, 1).float().expand(B, T)
-        out = self.run_layers(x, t_BT, rope, audio, cache.text_B1MD, kv)
+        out = self.run_layers(x, t_BT, rope, audio, cache, kv)
         return self.unpatchify(out, (T, h, w)).to(x_BCTHW.dtype)
 
     def forward_masked(
@@ -557,9 +588,7 @@ class S2VTransformer(nn.Module):
         ]
         kv = BlockCausalMask(cache, sink_ropes, cache.slots)
         rope = rope_fp16(block_positions(0, T, h, w, x_BCTHW.device), cfg.head_dim)
-        out = self.run_layers(
-            self.embed_block(x_BCTHW, None), t_BT.float(), rope, audio, cache.text_B1MD, kv
-        )
+        out = self.run_layers(self.embed_block(x_BCTHW, None), t_BT.float(), rope, audio, cache, kv)
         return self.unpatchify(out, (T, h, w)).to(x_BCTHW.dtype)
 
     def unpatchify(self, x_BLK: Tensor, grid: tuple[int, int, int]) -> Tensor:

@@ -49,7 +49,8 @@ class S2VCache:
     k: Tensor  # (S, layers, B, N, Ls + W, K)
     v: Tensor
     sink_k: Tensor  # (layers, B, Ls, N, K): normed keys before RoPE
-    text_B1MD: Tensor  # the embedded prompt, (B, 1, text_len, D)
+    text_k: Tensor  # (layers, B, N, text_len, K): the prompt's keys, normed
+    text_v: Tensor
     sink_rope_pos: Tensor  # (Ls, 3) fp64: the reference at its prefill position
     grid: tuple[int, int]  # token grid (h, w)
     ref_tokens: int
@@ -61,6 +62,9 @@ class S2VCache:
     @property
     def sink_tokens(self) -> int:
         return self.sink_k.shape[2]
+
+    def text_kv(self, layer: int) -> tuple[Tensor, Tensor]:
+        return self.text_k[layer], self.text_v[layer]
 
     def slot(self) -> int:
         return self.block % self.slots
@@ -74,7 +78,8 @@ class S2VCache:
         self.block += 1
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.sink_k))
+        tensors = (self.k, self.v, self.sink_k, self.text_k, self.text_v)
+        return sum(t.numel() * t.element_size() for t in tensors)
 
 
 class SinkPrefill:
