@@ -49,7 +49,7 @@ def forward_flops(cfg: S2VConfig, tokens: int, keys: int) -> float:
     """Matrix-product FLOPs of one block forward (the rest is noise at this size)."""
     d, f, m = cfg.dim, cfg.ffn_dim, cfg.text_len
     per_layer = 2 * tokens * (4 * d * d + 2 * d * f)  # qkv, o, ffn
-    per_layer += 2 * tokens * 2 * d * d + 2 * m * 2 * d * d  # text cross-attention
+    per_layer += 2 * tokens * 2 * d * d  # text cross-attention's q, o (its k, v: at prefill)
     per_layer += 4 * tokens * d * (keys + m)  # the two attentions' QK and PV
     audio = len(cfg.audio_inject_layers) * 2 * tokens * 4 * d * d  # q, o, adain (small)
     return cfg.num_layers * per_layer + audio
