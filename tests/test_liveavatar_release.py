@@ -116,3 +116,52 @@ def test_a_bfloat16_merge_is_computed_in_float32_and_rounded_once(tmp_path):
     exact = base[name].float() + 0.5 * b @ a
     assert merged[name].dtype == torch.bfloat16
     assert torch.equal(merged[name], exact.bfloat16())
+
+
+# -- the prompt encoder --------------------------------------------------------------------
+
+
+def test_the_prompt_encoder_reproduces_wans_t5_encoder(tmp_path):
+    """`fixtures/liveavatar/umt5_tiny.safetensors`: the authors' T5EncoderModel on random
+    weights (`bench/parity/umt5_reference.py`); its weights and tokenizer re-made here."""
+    pytest.importorskip("ftfy")
+    from safetensors import safe_open
+
+    from pipeline.models.umt5 import PromptEncoder, UMT5Shape, random_wan_state, write_tokenizer
+
+    fixture = FIXTURES / "umt5_tiny.safetensors"
+    with safe_open(str(fixture), "pt") as f:
+        meta = json.loads(f.metadata()["meta"])
+    ref = load_file(str(fixture))
+    torch.save(random_wan_state(UMT5Shape(**meta["shape"]), meta["seed"]), tmp_path / "t5.pth")
+    tokenizer = write_tokenizer(tmp_path / "umt5-xxl")
+    encoder = PromptEncoder(tmp_path / "t5.pth", tokenizer, dtype=torch.float32,
+                            text_len=meta["text_len"])  # fmt: skip
+    prompts = meta["prompts"]
+    ids, _ = encoder.tokenize(prompts)
+    outs = encoder.encode(prompts)
+    for i in range(len(prompts)):
+        assert torch.equal(ids[i], ref[f"ids.{i}"]), prompts[i]
+        assert outs[i].shape == ref[f"out.{i}"].shape
+        torch.testing.assert_close(outs[i], ref[f"out.{i}"], atol=1e-5, rtol=1e-5)
+    assert outs[-1].shape[0] == meta["text_len"]  # the long prompt: cut to text_len
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda s: s.pop("blocks.1.ffn.fc2.weight"), "missing key 'blocks.1.ffn.fc2.weight'"),
+        (lambda s: s.update(stray=torch.zeros(2)), "key 'stray' does not map"),
+        (lambda s: s.update({"blocks.0.attn.q.weight": torch.zeros(32, 31)}), "has shape"),
+    ],
+)
+def test_a_t5_checkpoint_that_does_not_fit_names_the_file_and_key(tmp_path, edit, message):
+    from pipeline.models.umt5 import UMT5Shape, load_umt5, random_wan_state
+
+    state = random_wan_state(UMT5Shape(vocab=64, dim=32, dim_attn=32, dim_ffn=48,
+                                       num_heads=4, num_layers=2), 0)  # fmt: skip
+    edit(state)
+    torch.save(state, tmp_path / "models_t5_umt5-xxl-enc-bf16.pth")
+    with pytest.raises(CheckpointError, match=message) as err:
+        load_umt5(tmp_path / "models_t5_umt5-xxl-enc-bf16.pth")
+    assert "models_t5_umt5-xxl-enc-bf16.pth" in str(err.value) and "\n" not in str(err.value)

@@ -1,0 +1,297 @@
+"""The LiveAvatar release as users download it: Wan2.2-S2V-14B and the Live-Avatar LoRA.
+
+`huggingface-cli download Wan-AI/Wan2.2-S2V-14B --local-dir DIR` writes (the authors'
+`--ckpt_dir`):
+
+    DIR/config.json                                        the S2V transformer's shape
+    DIR/diffusion_pytorch_model-0000N-of-00004.safetensors its weights, in 4 shards
+    DIR/diffusion_pytorch_model.safetensors.index.json     weight name → shard
+    DIR/Wan2.1_VAE.pth                                     the VAE (a state dict)
+    DIR/models_t5_umt5-xxl-enc-bf16.pth                    umT5-XXL's encoder, Wan's key layout
+    DIR/google/umt5-xxl/                                   its tokenizer (transformers folder)
+    DIR/wav2vec2-large-xlsr-53-english/                    the speech encoder (transformers)
+
+and `huggingface-cli download Quark-Vision/Live-Avatar --local-dir LORA` the LoRA the
+authors merge into the transformer (`--lora_path_dmd`): `LORA/liveavatar.safetensors`,
+PEFT's layout, rank 128 and alpha 64 from their training config (`LORA_ALPHA`).
+
+`check_release` is serve's preflight (every file there, every header whole, the index and
+the shards agreeing, the LoRA's keys paired), cheap enough to run before a server
+listens; the full reads (`read_transformer_state`, `pipeline.lora.read_lora`) follow at
+start-up. Every problem is one `CheckpointError` line naming the file.
+
+`write_random_release` lays out the same folders with random weights (tests, benchmarks on
+the H200s without downloads); the transformer's state comes from its model file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from pipeline.checkpoints import (
+    SAFETENSORS_NAME,
+    read_diffusers_weights,
+    read_json,
+    write_sharded,
+)
+from pipeline.errors import CheckpointError
+from pipeline.lora import check_lora
+
+LORA_NAME = "liveavatar.safetensors"
+LORA_RANK, LORA_ALPHA = 128, 64.0  # liveavatar/configs/s2v_causal_sft.yaml
+LORA_TARGETS = ("q", "k", "v", "o", "ffn.0", "ffn.2")  # PEFT target_modules, name suffixes
+INDEX_NAME = f"{SAFETENSORS_NAME}.index.json"
+T5_NAME = "models_t5_umt5-xxl-enc-bf16.pth"
+VAE_NAME = "Wan2.1_VAE.pth"
+TOKENIZER_DIR = "google/umt5-xxl"
+WAV2VEC_DIR = "wav2vec2-large-xlsr-53-english"
+DOWNLOAD = "`huggingface-cli download Wan-AI/Wan2.2-S2V-14B --local-dir DIR`"
+
+# config.json fields the S2V transformer is built from: (name, kind); kinds "int" (positive),
+# "ints" (a list of them, or of -1 for window_size), "bool", "str", "float" (positive)
+CONFIG_FIELDS = (
+    ("dim", "int"),
+    ("ffn_dim", "int"),
+    ("freq_dim", "int"),
+    ("text_dim", "int"),
+    ("in_dim", "int"),
+    ("out_dim", "int"),
+    ("num_heads", "int"),
+    ("num_layers", "int"),
+    ("cond_dim", "int"),
+    ("audio_dim", "int"),
+    ("num_audio_token", "int"),
+    ("patch_size", "ints"),
+    ("audio_inject_layers", "ints"),
+    ("eps", "float"),
+    ("qk_norm", "bool"),
+    ("cross_attn_norm", "bool"),
+    ("enable_adain", "bool"),
+    ("adain_mode", "str"),
+    ("enable_framepack", "bool"),
+    ("framepack_drop_mode", "str"),
+    ("enable_motioner", "bool"),
+    ("add_last_motion", "bool"),
+    ("zero_timestep", "bool"),
+)
+
+
+@dataclass(frozen=True)
+class ReleasePaths:
+    """Where each part of a Wan2.2-S2V-14B folder lies (checked to exist)."""
+
+    root: Path
+    config: Path
+    index: Path
+    vae: Path
+    t5: Path
+    tokenizer: Path
+    wav2vec: Path
+
+
+def release_paths(ckpt_dir: str | Path) -> ReleasePaths:
+    root = Path(ckpt_dir).expanduser()
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: weights folder not found (--weights wants the folder of {DOWNLOAD})")
+    paths = ReleasePaths(
+        root=root,
+        config=root / "config.json",
+        index=root / INDEX_NAME,
+        vae=root / VAE_NAME,
+        t5=root / T5_NAME,
+        tokenizer=root / TOKENIZER_DIR,
+        wav2vec=root / WAV2VEC_DIR,
+    )
+    for path in (paths.config, paths.vae, paths.t5, paths.tokenizer, paths.wav2vec):
+        if not path.exists():
+            raise CheckpointError(f"{path}: not found in the release folder {root} ({DOWNLOAD})")
+    if not paths.index.is_file() and not (root / SAFETENSORS_NAME).is_file():
+        raise CheckpointError(f"{paths.index}: not found in the release folder {root} ({DOWNLOAD})")
+    return paths
+
+
+def check_release(ckpt_dir: str | Path, lora: str | Path | None) -> ReleasePaths:
+    """The cheap checks a server makes before it listens: every file there and readable
+    (safetensors headers and lengths, the `.pth` archives' directories), the index and its
+    shards agreeing key for key, config.json's fields, the LoRA's keys paired."""
+    paths = release_paths(ckpt_dir)
+    read_transformer_config(paths.root)
+    for shard, keys in transformer_shards(paths.root).items():
+        found = set(safetensors_header(shard))
+        if found != keys:
+            odd = sorted(found - keys) or sorted(keys - found)
+            raise CheckpointError(
+                f"{shard}: holds other keys than {INDEX_NAME} lists (e.g. {odd[0]!r})"
+            )
+    for pth in (paths.vae, paths.t5):
+        check_pth(pth)
+    check_tokenizer(paths.tokenizer)
+    check_wav2vec(paths.wav2vec)
+    if lora is not None:
+        check_lora(lora_path(lora))
+    return paths
+
+
+def lora_path(lora: str | Path) -> Path:
+    """The LoRA file: given itself, or the folder `huggingface-cli download` wrote it in."""
+    path = Path(lora).expanduser()
+    path = path / LORA_NAME if path.is_dir() else path
+    if not path.is_file():
+        raise CheckpointError(
+            f"{path}: LoRA file not found (--lora wants the folder of "
+            "`huggingface-cli download Quark-Vision/Live-Avatar`, or its liveavatar.safetensors)"
+        )
+    return path
+
+
+def transformer_shards(ckpt_dir: Path) -> dict[Path, set[str]]:
+    """Each safetensors file of the transformer and the keys it must hold: the index's
+    weight map, or the one unsharded file (its keys then whatever it holds)."""
+    index = ckpt_dir / INDEX_NAME
+    if not index.is_file():
+        single = ckpt_dir / SAFETENSORS_NAME
+        return {single: set(safetensors_header(single))}
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index}: no 'weight_map' of parameter name → shard file")
+    shards: dict[Path, set[str]] = {}
+    for key, shard in weight_map.items():
+        if not isinstance(shard, str) or "/" in shard or not shard.endswith(".safetensors"):
+            raise CheckpointError(f"{index}: {key!r} maps to {shard!r}, not a shard file name")
+        shards.setdefault(ckpt_dir / shard, set()).add(key)
+    for shard in shards:
+        if not shard.is_file():
+            raise CheckpointError(f"{shard}: file not found (listed in {INDEX_NAME}; {DOWNLOAD})")
+    return shards
+
+
+def safetensors_header(path: Path) -> list[str]:
+    """The keys of a safetensors file whose header and length are whole (no data read)."""
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found")
+    try:
+        with safe_open(str(path), "pt") as f:
+            return list(f.keys())
+    except Exception as exc:  # safetensors raises its own and OS errors
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"{path}: truncated or damaged ({reason}): download it again") from None
+
+
+def check_pth(path: Path) -> None:
+    """A `.pth` state dict whose archive opens: memory-mapped, so nothing large is read."""
+    try:
+        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # torch raises many kinds for a damaged zip or pickle
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointError(
+            f"{path}: not a readable PyTorch state dict, truncated or damaged ({reason[:120]}): "
+            "download it again"
+        ) from None
+
+
+def check_tokenizer(folder: Path) -> None:
+    if not (folder / "tokenizer_config.json").is_file():
+        raise CheckpointError(f"{folder / 'tokenizer_config.json'}: file not found ({DOWNLOAD})")
+    if not any((folder / n).is_file() for n in ("tokenizer.json", "spiece.model")):
+        raise CheckpointError(f"{folder}: neither tokenizer.json nor spiece.model ({DOWNLOAD})")
+
+
+def check_wav2vec(folder: Path) -> None:
+    for name in ("config.json", "preprocessor_config.json"):
+        if not (folder / name).is_file():
+            raise CheckpointError(f"{folder / name}: file not found ({DOWNLOAD})")
+    weights = folder / "model.safetensors"
+    if weights.is_file():
+        safetensors_header(weights)
+    elif (folder / "pytorch_model.bin").is_file():
+        check_pth(folder / "pytorch_model.bin")
+    else:
+        raise CheckpointError(f"{folder}: neither model.safetensors nor pytorch_model.bin")
+
+
+def read_transformer_state(ckpt_dir: str | Path) -> dict[str, Tensor]:
+    """The S2V transformer's weights by their published names, through the index."""
+    return read_diffusers_weights(Path(ckpt_dir).expanduser())
+
+
+def read_transformer_config(ckpt_dir: str | Path) -> dict:
+    """The fields of `config.json` the transformer is built from (`CONFIG_FIELDS`), checked,
+    as a plain dict of the published names (lists for the tuples)."""
+    path = Path(ckpt_dir).expanduser() / "config.json"
+    raw = read_json(path)
+    config: dict = {}
+    for name, kind in CONFIG_FIELDS:
+        if name not in raw:
+            raise CheckpointError(f"{path}: no {name!r} (a {kind}): not Wan2.2-S2V's config.json")
+        v = raw[name]
+        ok = {
+            "int": isinstance(v, int) and not isinstance(v, bool) and v > 0,
+            "ints": isinstance(v, list) and all(isinstance(i, int) and i >= 0 for i in v),
+            "bool": isinstance(v, bool),
+            "str": isinstance(v, str),
+            "float": isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
+        }[kind]
+        if not ok:
+            raise CheckpointError(f"{path}: {name!r} must be a {kind} (got {v!r})")
+        config[name] = v
+    if len(config["patch_size"]) != 3:
+        raise CheckpointError(f"{path}: 'patch_size' must be three integers (got {config['patch_size']!r})")
+    if config["dim"] % config["num_heads"]:
+        raise CheckpointError(f"{path}: dim {config['dim']} does not split into {config['num_heads']} heads")
+    late = [i for i in config["audio_inject_layers"] if i >= config["num_layers"]]
+    if late:
+        raise CheckpointError(f"{path}: audio_inject_layers names layer {late[0]} of {config['num_layers']}")
+    return config
+
+
+def write_random_release(
+    root: str | Path,
+    transformer_state: dict[str, Tensor],
+    transformer_config: dict,
+    *,
+    vae_state: dict[str, Tensor],
+    t5_state: dict[str, Tensor],
+    tokenizer: Path,
+    wav2vec: Path,
+    lora_state: dict[str, Tensor] | None = None,
+    max_shard_bytes: int = 10 * 2**30,
+) -> ReleasePaths:
+    """A Wan2.2-S2V-14B folder under `root/release` (and `root/lora/liveavatar.safetensors`
+    with `lora_state`) from states made elsewhere: the transformer's from its model file
+    (`random_published_state`), the VAE's from `pipeline.models.wan.vae.random_checkpoint`,
+    umT5's from `pipeline.models.umt5.random_wan_state`; `tokenizer` and `wav2vec` are folders
+    already written (`umt5.write_tokenizer`, `wav2vec2.write_random_wav2vec2`), copied in."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    release = Path(root) / "release"
+    write_sharded(transformer_state, release, max_shard_bytes)
+    (release / "config.json").write_text(
+        json.dumps({"_class_name": "WanModel_S2V", "model_type": "s2v", **transformer_config}, indent=1)
+    )
+    torch.save(vae_state, release / VAE_NAME)
+    torch.save(t5_state, release / T5_NAME)
+    shutil.copytree(tokenizer, release / TOKENIZER_DIR, dirs_exist_ok=True)
+    shutil.copytree(wav2vec, release / WAV2VEC_DIR, dirs_exist_ok=True)
+    if lora_state is not None:
+        (Path(root) / "lora").mkdir(parents=True, exist_ok=True)
+        save_file(
+            {k: v.contiguous() for k, v in lora_state.items()},
+            str(Path(root) / "lora" / LORA_NAME),
+        )
+    return release_paths(release)
+
+
+def lora_target_shapes(state: dict[str, Tensor]) -> dict[str, tuple[int, ...]]:
+    """The weights PEFT's `target_modules` match in a published state (a linear layer's
+    name ends in `.q`, `.ffn.0`, …): what a random LoRA adapts."""
+    ends = tuple(f".{t}.weight" for t in LORA_TARGETS)
+    return {k: tuple(v.shape) for k, v in state.items() if k.endswith(ends) and v.ndim == 2}
