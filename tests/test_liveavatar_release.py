@@ -165,3 +165,43 @@ def test_a_t5_checkpoint_that_does_not_fit_names_the_file_and_key(tmp_path, edit
     with pytest.raises(CheckpointError, match=message) as err:
         load_umt5(tmp_path / "models_t5_umt5-xxl-enc-bf16.pth")
     assert "models_t5_umt5-xxl-enc-bf16.pth" in str(err.value) and "\n" not in str(err.value)
+
+
+# -- speech features -----------------------------------------------------------------------
+
+
+def test_the_speech_features_reproduce_wan_s2vs_audio_encoder(tmp_path):
+    """`fixtures/liveavatar/s2v_speech_tiny.safetensors`: the authors' AudioEncoder under
+    transformers 4.51 (`bench/parity/s2v_speech_reference.py`) on a random wav2vec2 of the
+    large model's structure; the weights and the clip re-made here from the seed."""
+    import sys
+
+    from safetensors import safe_open
+
+    from pipeline.models.s2v_speech import (
+        S2VSpeechFeatures,
+        bucket,
+        to_feature_rate,
+        write_random_wav2vec2,
+    )
+
+    sys.path.insert(0, str(ROOT / "bench" / "parity"))
+    from s2v_speech_reference import test_audio
+
+    fixture = FIXTURES / "s2v_speech_tiny.safetensors"
+    with safe_open(str(fixture), "pt") as f:
+        meta = json.loads(f.metadata()["meta"])
+    ref = load_file(str(fixture))
+    wav2vec = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["wav2vec"].items()}
+    speech = S2VSpeechFeatures(write_random_wav2vec2(tmp_path / "w2v", wav2vec, meta["seed"]))
+    audio = test_audio(meta["seed"], meta["seconds"])
+    hidden = speech.hidden_states(audio)
+    torch.testing.assert_close(hidden, ref["hidden"], atol=1e-5, rtol=1e-5)
+    feat30 = to_feature_rate(hidden)
+    torch.testing.assert_close(feat30, ref["feat30"], atol=1e-5, rtol=1e-5)
+    buckets, clips = bucket(feat30, meta["clip_frames"])
+    assert clips == meta["clips"]
+    torch.testing.assert_close(buckets, ref["bucket"], atol=1e-5, rtol=1e-5)
+    frames = speech.frames(audio)
+    assert frames.shape[1:] == (3, 16) and frames.abs().sum(dim=(1, 2)).min() > 0
+    torch.testing.assert_close(frames, ref["bucket"][0].permute(2, 0, 1)[: len(frames)])
