@@ -205,3 +205,215 @@ def test_the_speech_features_reproduce_wan_s2vs_audio_encoder(tmp_path):
     frames = speech.frames(audio)
     assert frames.shape[1:] == (3, 16) and frames.abs().sum(dim=(1, 2)).min() > 0
     torch.testing.assert_close(frames, ref["bucket"][0].permute(2, 0, 1)[: len(frames)])
+
+
+# -- the release: layout, preflight, every loader error one line naming the file ----------------
+
+S2V_CONFIG = {  # config.json's fields at a toy size (the real: dim 5120, 40 layers, …)
+    "dim": 8, "ffn_dim": 12, "freq_dim": 8, "text_dim": 32, "in_dim": 16, "out_dim": 16,
+    "num_heads": 2, "num_layers": 2, "cond_dim": 16, "audio_dim": 16, "num_audio_token": 4,
+    "patch_size": [1, 2, 2], "audio_inject_layers": [0, 1], "eps": 1e-6, "qk_norm": True,
+    "cross_attn_norm": True, "enable_adain": True, "adain_mode": "attn_norm",
+    "enable_framepack": True, "framepack_drop_mode": "padd", "enable_motioner": False,
+    "add_last_motion": True, "zero_timestep": True,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    """A random release in the published layout: a stand-in transformer state (the model's
+    own comes from its file), sharded small so that there are several shards."""
+    from pipeline.liveavatar.weights import write_random_release
+
+    state = tiny_state(3)
+    root = tmp_path_factory.mktemp("liveavatar")
+    paths, lora = write_random_release(root, state, S2V_CONFIG, "test", seed=3,
+                                       max_shard_bytes=1200)  # fmt: skip
+    return paths, lora, state
+
+
+def copy_release(release, tmp_path) -> tuple[Path, Path]:
+    paths, lora, _ = release
+    shutil.copytree(paths.root, tmp_path / "release")
+    shutil.copytree(lora.parent, tmp_path / "lora")
+    return tmp_path / "release", tmp_path / "lora" / lora.name
+
+
+def test_a_random_release_reads_back_through_every_loader(release):
+    from pipeline.liveavatar.weights import (
+        check_release,
+        read_transformer_config,
+        read_transformer_state,
+    )
+    from pipeline.models.s2v_speech import S2VSpeechFeatures
+    from pipeline.models.umt5 import PromptEncoder
+
+    paths, lora, state = release
+    shards = sorted(paths.root.glob("diffusion_pytorch_model-*-of-*.safetensors"))
+    assert len(shards) > 2 and paths.index.is_file()
+    check_release(paths.root, lora.parent)  # the folder `huggingface-cli download` wrote
+    read = read_transformer_state(paths.root)
+    assert read.keys() == state.keys() and all(torch.equal(read[k], state[k]) for k in state)
+    assert read_transformer_config(paths.root) == S2V_CONFIG
+    merged = merge_lora(read, read_lora(lora), alpha=2.0)
+    assert not torch.equal(merged["blocks.1.cross_attn.v.weight"], state["blocks.1.cross_attn.v.weight"])
+    (ctx,) = PromptEncoder(paths.t5, paths.tokenizer, dtype=torch.float32).encode(["a man"])
+    assert ctx.shape == (3, 32)  # ▁a ▁man </s>
+    # 1 s: 49 wav2vec2 steps, 29 at 30 fps, 24 whole 25 fps frames (the authors' rounding)
+    speech = S2VSpeechFeatures(paths.wav2vec)
+    assert speech.frames(torch.zeros(16000).numpy()).shape == (24, 3, 16)
+
+
+def one_line(err: pytest.ExceptionInfo, path: Path) -> None:
+    assert str(path) in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-40])  # an interrupted download
+
+
+def _edit_index(edit):
+    def apply(root: Path, _lora: Path) -> Path:
+        index = root / "diffusion_pytorch_model.safetensors.index.json"
+        raw = json.loads(index.read_text())
+        edit(raw)
+        index.write_text(json.dumps(raw))
+        return index
+
+    return apply
+
+
+def _drop(name: str):
+    def apply(root: Path, _lora: Path) -> Path:
+        path = root / name
+        path.unlink()
+        return path
+
+    return apply
+
+
+def _damage(name: str):
+    def apply(root: Path, _lora: Path) -> Path:
+        _truncate(root / name)
+        return root / name
+
+    return apply
+
+
+def _first_shard(root: Path, _lora: Path) -> Path:
+    return sorted(root.glob("diffusion_pytorch_model-0000*.safetensors"))[0]
+
+
+def _drop_shard(root: Path, lora: Path) -> Path:
+    shard = _first_shard(root, lora)
+    shard.unlink()
+    return shard
+
+
+def _truncate_shard(root: Path, lora: Path) -> Path:
+    shard = _first_shard(root, lora)
+    _truncate(shard)
+    return shard
+
+
+def _index_lists_a_stray_key(root: Path, lora: Path) -> Path:
+    shard = _first_shard(root, lora)
+    _edit_index(lambda raw: raw["weight_map"].update(stray=shard.name))(root, lora)
+    return shard  # the message names the shard that does not hold what the index says
+
+
+def _edit_lora(edit):
+    def apply(_root: Path, lora: Path) -> Path:
+        tensors = load_file(str(lora))
+        edit(tensors)
+        save_file(tensors, str(lora))
+        return lora
+
+    return apply
+
+
+def _bad_config(root: Path, _lora: Path) -> Path:
+    config = root / "config.json"
+    raw = json.loads(config.read_text())
+    del raw["num_heads"]
+    config.write_text(json.dumps(raw))
+    return config
+
+
+B_KEY = "base_model.model.blocks.0.ffn.0.lora_B.default.weight"
+
+PREFLIGHT = {
+    "missing t5": (_drop("models_t5_umt5-xxl-enc-bf16.pth"), "not found in the release folder"),
+    "truncated t5": (_damage("models_t5_umt5-xxl-enc-bf16.pth"), "truncated or damaged"),
+    "truncated vae": (_damage("Wan2.1_VAE.pth"), "truncated or damaged"),
+    "missing index": (_drop("diffusion_pytorch_model.safetensors.index.json"), "not found"),
+    "index not json": (_edit_index(lambda raw: raw.clear()), "no 'weight_map'"),
+    "index lists a stray key": (_index_lists_a_stray_key, "holds other keys than"),
+    "missing shard": (_drop_shard, "file not found"),
+    "truncated shard": (_truncate_shard, "truncated or damaged"),
+    "missing config field": (_bad_config, "no 'num_heads'"),
+    "wav2vec2 weights": (_damage("wav2vec2-large-xlsr-53-english/model.safetensors"), "truncated"),
+    "truncated lora": (lambda _r, lora: (_truncate(lora), lora)[1], "truncated or damaged"),
+    "lora A without B": (_edit_lora(lambda t: t.pop(B_KEY)), "has no lora_B beside it"),
+    "lora ranks disagree": (_edit_lora(lambda t: t.update({B_KEY: torch.zeros(12, 3)})), "rank"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PREFLIGHT))
+def test_the_preflight_refuses_a_broken_release_in_one_line_naming_the_file(release, tmp_path, case):
+    from pipeline.liveavatar.weights import check_release
+
+    root, lora = copy_release(release, tmp_path)
+    damage, message = PREFLIGHT[case]
+    path = damage(root, lora)
+    with pytest.raises(CheckpointError, match=message) as err:
+        check_release(root, lora)
+    one_line(err, path)
+
+
+def test_the_full_loads_name_the_file_too(release, tmp_path):
+    from pipeline.liveavatar.weights import read_transformer_state, release_paths
+
+    root, lora = copy_release(release, tmp_path)
+    with pytest.raises(CheckpointError, match="weights folder not found") as err:
+        release_paths(tmp_path / "nowhere")
+    one_line(err, tmp_path / "nowhere")
+    shard = _truncate_shard(root, lora)
+    with pytest.raises(CheckpointError, match="truncated or damaged") as err:
+        read_transformer_state(root)
+    one_line(err, shard)
+    shard.unlink()
+    with pytest.raises(CheckpointError, match="file not found") as err:
+        read_transformer_state(root)
+    one_line(err, shard)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (  # a LoRA for a layer the model does not have
+            lambda t: t.update({
+                "base_model.model.blocks.7.ffn.0.lora_A.default.weight": torch.zeros(4, 8),
+                "base_model.model.blocks.7.ffn.0.lora_B.default.weight": torch.zeros(12, 4),
+            }),
+            "LoRA for 'blocks.7.ffn.0.weight', which the model does not have",
+        ),
+        (  # a LoRA of the wrong size for its layer
+            lambda t: t.update({
+                "base_model.model.blocks.0.ffn.0.lora_A.default.weight": torch.zeros(4, 9),
+            }),
+            r"makes shape \(12, 9\), the base weight is \(12, 8\)",
+        ),
+        (  # a whole weight of the wrong size
+            lambda t: t.update({"base_model.model.head.weight": torch.zeros(3, 3)}),
+            r"'head.weight' has shape \(3, 3\), the base weight \(4, 8\)",
+        ),
+    ],
+)  # fmt: skip
+def test_a_lora_that_does_not_fit_the_model_names_the_file(release, tmp_path, edit, message):
+    _, lora, state = release
+    path = _edit_lora(edit)(tmp_path, shutil.copy(lora, tmp_path / lora.name))
+    with pytest.raises(CheckpointError, match=message) as err:
+        merge_lora(dict(state), read_lora(path), alpha=2.0)
+    one_line(err, path)

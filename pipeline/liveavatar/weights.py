@@ -40,7 +40,10 @@ from pipeline.checkpoints import (
     write_sharded,
 )
 from pipeline.errors import CheckpointError
-from pipeline.lora import check_lora
+from pipeline.lora import check_lora, random_lora
+from pipeline.models.s2v_speech import write_random_wav2vec2
+from pipeline.models.umt5 import UMT5Shape, random_wan_state, write_tokenizer
+from pipeline.models.wan.vae import WAN21_VAE, WAN21_VAE_TINY, WanVAEConfig, random_checkpoint
 
 LORA_NAME = "liveavatar.safetensors"
 LORA_RANK, LORA_ALPHA = 128, 64.0  # liveavatar/configs/s2v_causal_sft.yaml
@@ -251,43 +254,66 @@ def read_transformer_config(ckpt_dir: str | Path) -> dict:
     return config
 
 
+@dataclass(frozen=True)
+class RandomParts:
+    """The sizes of a random release's parts other than the transformer (whose state and
+    config the caller brings from its model file)."""
+
+    t5: UMT5Shape
+    vae: WanVAEConfig
+    wav2vec: dict  # transformers.Wav2Vec2Config keyword arguments over XLSR53_LARGE
+    lora_rank: int
+
+
+RANDOM_PARTS = {
+    "full": RandomParts(UMT5Shape(), WAN21_VAE, {}, LORA_RANK),
+    "test": RandomParts(
+        UMT5Shape(vocab=192, dim=32, dim_attn=32, dim_ffn=48, num_heads=4, num_layers=2),
+        WAN21_VAE_TINY,
+        dict(
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=32,
+            conv_dim=(8,) * 7,
+            num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=2,
+        ),
+        4,
+    ),
+}
+
+
 def write_random_release(
     root: str | Path,
     transformer_state: dict[str, Tensor],
     transformer_config: dict,
-    *,
-    vae_state: dict[str, Tensor],
-    t5_state: dict[str, Tensor],
-    tokenizer: Path,
-    wav2vec: Path,
-    lora_state: dict[str, Tensor] | None = None,
-    max_shard_bytes: int = 10 * 2**30,
-) -> ReleasePaths:
-    """A Wan2.2-S2V-14B folder under `root/release` (and `root/lora/liveavatar.safetensors`
-    with `lora_state`) from states made elsewhere: the transformer's from its model file
-    (`random_published_state`), the VAE's from `pipeline.models.wan.vae.random_checkpoint`,
-    umT5's from `pipeline.models.umt5.random_wan_state`; `tokenizer` and `wav2vec` are folders
-    already written (`umt5.write_tokenizer`, `wav2vec2.write_random_wav2vec2`), copied in."""
-    import shutil
-
+    shape: str = "test",
+    seed: int = 0,
+    max_shard_bytes: int = 10 * 10**9,
+) -> tuple[ReleasePaths, Path]:
+    """(the Wan2.2-S2V-14B folder `root/release`, the LoRA file `root/lora/liveavatar.safetensors`)
+    of random weights, laid out as users download them: the transformer's state and config
+    as given (from its model file's `random_published_state`), sharded like the release
+    (10 GB shards there: 4 for the 14B model); umT5 (bf16, as published), the VAE, wav2vec2
+    and the LoRA (over every weight `LORA_TARGETS` match) drawn here at `RANDOM_PARTS[shape]`.
+    The tokenizer is always the tiny one (`umt5.write_tokenizer`)."""
     from safetensors.torch import save_file
 
+    parts = RANDOM_PARTS[shape]
     release = Path(root) / "release"
     write_sharded(transformer_state, release, max_shard_bytes)
-    (release / "config.json").write_text(
-        json.dumps({"_class_name": "WanModel_S2V", "model_type": "s2v", **transformer_config}, indent=1)
-    )
-    torch.save(vae_state, release / VAE_NAME)
-    torch.save(t5_state, release / T5_NAME)
-    shutil.copytree(tokenizer, release / TOKENIZER_DIR, dirs_exist_ok=True)
-    shutil.copytree(wav2vec, release / WAV2VEC_DIR, dirs_exist_ok=True)
-    if lora_state is not None:
-        (Path(root) / "lora").mkdir(parents=True, exist_ok=True)
-        save_file(
-            {k: v.contiguous() for k, v in lora_state.items()},
-            str(Path(root) / "lora" / LORA_NAME),
-        )
-    return release_paths(release)
+    config = {"_class_name": "WanModel_S2V", "model_type": "s2v", **transformer_config}
+    (release / "config.json").write_text(json.dumps(config, indent=1))
+    torch.save(random_checkpoint(parts.vae, seed + 1), release / VAE_NAME)
+    torch.save(random_wan_state(parts.t5, seed + 2, torch.bfloat16), release / T5_NAME)
+    write_tokenizer(release / TOKENIZER_DIR)
+    write_random_wav2vec2(release / WAV2VEC_DIR, parts.wav2vec, seed + 3)
+    lora = Path(root) / "lora" / LORA_NAME
+    lora.parent.mkdir(parents=True, exist_ok=True)
+    state = random_lora(lora_target_shapes(transformer_state), parts.lora_rank, seed + 4)
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}, str(lora))
+    return release_paths(release), lora
 
 
 def lora_target_shapes(state: dict[str, Tensor]) -> dict[str, tuple[int, ...]]:

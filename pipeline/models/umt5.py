@@ -234,20 +234,22 @@ class PromptEncoder:
         return [out_LD[:n] for out_LD, n in zip(out_BLD, lengths)]
 
 
-def random_wan_state(shape: UMT5Shape, seed: int) -> dict[str, Tensor]:
+def random_wan_state(
+    shape: UMT5Shape, seed: int, dtype: torch.dtype = torch.float32
+) -> dict[str, Tensor]:
     """A Wan-layout encoder checkpoint of random weights, the same for a seed on every
     machine (drawn on the CPU in name order): matrices ~ N(0, 1/fan_in), embeddings ~ N(0, 1)
-    (T5 does not scale them), relative position biases ~ N(0, 1), norm gains ~ 1 + N(0, 0.1²)."""
+    (T5 does not scale them), relative position biases ~ N(0, 1), norm gains ~ 1 + N(0, 0.1²);
+    each cast to `dtype` as drawn (the published file is bfloat16: 11 GB, not 23)."""
     gen = torch.Generator().manual_seed(seed)
     state: dict[str, Tensor] = {}
     for name, s in sorted(shape.wan_shapes().items()):
         noise = torch.randn(s, generator=gen)
         if len(s) == 1:
-            state[name] = 1.0 + 0.1 * noise
-        elif "embedding" in name:
-            state[name] = noise
-        else:
-            state[name] = noise / math.sqrt(s[1])
+            noise = 1.0 + 0.1 * noise
+        elif "embedding" not in name:
+            noise = noise / math.sqrt(s[1])
+        state[name] = noise.to(dtype)
     return state
 
 
