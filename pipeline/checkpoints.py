@@ -175,12 +175,14 @@ def write_sharded(
         if len(groups) == 1
         else [f"{stem}-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
     )
-    for shard, keys in zip(names, groups):
+    for shard, keys in zip(names, groups, strict=True):
         save_file({k: state[k].contiguous() for k in keys}, str(folder / shard))
     if len(groups) > 1:
         index = {
             "metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
-            "weight_map": {k: shard for shard, keys in zip(names, groups) for k in keys},
+            "weight_map": {
+                k: shard for shard, keys in zip(names, groups, strict=True) for k in keys
+            },
         }
         (folder / f"{name}.index.json").write_text(json.dumps(index, indent=2))
     return [folder / n for n in names]

@@ -256,7 +256,9 @@ def test_a_random_release_reads_back_through_every_loader(release):
     assert read.keys() == state.keys() and all(torch.equal(read[k], state[k]) for k in state)
     assert read_transformer_config(paths.root) == S2V_CONFIG
     merged = merge_lora(read, read_lora(lora), alpha=2.0)
-    assert not torch.equal(merged["blocks.1.cross_attn.v.weight"], state["blocks.1.cross_attn.v.weight"])
+    assert not torch.equal(
+        merged["blocks.1.cross_attn.v.weight"], state["blocks.1.cross_attn.v.weight"]
+    )
     (ctx,) = PromptEncoder(paths.t5, paths.tokenizer, dtype=torch.float32).encode(["a man"])
     assert ctx.shape == (3, 32)  # ▁a ▁man </s>
     # 1 s: 49 wav2vec2 steps, 29 at 30 fps, 24 whole 25 fps frames (the authors' rounding)
@@ -361,7 +363,9 @@ PREFLIGHT = {
 
 
 @pytest.mark.parametrize("case", sorted(PREFLIGHT))
-def test_the_preflight_refuses_a_broken_release_in_one_line_naming_the_file(release, tmp_path, case):
+def test_the_preflight_refuses_a_broken_release_in_one_line_naming_the_file(
+    release, tmp_path, case
+):
     from pipeline.liveavatar.weights import check_release
 
     root, lora = copy_release(release, tmp_path)

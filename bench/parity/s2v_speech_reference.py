@@ -75,7 +75,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reference-repo", type=Path, required=True)
     p.add_argument(
-        "--out", type=Path, default=FACECAST / "tests/fixtures/liveavatar/s2v_speech_tiny.safetensors"
+        "--out",
+        type=Path,
+        default=FACECAST / "tests/fixtures/liveavatar/s2v_speech_tiny.safetensors",
     )
     args = p.parse_args()
     import transformers

@@ -63,7 +63,9 @@ def import_theirs(repo: Path) -> types.ModuleType:
     torch.cuda.current_device = lambda: 0  # type: ignore[assignment]
     try:
         for name in ("tokenizers", "t5"):
-            spec = importlib.util.spec_from_file_location(f"wan_modules.{name}", modules / f"{name}.py")
+            spec = importlib.util.spec_from_file_location(
+                f"wan_modules.{name}", modules / f"{name}.py"
+            )
             assert spec and spec.loader
             module = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = module
@@ -90,7 +92,9 @@ def import_theirs(repo: Path) -> types.ModuleType:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reference-repo", type=Path, required=True)
-    p.add_argument("--out", type=Path, default=FACECAST / "tests/fixtures/liveavatar/umt5_tiny.safetensors")
+    p.add_argument(
+        "--out", type=Path, default=FACECAST / "tests/fixtures/liveavatar/umt5_tiny.safetensors"
+    )
     p.add_argument("--check", action="store_true")
     args = p.parse_args()
     from safetensors.torch import save_file
@@ -124,9 +128,11 @@ def main() -> None:
             ours = PromptEncoder(ckpt, tok, dtype=torch.float32, text_len=TEXT_LEN)
             our_ids, _ = ours.tokenize(PROMPTS)
             assert torch.equal(our_ids, ids), "token ids differ"
-            for i, (a, b) in enumerate(zip(ours.encode(PROMPTS), outs)):
+            for i, (a, b) in enumerate(zip(ours.encode(PROMPTS), outs, strict=True)):
                 assert a.shape == b.shape, (i, a.shape, b.shape)
-                print(f"prompt {i}: {tuple(a.shape)} max |ours - theirs| = {(a - b).abs().max():.3g}")
+                print(
+                    f"prompt {i}: {tuple(a.shape)} max |ours - theirs| = {(a - b).abs().max():.3g}"
+                )
 
 
 if __name__ == "__main__":

@@ -100,7 +100,9 @@ class ReleasePaths:
 def release_paths(ckpt_dir: str | Path) -> ReleasePaths:
     root = Path(ckpt_dir).expanduser()
     if not root.is_dir():
-        raise CheckpointError(f"{root}: weights folder not found (--weights wants the folder of {DOWNLOAD})")
+        raise CheckpointError(
+            f"{root}: weights folder not found (--weights wants the folder of {DOWNLOAD})"
+        )
     paths = ReleasePaths(
         root=root,
         config=root / "config.json",
@@ -184,7 +186,9 @@ def safetensors_header(path: Path) -> list[str]:
             return list(f.keys())
     except Exception as exc:  # safetensors raises its own and OS errors
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CheckpointError(f"{path}: truncated or damaged ({reason}): download it again") from None
+        raise CheckpointError(
+            f"{path}: truncated or damaged ({reason}): download it again"
+        ) from None
 
 
 def check_pth(path: Path) -> None:
@@ -245,12 +249,18 @@ def read_transformer_config(ckpt_dir: str | Path) -> dict:
             raise CheckpointError(f"{path}: {name!r} must be a {kind} (got {v!r})")
         config[name] = v
     if len(config["patch_size"]) != 3:
-        raise CheckpointError(f"{path}: 'patch_size' must be three integers (got {config['patch_size']!r})")
+        raise CheckpointError(
+            f"{path}: 'patch_size' must be three integers (got {config['patch_size']!r})"
+        )
     if config["dim"] % config["num_heads"]:
-        raise CheckpointError(f"{path}: dim {config['dim']} does not split into {config['num_heads']} heads")
+        raise CheckpointError(
+            f"{path}: dim {config['dim']} does not split into {config['num_heads']} heads"
+        )
     late = [i for i in config["audio_inject_layers"] if i >= config["num_layers"]]
     if late:
-        raise CheckpointError(f"{path}: audio_inject_layers names layer {late[0]} of {config['num_layers']}")
+        raise CheckpointError(
+            f"{path}: audio_inject_layers names layer {late[0]} of {config['num_layers']}"
+        )
     return config
 
 

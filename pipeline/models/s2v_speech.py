@@ -1,7 +1,7 @@
 """Speech features as Wan2.2-S2V (and LiveAvatar on it) reads them, from wav2vec2-large-xlsr-53.
 
 The release carries `wav2vec2-large-xlsr-53-english/` (a transformers `Wav2Vec2ForCTC`
-folder); the network is transformers' `Wav2Vec2Model`, the CTC head unused. What S2V adds
+folder); the network is the `Wav2Vec2Model` inside it, the CTC head unused. What S2V adds
 is which states it keeps and its timing, unlike FlashHead's (`pipeline.models.wav2vec2`):
 
 1. the whole clip is normalised (the feature extractor) and run through the model at its
@@ -14,6 +14,10 @@ is which states it keeps and its timing, unlike FlashHead's (`pipeline.models.wa
 3. linearly resampled to 30 a second (`align_corners=True`; the authors' `video_rate`),
    then picked for each 25 fps video frame at the nearest 30 fps step (`to_video_frames`),
    zeros past the audio's end, in buckets of whole clips (`bucket`).
+
+The authors encode a whole clip at once (normalised as a whole, attention over all of it);
+a stream that encodes windows gets different features near a window's edges: how wide a
+window the engine keeps is its choice, not made here.
 
 Shapes: L hidden states (layers + 1), T steps, W the model width, F video frames.
 """
@@ -79,7 +83,8 @@ class S2VSpeechFeatures:
         except (OSError, ValueError, RuntimeError) as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise CheckpointError(f"{folder}: wav2vec2 folder not loadable ({reason})") from None
-        self.model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        module: torch.nn.Module = self.model  # transformers' typed `to` hides nn.Module.to
+        module.to(device=device, dtype=dtype).eval().requires_grad_(False)
         self.device, self.dtype = torch.device(device), dtype
         self.num_states = self.model.config.num_hidden_layers + 1
         self.width = self.model.config.hidden_size

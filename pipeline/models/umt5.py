@@ -44,7 +44,10 @@ _BLOCK = {
     "ffn.fc1.weight": "layer.1.DenseReluDense.wi_1.weight",  # the linear branch
     "ffn.fc2.weight": "layer.1.DenseReluDense.wo.weight",
 }
-_GLOBAL = {"token_embedding.weight": "shared.weight", "norm.weight": "encoder.final_layer_norm.weight"}
+_GLOBAL = {
+    "token_embedding.weight": "shared.weight",
+    "norm.weight": "encoder.final_layer_norm.weight",
+}
 _BLOCK_KEY = re.compile(r"blocks\.(\d+)\.(.+)")
 
 
@@ -126,11 +129,11 @@ def shape_of(state: dict[str, Tensor], source: Path) -> UMT5Shape:
         ) from None
     except ValueError:
         raise CheckpointError(f"{source}: mis-shaped embeddings: not Wan's umT5 encoder") from None
-    layers = 1 + max(
-        (int(m.group(1)) for k in state if (m := _BLOCK_KEY.fullmatch(k))), default=-1
-    )
+    layers = 1 + max((int(m.group(1)) for k in state if (m := _BLOCK_KEY.fullmatch(k))), default=-1)
     if dim_attn % heads:
-        raise CheckpointError(f"{source}: attention width {dim_attn} does not split into {heads} heads")
+        raise CheckpointError(
+            f"{source}: attention width {dim_attn} does not split into {heads} heads"
+        )
     return UMT5Shape(vocab, dim, dim_attn, dim_ffn, heads, layers, buckets)
 
 
@@ -168,7 +171,9 @@ def load_umt5(path: Path, dtype: torch.dtype = torch.bfloat16):  # -> UMT5Encode
     loaded["encoder.embed_tokens.weight"] = loaded["shared.weight"]  # tied: one embedding
     model.load_state_dict(loaded, strict=True, assign=True)
     model.tie_weights()
-    return model.to(dtype).eval().requires_grad_(False)
+    module: torch.nn.Module = model  # transformers' typed `to` wrapper hides nn.Module.to
+    module.to(dtype).eval().requires_grad_(False)
+    return model
 
 
 def clean_prompt(text: str) -> str:
@@ -197,7 +202,9 @@ class PromptEncoder:
 
         folder = Path(tokenizer)
         if not (folder / "tokenizer_config.json").is_file():
-            raise CheckpointError(f"{folder / 'tokenizer_config.json'}: file not found (the umT5 tokenizer folder)")
+            raise CheckpointError(
+                f"{folder / 'tokenizer_config.json'}: file not found (the umT5 tokenizer folder)"
+            )
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         except (OSError, ValueError, RuntimeError) as exc:
@@ -231,7 +238,7 @@ class PromptEncoder:
         ids_BL, mask_BL = ids_BL.to(self.device), mask_BL.to(self.device)
         out_BLD = self.model(input_ids=ids_BL, attention_mask=mask_BL).last_hidden_state
         lengths = mask_BL.gt(0).sum(dim=1).tolist()
-        return [out_LD[:n] for out_LD, n in zip(out_BLD, lengths)]
+        return [out_LD[:n] for out_LD, n in zip(out_BLD, lengths, strict=True)]
 
 
 def random_wan_state(
