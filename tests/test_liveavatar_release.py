@@ -62,7 +62,7 @@ def write(tensors: dict[str, torch.Tensor], path: Path) -> Path:
 
 @pytest.mark.parametrize("layout", ["peft-model", "save-pretrained"])
 def test_the_lora_merge_equals_pefts_merge_and_unload(tmp_path, layout):
-    peft = pytest.importorskip("peft")
+    import peft
     base = tiny_state(0)
     rank, alpha = 4, 2.0  # LiveAvatar: 128 and 64, the same ratio
     lora = random_lora(lora_shapes(base), rank, seed=1, std=0.5)
@@ -124,7 +124,6 @@ def test_a_bfloat16_merge_is_computed_in_float32_and_rounded_once(tmp_path):
 def test_the_prompt_encoder_reproduces_wans_t5_encoder(tmp_path):
     """`fixtures/liveavatar/umt5_tiny.safetensors`: the authors' T5EncoderModel on random
     weights (`bench/parity/umt5_reference.py`); its weights and tokenizer re-made here."""
-    pytest.importorskip("ftfy")
     from safetensors import safe_open
 
     from pipeline.models.umt5 import PromptEncoder, UMT5Shape, random_wan_state, write_tokenizer
@@ -173,11 +172,11 @@ def test_a_t5_checkpoint_that_does_not_fit_names_the_file_and_key(tmp_path, edit
 def test_the_speech_features_reproduce_wan_s2vs_audio_encoder(tmp_path):
     """`fixtures/liveavatar/s2v_speech_tiny.safetensors`: the authors' AudioEncoder under
     transformers 4.51 (`bench/parity/s2v_speech_reference.py`) on a random wav2vec2 of the
-    large model's structure; the weights and the clip re-made here from the seed."""
-    import sys
-
+    large model's structure; the weights re-made here from the seed, the clip read again."""
     from safetensors import safe_open
 
+    from pipeline.clock import MODEL_RATE
+    from pipeline.media import read_audio
     from pipeline.models.s2v_speech import (
         S2VSpeechFeatures,
         bucket,
@@ -185,16 +184,14 @@ def test_the_speech_features_reproduce_wan_s2vs_audio_encoder(tmp_path):
         write_random_wav2vec2,
     )
 
-    sys.path.insert(0, str(ROOT / "bench" / "parity"))
-    from s2v_speech_reference import test_audio
-
     fixture = FIXTURES / "s2v_speech_tiny.safetensors"
     with safe_open(str(fixture), "pt") as f:
         meta = json.loads(f.metadata()["meta"])
     ref = load_file(str(fixture))
     wav2vec = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["wav2vec"].items()}
     speech = S2VSpeechFeatures(write_random_wav2vec2(tmp_path / "w2v", wav2vec, meta["seed"]))
-    audio = test_audio(meta["seed"], meta["seconds"])
+    start = int(meta["start"] * MODEL_RATE)
+    audio = read_audio(ROOT / meta["speech"])[start : start + int(meta["seconds"] * MODEL_RATE)]
     hidden = speech.hidden_states(audio)
     torch.testing.assert_close(hidden, ref["hidden"], atol=1e-5, rtol=1e-5)
     feat30 = to_feature_rate(hidden)

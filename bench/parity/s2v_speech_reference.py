@@ -7,7 +7,7 @@ what it computes: the parity fixture of `pipeline.models.s2v_speech`.
 PATH is a checkout of github.com/Alibaba-Quark/LiveAvatar; its
 `wan_2_2/modules/s2v/audio_encoder.py` is imported from PATH in this process (nothing of
 it is copied into Facecast), with a stand-in for `librosa.load` that hands it the test
-clip at 16 kHz. TF4 holds transformers 4.51.3, the newest the authors allow
+clip (a second and a bit of the project's sample speech, at the model rate). TF4 holds transformers 4.51.3, the newest the authors allow
 (`requirements.txt`: transformers<=4.51.3): their `torch.cat(res.hidden_states)` depends
 on what transformers returns there, and 5.x returns something else (see s2v_speech.py).
 
@@ -15,7 +15,8 @@ It writes FILE (default `tests/fixtures/liveavatar/s2v_speech_tiny.safetensors`)
 stacked hidden states (`hidden`), the 30 fps features (`feat30`, their
 `extract_audio_feat(return_all_layers=True)`), and the buckets their `encode_audio`
 hands the transformer (`bucket`, (1, L, W, F)) with its clip count; the seed, wav2vec2
-shape and clip length in the metadata. The test re-makes the weights and the audio.
+shape, the clip's place in the sample speech and the bucket length in the metadata. The
+test re-makes the weights and reads the same clip.
 """
 
 from __future__ import annotations
@@ -34,12 +35,14 @@ import torch
 FACECAST = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(FACECAST))
 
-from pipeline.clock import MODEL_RATE  # noqa: E402
+from pipeline.clock import FPS, MODEL_RATE  # noqa: E402
+from pipeline.media import read_audio  # noqa: E402
 from pipeline.models.s2v_speech import write_random_wav2vec2  # noqa: E402
 
 SEED = 11
 CLIP_FRAMES = 12  # the authors' infer_frames is 48; a short clip reaches several buckets
-SECONDS = 1.37
+SPEECH = "pipeline/assets/sample_speech.wav"
+START, SECONDS = 1.0, 1.37
 WAV2VEC = dict(  # the large model's structure (stable layer norm, conv bias), shrunk
     hidden_size=16,
     num_hidden_layers=2,
@@ -51,12 +54,12 @@ WAV2VEC = dict(  # the large model's structure (stable layer norm, conv bias), s
 )
 
 
-def test_audio(seed: int = SEED, seconds: float = SECONDS) -> np.ndarray:
-    """A voiced-like clip: a harmonic tone with noise, the same for a seed everywhere."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * MODEL_RATE)) / MODEL_RATE
-    tone = sum(np.sin(2 * np.pi * 140 * h * t) / h for h in range(1, 6))
-    return (0.2 * tone + 0.05 * rng.standard_normal(t.shape)).astype(np.float32)
+def speech_clip() -> np.ndarray:
+    """The test clip: SECONDS of the project's sample speech from START (16 kHz 16-bit in the
+    file: read exactly, nothing resampled)."""
+    audio = read_audio(FACECAST / SPEECH)
+    start = int(START * MODEL_RATE)
+    return audio[start : start + int(SECONDS * MODEL_RATE)]
 
 
 def import_theirs(repo: Path, audio: np.ndarray) -> types.ModuleType:
@@ -83,7 +86,7 @@ def main() -> None:
     import transformers
     from safetensors.torch import save_file
 
-    audio = test_audio()
+    audio = speech_clip()
     theirs = import_theirs(args.reference_repo.resolve(), audio)
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_random_wav2vec2(Path(tmp) / "wav2vec2", WAV2VEC, SEED)
@@ -96,11 +99,13 @@ def main() -> None:
             hidden = torch.cat(res.hidden_states)
             feat30 = encoder.extract_audio_feat("speech.wav", return_all_layers=True)
             frames, clips = encoder.get_audio_embed_bucket_fps(
-                feat30, fps=25, batch_frames=CLIP_FRAMES, m=0
+                feat30, fps=FPS, batch_frames=CLIP_FRAMES, m=0
             )
     bucket = frames.unsqueeze(0).permute(0, 2, 3, 1)  # their encode_audio, for 4-d buckets
     meta = {
         "seed": SEED,
+        "speech": SPEECH,
+        "start": START,
         "seconds": SECONDS,
         "clip_frames": CLIP_FRAMES,
         "clips": clips,
