@@ -63,6 +63,7 @@ def write(tensors: dict[str, torch.Tensor], path: Path) -> Path:
 @pytest.mark.parametrize("layout", ["peft-model", "save-pretrained"])
 def test_the_lora_merge_equals_pefts_merge_and_unload(tmp_path, layout):
     import peft
+
     base = tiny_state(0)
     rank, alpha = 4, 2.0  # LiveAvatar: 128 and 64, the same ratio
     lora = random_lora(lora_shapes(base), rank, seed=1, std=0.5)
