@@ -419,3 +419,25 @@ def test_a_lora_that_does_not_fit_the_model_names_the_file(release, tmp_path, ed
     with pytest.raises(CheckpointError, match=message) as err:
         merge_lora(dict(state), read_lora(path), alpha=2.0)
     one_line(err, path)
+
+
+def test_a_config_flag_left_out_takes_the_authors_class_default(release, tmp_path):
+    from pipeline.liveavatar.weights import read_transformer_config
+
+    root, _ = copy_release(release, tmp_path)
+    raw = json.loads((root / "config.json").read_text())
+    del raw["enable_framepack"], raw["framepack_drop_mode"]
+    raw["eps"] = "tiny"
+    (root / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match="'eps' must be a float") as err:
+        read_transformer_config(root)
+    one_line(err, root / "config.json")
+    raw["eps"] = 1e-6
+    (root / "config.json").write_text(json.dumps(raw))
+    config = read_transformer_config(root)
+    assert config["enable_framepack"] is False and config["framepack_drop_mode"] == "drop"
+    del raw["num_layers"]
+    (root / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match="no 'num_layers'") as err:
+        read_transformer_config(root)
+    one_line(err, root / "config.json")

@@ -55,33 +55,36 @@ TOKENIZER_DIR = "google/umt5-xxl"
 WAV2VEC_DIR = "wav2vec2-large-xlsr-53-english"
 DOWNLOAD = "`huggingface-cli download Wan-AI/Wan2.2-S2V-14B --local-dir DIR`"
 
-# config.json fields the S2V transformer is built from: (name, kind); kinds "int" (positive),
-# "ints" (a list of them, or of -1 for window_size), "bool", "str", "float" (positive)
-CONFIG_FIELDS = (
-    ("dim", "int"),
-    ("ffn_dim", "int"),
-    ("freq_dim", "int"),
-    ("text_dim", "int"),
-    ("in_dim", "int"),
-    ("out_dim", "int"),
-    ("num_heads", "int"),
-    ("num_layers", "int"),
-    ("cond_dim", "int"),
-    ("audio_dim", "int"),
-    ("num_audio_token", "int"),
-    ("patch_size", "ints"),
-    ("audio_inject_layers", "ints"),
-    ("eps", "float"),
-    ("qk_norm", "bool"),
-    ("cross_attn_norm", "bool"),
-    ("enable_adain", "bool"),
-    ("adain_mode", "str"),
-    ("enable_framepack", "bool"),
-    ("framepack_drop_mode", "str"),
-    ("enable_motioner", "bool"),
-    ("add_last_motion", "bool"),
-    ("zero_timestep", "bool"),
-)
+# config.json's fields the S2V transformer is built from: name → (kind, default). The
+# sizes must be there (None: no default); a flag left out takes the default of the authors'
+# `WanModel_S2V.__init__`, as diffusers' `from_pretrained` gives it (not the 14B's values:
+# the published config.json carries those). Kinds: "int" (positive), "ints" (a list of
+# non-negative), "bool", "str", "float" (positive).
+CONFIG_FIELDS: dict[str, tuple[str, object]] = {
+    "dim": ("int", None),
+    "ffn_dim": ("int", None),
+    "freq_dim": ("int", None),
+    "text_dim": ("int", None),
+    "in_dim": ("int", None),
+    "out_dim": ("int", None),
+    "num_heads": ("int", None),
+    "num_layers": ("int", None),
+    "cond_dim": ("int", None),
+    "audio_dim": ("int", None),
+    "num_audio_token": ("int", None),
+    "patch_size": ("ints", None),
+    "audio_inject_layers": ("ints", [0, 4, 8, 12, 16, 20, 24, 27]),
+    "eps": ("float", 1e-6),
+    "qk_norm": ("bool", True),
+    "cross_attn_norm": ("bool", True),
+    "enable_adain": ("bool", False),
+    "adain_mode": ("str", "attn_norm"),
+    "enable_framepack": ("bool", False),
+    "framepack_drop_mode": ("str", "drop"),
+    "enable_motioner": ("bool", True),
+    "add_last_motion": ("bool", True),
+    "zero_timestep": ("bool", False),
+}
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class ReleasePaths:
 
 
 def release_paths(ckpt_dir: str | Path) -> ReleasePaths:
+    """The parts of a Wan2.2-S2V-14B folder, each checked to be there (not yet read)."""
     root = Path(ckpt_dir).expanduser()
     if not root.is_dir():
         raise CheckpointError(
@@ -230,14 +234,14 @@ def read_transformer_state(ckpt_dir: str | Path) -> dict[str, Tensor]:
 
 def read_transformer_config(ckpt_dir: str | Path) -> dict:
     """The fields of `config.json` the transformer is built from (`CONFIG_FIELDS`), checked,
-    as a plain dict of the published names (lists for the tuples)."""
+    as a plain dict of the published names (lists for the tuples), defaults filled in."""
     path = Path(ckpt_dir).expanduser() / "config.json"
     raw = read_json(path)
     config: dict = {}
-    for name, kind in CONFIG_FIELDS:
-        if name not in raw:
+    for name, (kind, default) in CONFIG_FIELDS.items():
+        if name not in raw and default is None:
             raise CheckpointError(f"{path}: no {name!r} (a {kind}): not Wan2.2-S2V's config.json")
-        v = raw[name]
+        v = raw.get(name, default)
         ok = {
             "int": isinstance(v, int) and not isinstance(v, bool) and v > 0,
             "ints": isinstance(v, list) and all(isinstance(i, int) and i >= 0 for i in v),
