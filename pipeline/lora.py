@@ -210,8 +210,11 @@ def merge_lora(
                 f"the base weight is {tuple(weight_OI.shape)}"
             )
         scale = lora.scale(alpha, down_RI.shape[0])
-        delta_OI = (up_OR.float() @ down_RI.float()) * scale
-        state[name] = (weight_OI.float() + delta_OI.to(weight_OI.device)).to(weight_OI.dtype)
+        # on the base weight's device: a state moved to the GPU first merges there (the 14B
+        # model's 400 pairs are ~3 TFLOP, minutes on a CPU)
+        dev, f32 = weight_OI.device, torch.float32
+        delta_OI = (up_OR.to(dev, f32) @ down_RI.to(dev, f32)) * scale
+        state[name] = (weight_OI.float() + delta_OI).to(weight_OI.dtype)
     return state
 
 
