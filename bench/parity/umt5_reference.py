@@ -2,6 +2,7 @@
 it returns: the parity fixture of `pipeline.models.umt5`.
 
     python bench/parity/umt5_reference.py --reference-repo PATH [--out FILE] [--check]
+        [--shape tiny|wide] [--dtype float32|bfloat16]
 
 PATH is a checkout of github.com/Alibaba-Quark/LiveAvatar; nothing of it is copied into
 Facecast: its `t5.py` and `tokenizers.py` are imported from PATH in this process (they need
@@ -13,7 +14,9 @@ no device on a CPU. The weights are `pipeline.models.umt5.random_wan_state` save
 It writes FILE (default `tests/fixtures/liveavatar/umt5_tiny.safetensors`): their output
 for each prompt (`out.N`, float32) and its token ids (`ids.N`), with the seed, shape,
 text_len and prompts in the metadata. With `--check` it also loads the same files through
-Facecast's `PromptEncoder` and prints the largest difference.
+Facecast's `PromptEncoder` and prints the largest difference. `--shape wide` (umT5-XXL's
+widths and heads, 2 of its 24 layers, text_len 512) and `--dtype bfloat16` (as Wan runs it)
+only check, writing no fixture.
 """
 
 from __future__ import annotations
@@ -41,7 +44,10 @@ from pipeline.models.umt5 import (  # noqa: E402
 
 SEED = 5
 TEXT_LEN = 40  # > 2 x 8 exact buckets: the logarithmic buckets are reached, and prompts cut
-SHAPE = UMT5Shape(vocab=192, dim=32, dim_attn=32, dim_ffn=48, num_heads=4, num_layers=2)
+SHAPES = {
+    "tiny": UMT5Shape(vocab=192, dim=32, dim_attn=32, dim_ffn=48, num_heads=4, num_layers=2),
+    "wide": UMT5Shape(vocab=192, num_layers=2),  # XXL's 4096/10240/64 heads, 2 layers
+}
 PROMPTS = [
     "A man talking to the camera",
     "  A woman   smiles &amp;amp; speaks,\n\tsoft light  ",  # white space, HTML entities
@@ -50,7 +56,7 @@ PROMPTS = [
 ]
 
 
-def import_theirs(repo: Path) -> types.ModuleType:
+def import_theirs(repo: Path, shape: UMT5Shape) -> types.ModuleType:
     """Their `wan_2_2/modules/t5.py`, imported as a module of a stand-in package (its
     `from .tokenizers import …` then finds their tokenizers.py, and nothing else of theirs
     is imported)."""
@@ -74,14 +80,14 @@ def import_theirs(repo: Path) -> types.ModuleType:
         torch.cuda.current_device = current  # type: ignore[assignment]
     t5 = sys.modules["wan_modules.t5"]
     tiny = dict(
-        vocab_size=SHAPE.vocab,
-        dim=SHAPE.dim,
-        dim_attn=SHAPE.dim_attn,
-        dim_ffn=SHAPE.dim_ffn,
-        num_heads=SHAPE.num_heads,
-        encoder_layers=SHAPE.num_layers,
-        decoder_layers=SHAPE.num_layers,
-        num_buckets=SHAPE.num_buckets,
+        vocab_size=shape.vocab,
+        dim=shape.dim,
+        dim_attn=shape.dim_attn,
+        dim_ffn=shape.dim_ffn,
+        num_heads=shape.num_heads,
+        encoder_layers=shape.num_layers,
+        decoder_layers=shape.num_layers,
+        num_buckets=shape.num_buckets,
         shared_pos=False,
         dropout=0.1,
     )
@@ -96,16 +102,21 @@ def main() -> None:
         "--out", type=Path, default=FACECAST / "tests/fixtures/liveavatar/umt5_tiny.safetensors"
     )
     p.add_argument("--check", action="store_true")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = p.parse_args()
     from safetensors.torch import save_file
 
-    t5 = import_theirs(args.reference_repo.resolve())
+    shape, dtype = SHAPES[args.shape], getattr(torch, args.dtype)
+    fixture = args.shape == "tiny" and dtype == torch.float32
+    text_len = TEXT_LEN if args.shape == "tiny" else 512
+    t5 = import_theirs(args.reference_repo.resolve(), shape)
     with tempfile.TemporaryDirectory() as tmp:
         ckpt, tok = Path(tmp) / "t5.pth", write_tokenizer(Path(tmp) / "tokenizer")
-        torch.save(random_wan_state(SHAPE, SEED), ckpt)
+        torch.save(random_wan_state(shape, SEED, dtype), ckpt)
         theirs = t5.T5EncoderModel(
-            text_len=TEXT_LEN,
-            dtype=torch.float32,
+            text_len=text_len,
+            dtype=dtype,
             device=torch.device("cpu"),
             checkpoint_path=str(ckpt),
             tokenizer_path=str(tok),
@@ -118,20 +129,22 @@ def main() -> None:
         meta = {
             "seed": SEED,
             "text_len": TEXT_LEN,
-            "shape": dataclasses.asdict(SHAPE),
+            "shape": dataclasses.asdict(shape),
             "prompts": PROMPTS,
         }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(args.out), metadata={"meta": json.dumps(meta)})
-        print(f"wrote {args.out}: {[tuple(o.shape) for o in outs]}")
+        if fixture:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            save_file(tensors, str(args.out), metadata={"meta": json.dumps(meta)})
+            print(f"wrote {args.out}: {[tuple(o.shape) for o in outs]}")
         if args.check:
-            ours = PromptEncoder(ckpt, tok, dtype=torch.float32, text_len=TEXT_LEN)
+            ours = PromptEncoder(ckpt, tok, dtype=dtype, text_len=text_len)
             our_ids, _ = ours.tokenize(PROMPTS)
             assert torch.equal(our_ids, ids), "token ids differ"
             for i, (a, b) in enumerate(zip(ours.encode(PROMPTS), outs, strict=True)):
                 assert a.shape == b.shape, (i, a.shape, b.shape)
+                err = (a.float() - b.float()).abs().max() / b.float().abs().max()
                 print(
-                    f"prompt {i}: {tuple(a.shape)} max |ours - theirs| = {(a - b).abs().max():.3g}"
+                    f"prompt {i}: {tuple(a.shape)} max |ours - theirs| / max |theirs| = {err:.3g}"
                 )
 
 
