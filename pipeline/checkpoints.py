@@ -144,3 +144,45 @@ def load_mapped(
             + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")
         )
     model.load_state_dict(loaded, strict=True, assign=False)
+
+
+def write_sharded(
+    state: dict[str, Tensor],
+    folder: Path,
+    max_shard_bytes: int,
+    name: str = SAFETENSORS_NAME,
+) -> list[Path]:
+    """Write `state` as diffusers' `save_pretrained` shards it: `…-0000N-of-0000M.safetensors`
+    files of at most `max_shard_bytes` each (a tensor larger than that gets a shard of its
+    own), filled in key order, and `….safetensors.index.json` naming each key's shard. One
+    shard is written under the plain `name`, with no index, as diffusers does too. The
+    writer of random releases for tests and benchmarks; `read_diffusers_weights` reads it."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    groups: list[list[str]] = [[]]
+    filled = 0
+    for key in sorted(state):
+        size = state[key].numel() * state[key].element_size()
+        if groups[-1] and filled + size > max_shard_bytes:
+            groups.append([])
+            filled = 0
+        groups[-1].append(key)
+        filled += size
+    stem = name.removesuffix(".safetensors")
+    names = (
+        [name]
+        if len(groups) == 1
+        else [f"{stem}-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    )
+    for shard, keys in zip(names, groups, strict=True):
+        save_file({k: state[k].contiguous() for k in keys}, str(folder / shard))
+    if len(groups) > 1:
+        index = {
+            "metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
+            "weight_map": {
+                k: shard for shard, keys in zip(names, groups, strict=True) for k in keys
+            },
+        }
+        (folder / f"{name}.index.json").write_text(json.dumps(index, indent=2))
+    return [folder / n for n in names]

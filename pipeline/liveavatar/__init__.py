@@ -1,0 +1,8 @@
+"""LiveAvatar (Alibaba Quark, Apache-2.0): Wan2.2-S2V-14B with the Live-Avatar LoRA, run
+from the published checkpoints.
+
+`weights` reads and checks the two downloads as users make them (the Wan2.2-S2V-14B
+folder and the `liveavatar.safetensors` LoRA) and writes random releases of the same
+layout for tests and benchmarks. The LoRA is merged by `pipeline.lora`, the prompt is
+encoded by `pipeline.models.umt5`, speech by `pipeline.models.wav2vec2`.
+"""

@@ -1,0 +1,135 @@
+"""The state a LiveAvatar stream carries between blocks, and how each forward reads it.
+
+`S2VCache` is allocated once per stream (memory does not depend on the stream's length).
+A layer's self-attention hands its keys and values to a `KeyValues` strategy, which
+decides what the queries attend to:
+- `SinkPrefill`: the sink (reference + motion tokens) attends to itself; its keys before
+  RoPE and its values are kept;
+- `CachedStep`: a block at one sampling step writes its keys and values into its ring slot
+  of that step's buffer and attends to the sink (rotated for this block) and the filled
+  slots: the streaming path;
+- `BlockCausalMask`: the whole sequence at once through a mask (tests).
+
+Legend: B batch, L tokens, N heads, K head dim, S sampling steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from pipeline.models.wan.dit import apply_rope
+
+Rope = tuple[Tensor, Tensor]  # cos, sin (L, K/2), fp32 holding fp16 values
+Attended = tuple[Tensor, Tensor, Tensor | None]  # keys, values (B, N, L', K), mask or None
+
+
+class KeyValues(Protocol):
+    """Where a layer's self-attention finds its keys and values: it receives the current
+    tokens' normed keys (un-rotated and rotated) and values, (B, L, N, K) each, keeps what it
+    must, and returns keys and values (B, N, L', K) to attend to, and a mask or None."""
+
+    def __call__(self, layer: int, k_raw: Tensor, k_rot: Tensor, v: Tensor) -> Attended: ...
+
+
+@dataclass
+class S2VCache:
+    """Everything a stream carries between blocks, allocated once (memory does not grow
+    with the stream's length).
+
+    Per sampling step and layer, one buffer of keys and one of values, (B, N, Ls + W, K):
+    the sink's Ls tokens first (values copied in once; keys rotated anew each forward),
+    then a ring of `window_frames / frames_per_block` block slots. A block writes its slot
+    while it is denoised; the valid part is always the prefix [0, Ls + filled slots).
+    """
+
+    k: Tensor  # (S, layers, B, N, Ls + W, K)
+    v: Tensor
+    sink_k: Tensor  # (layers, B, Ls, N, K): normed keys before RoPE
+    text_k: Tensor  # (layers, B, N, text_len, K): the prompt's keys, normed
+    text_v: Tensor
+    sink_rope_pos: Tensor  # (Ls, 3) fp64: the reference at its prefill position
+    grid: tuple[int, int]  # token grid (h, w)
+    ref_tokens: int
+    block_tokens: int
+    slots: int
+    block: int = 0  # absolute index of the block being generated
+    prefilled: bool = False
+
+    @property
+    def sink_tokens(self) -> int:
+        return self.sink_k.shape[2]
+
+    def text_kv(self, layer: int) -> tuple[Tensor, Tensor]:
+        return self.text_k[layer], self.text_v[layer]
+
+    def slot(self) -> int:
+        return self.block % self.slots
+
+    def valid(self) -> int:
+        """Keys the current block sees: the sink and every filled slot, its own included."""
+        return self.sink_tokens + min(self.block + 1, self.slots) * self.block_tokens
+
+    def advance(self) -> None:
+        """The block is final (its K/V written by each step): the next block's turn."""
+        self.block += 1
+
+    def nbytes(self) -> int:
+        tensors = (self.k, self.v, self.sink_k, self.text_k, self.text_v)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class SinkPrefill:
+    """The sink attends to itself; its normed keys (before RoPE) and values are kept."""
+
+    def __init__(self, cache: S2VCache) -> None:
+        self.cache = cache
+
+    def __call__(self, layer: int, k_raw: Tensor, k_rot: Tensor, v: Tensor) -> Attended:
+        c, n = self.cache, k_raw.shape[1]
+        c.sink_k[layer] = k_raw
+        c.v[:, layer, :, :, :n] = v.transpose(1, 2)[None]  # every step's buffer
+        return k_rot.transpose(1, 2), v.transpose(1, 2), None
+
+
+class CachedStep:
+    """One step of a block: write the block's K/V into its slot of this step's ring, and
+    attend to the sink (rotated for this block) and the filled slots."""
+
+    def __init__(self, cache: S2VCache, step: int, sink_rope: Rope) -> None:
+        self.cache, self.step, self.sink_rope = cache, step, sink_rope
+        self.start = cache.sink_tokens + cache.slot() * cache.block_tokens
+        self.valid = cache.valid()
+
+    def __call__(self, layer: int, k_raw: Tensor, k_rot: Tensor, v: Tensor) -> Attended:
+        c, s, ls, end = self.cache, self.step, self.cache.sink_tokens, self.start + k_rot.shape[1]
+        k, v_buf = c.k[s, layer], c.v[s, layer]
+        k[:, :, :ls] = apply_rope(c.sink_k[layer], *self.sink_rope).transpose(1, 2)
+        k[:, :, self.start : end] = k_rot.transpose(1, 2)
+        v_buf[:, :, self.start : end] = v.transpose(1, 2)
+        return k[:, :, : self.valid], v_buf[:, :, : self.valid], None
+
+
+class BlockCausalMask:
+    """The whole sequence at once (tests): keys are every block's tokens, then one copy of
+    the sink per block (each rotated for its block); a block's queries see its own sink
+    copy and the blocks of its window."""
+
+    def __init__(self, cache: S2VCache, sink_ropes: list[Rope], window_blocks: int) -> None:
+        self.cache, self.sink_ropes = cache, sink_ropes
+        nb, lb, ls = len(sink_ropes), cache.block_tokens, cache.sink_tokens
+        blk = torch.arange(nb).repeat_interleave(lb)  # each token's block
+        sink = torch.arange(nb).repeat_interleave(ls)  # each sink copy's block
+        seen = (blk[None] <= blk[:, None]) & (blk[None] > blk[:, None] - window_blocks)
+        self.mask = torch.cat([seen, sink[None] == blk[:, None]], dim=1)
+
+    def __call__(self, layer: int, k_raw: Tensor, k_rot: Tensor, v: Tensor) -> Attended:
+        c = self.cache
+        v_sink = c.v[0, layer, :, :, : c.sink_tokens]
+        sinks_k = [apply_rope(c.sink_k[layer], *r).transpose(1, 2) for r in self.sink_ropes]
+        k_all = torch.cat([k_rot.transpose(1, 2), *sinks_k], dim=2)
+        v_all = torch.cat([v.transpose(1, 2), *[v_sink] * len(sinks_k)], dim=2)
+        return k_all, v_all, self.mask.to(k_all.device)

@@ -1,0 +1,157 @@
+"""LiveAvatar's S2V transformer (`pipeline.models.wan.s2v`): parity with the authors' code,
+the rolling KV cache against the block-causal mask, the cache's fixed memory, the mapping.
+
+The parity fixture (`fixtures/liveavatar/parity_tiny.safetensors`) holds the authors' own
+outputs on random weights at the tiny shape (`bench/parity/liveavatar_reference.py`, their
+code run from a checkout of theirs, then `liveavatar_compare.py --write-fixture`): the
+inputs, the scheduler's timesteps and sigmas, the RoPE distances their run drew, block 0's
+first velocity and the final latents of 5 streamed blocks; the weights are re-made here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from pipeline.errors import CheckpointError
+from pipeline.models.wan.s2v import AudioTokens, S2VConfig, S2VTransformer, euler_sigmas
+from pipeline.models.wan.s2v_weights import (
+    load_published,
+    published_shapes,
+    random_published_state,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "fixtures" / "liveavatar" / "parity_tiny.safetensors"
+HW = (8, 16)
+
+
+def tiny_model(seed: int = 0) -> S2VTransformer:
+    cfg = S2VConfig.tiny()
+    model = S2VTransformer(cfg)
+    load_published(model, random_published_state(cfg, seed))
+    return model.eval().requires_grad_(False)
+
+
+def stream_inputs(model: S2VTransformer, blocks: int, seed: int) -> dict[str, torch.Tensor]:
+    cfg, g = model.cfg, torch.Generator().manual_seed(seed)
+    fpb = cfg.frames_per_block
+    return {
+        "prompt": torch.randn(1, 5, cfg.text_dim, generator=g),
+        "ref": torch.randn(1, cfg.in_dim, 1, *HW, generator=g),
+        "motion": torch.randn(1, cfg.in_dim, 19, *HW, generator=g),
+        "audio": torch.randn(1, cfg.audio_layers, cfg.audio_dim, 4 * fpb * blocks, generator=g),
+        "x": torch.randn(1, cfg.in_dim, fpb * blocks, *HW, generator=g),
+    }
+
+
+# -- parity with the authors' code ----------------------------------------------------------------
+
+
+def test_one_block_and_five_cached_blocks_match_the_authors():
+    with safe_open(str(FIXTURE), "pt") as f:
+        meta = json.loads(f.metadata()["meta"])
+    ref = load_file(str(FIXTURE))
+    model = tiny_model(meta["seed"])
+    ins = {k[3:]: v for k, v in ref.items() if k.startswith("in.")}
+    timesteps, sigmas = euler_sigmas(4, shift=3.0)  # the authors' scheduler's, bit for bit
+    assert torch.equal(timesteps, ref["timesteps"]) and torch.equal(sigmas, ref["sigmas"])
+    distances = iter(ref["ref_distances"].tolist())
+    fpb = model.cfg.frames_per_block
+    cache = model.new_cache(1, HW, len(timesteps), "cpu", torch.float32)
+    with torch.no_grad():
+        model.prefill(cache, ins["prompt"], ins["ref"], ins["motion"])
+        for b in range(meta["blocks"]):
+            audio = model.encode_audio(ins["audio"][..., b * 4 * fpb : (b + 1) * 4 * fpb])
+            x = ins["noise"][None, :, b * fpb : (b + 1) * fpb]
+            for i in range(len(timesteps)):
+                v = model.forward_block(
+                    x, timesteps[i : i + 1], audio, cache, i, ref_distance=next(distances)
+                )
+                if b == 0 and i == 0:  # one forward, on the authors' inputs
+                    torch.testing.assert_close(v[0], ref["block0.step0.v"], atol=1e-3, rtol=1e-3)
+                x = x + (sigmas[i + 1] - sigmas[i]) * v
+            cache.advance()
+            # free-running: a wrong window, distance or cache slot moves these by ~3e-2
+            torch.testing.assert_close(x[0], ref[f"block{b}.latents"], atol=1e-3, rtol=1e-3)
+
+
+# -- the KV cache ------------------------------------------------------------------------------------
+
+
+def test_block_by_block_with_the_cache_equals_the_block_causal_masked_forward():
+    model = tiny_model(1)
+    blocks, fpb = 6, model.cfg.frames_per_block  # 6 blocks: two roll past the 4-block window
+    ins = stream_inputs(model, blocks, seed=2)
+    t_blocks = torch.linspace(950.0, 200.0, blocks)  # each block at its own timestep
+    cache = model.new_cache(1, HW, 1, "cpu", torch.float32)
+    cached, tokens = [], []
+    with torch.no_grad():
+        model.prefill(cache, ins["prompt"], ins["ref"], ins["motion"])
+        for b in range(blocks):
+            audio = model.encode_audio(ins["audio"][..., b * 4 * fpb : (b + 1) * 4 * fpb])
+            tokens.append(audio)
+            x = ins["x"][:, :, b * fpb : (b + 1) * fpb]
+            # distance 25: the reference starts sliding at block 2
+            cached.append(model.forward_block(x, t_blocks[b : b + 1], audio, cache, 0, None, 25))
+            cache.advance()
+        audio_all = AudioTokens(
+            torch.cat([a.global_BTD for a in tokens], dim=1),
+            torch.cat([a.local_BTMD for a in tokens], dim=1),
+        )
+        t_BT = t_blocks.repeat_interleave(fpb)[None]
+        masked = model.forward_masked(ins["x"], t_BT, audio_all, cache, ref_distance=25)
+    # fp32 summation-order noise, except where it flips the bf16 rounding the authors put
+    # before norm3 (a few elements at ~5e-5); a wrong window or sink moves outputs by ~1e-2
+    torch.testing.assert_close(torch.cat(cached, dim=2), masked, atol=2e-4, rtol=1e-4)
+
+
+def test_the_cache_memory_stays_flat_as_blocks_roll_past_the_window():
+    model = tiny_model(2)
+    blocks, fpb = 7, model.cfg.frames_per_block
+    ins = stream_inputs(model, blocks, seed=3)
+    cache = model.new_cache(1, HW, 2, "cpu", torch.float32)
+    tensors = (cache.k, cache.v, cache.sink_k)
+    before = [(t.data_ptr(), t.nbytes) for t in tensors]
+    with torch.no_grad(), pytest.raises(RuntimeError, match="prefill"):
+        model.forward_block(ins["x"][:, :, :fpb], torch.tensor([500.0]), None, cache, 0)  # type: ignore[arg-type]
+    with torch.no_grad():
+        model.prefill(cache, ins["prompt"], ins["ref"], ins["motion"])
+        for b in range(blocks):
+            audio = model.encode_audio(ins["audio"][..., b * 4 * fpb : (b + 1) * 4 * fpb])
+            k_before = cache.k.clone()
+            x = ins["x"][:, :, b * fpb : (b + 1) * fpb]
+            for step in range(2):
+                model.forward_block(x, torch.tensor([500.0]), audio, cache, step)
+            # only this block's ring slot changed (the sink's keys are re-rotated in place)
+            changed = (cache.k != k_before).any(dim=(0, 1, 2, 3, 5)).nonzero().flatten()
+            start = cache.sink_tokens + (b % cache.slots) * cache.block_tokens
+            in_slot = (changed >= start) & (changed < start + cache.block_tokens)
+            assert in_slot.any() and ((changed < cache.sink_tokens) | in_slot).all()
+            cache.advance()
+    assert [(t.data_ptr(), t.nbytes) for t in tensors] == before
+    assert cache.block == blocks and blocks > cache.slots
+
+
+# -- the published names -----------------------------------------------------------------------------
+
+
+def test_the_release_names_load_strictly_and_a_stray_one_is_named():
+    cfg = S2VConfig.tiny()
+    state = random_published_state(cfg, 4)
+    assert set(state) == set(published_shapes(cfg))
+    assert all((t != 0).all() and (t != 1).all() for t in state.values())
+    model = S2VTransformer(cfg)
+    load_published(model, state)
+    q = state["blocks.1.self_attn.q.weight"]
+    torch.testing.assert_close(model.layers()[1].self_attn.qkv.weight[: cfg.dim], q)
+    with pytest.raises(CheckpointError, match="stray.weight"):
+        load_published(S2VTransformer(cfg), state | {"stray.weight": q})
+    missing = {k: v for k, v in state.items() if not k.startswith("frame_packer.proj_2x")}
+    with pytest.raises(CheckpointError, match="frame_packer.proj_2x"):
+        load_published(S2VTransformer(cfg), missing)
