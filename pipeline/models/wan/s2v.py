@@ -47,6 +47,10 @@ Facts of the authors' inference path this module reproduces (see the parity scri
 - the cross-attention to the text reads its input rounded to bf16, whatever the dtype;
 - the audio of a block is encoded alone, after 73 copies of its first frame.
 
+Beside this file: `s2v_sink` (the sink's tokens, every token's RoPE position), `s2v_audio`
+(the audio encoder and injection), `s2v_cache` (the stream's state and how a forward reads
+it), `s2v_weights` (the published names, random release-shaped weights).
+
 Legend: B batch, C latent channels, T latent frames, H/W latent height/width, h/w token
 grid, L tokens, P tokens per latent frame, D model width, N heads, K head dim, S wav2vec2
 hidden states, A wav2vec2 width, F audio (video-rate) frames, M audio tokens per frame.
@@ -64,7 +68,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pipeline.models.attention import Attention
-from pipeline.models.layers import rope_axis_dims
 from pipeline.models.wan.dit import RMSNorm, apply_rope, sinusoid
 from pipeline.models.wan.s2v_audio import (
     AudioInjector,
@@ -77,9 +80,16 @@ from pipeline.models.wan.s2v_cache import (
     BlockCausalMask,
     CachedStep,
     KeyValues,
-    Rope,
     S2VCache,
     SinkPrefill,
+)
+from pipeline.models.wan.s2v_sink import (
+    FramePack,
+    Rope,
+    block_positions,
+    grid,
+    motion_positions,
+    rope_fp16,
 )
 
 __all__ = ["AudioTokens", "S2VCache", "S2VConfig", "S2VTransformer"]
@@ -154,61 +164,6 @@ class S2VConfig:
         if "audio_inject_layers" in raw:
             kept["audio_inject_layers"] = tuple(raw["audio_inject_layers"])
         return cls(**kept)
-
-
-# -- RoPE -------------------------------------------------------------------------------------
-
-
-def rope_fp16(positions_L3: Tensor, head_dim: int, theta: float = 10000.0) -> Rope:
-    """cos/sin (L, K/2) for float (t, h, w) positions, angles in fp64, rounded to fp16 as the
-    authors' complex32 tables round them (`rope_precompute`), then held in fp32."""
-    parts = []
-    for axis, dim in enumerate(rope_axis_dims(head_dim)):
-        freqs = 1.0 / torch.pow(
-            theta, torch.arange(0, dim, 2, dtype=torch.float64, device=positions_L3.device) / dim
-        )
-        parts.append(positions_L3[:, axis, None].double() * freqs[None, :])
-    angles = torch.cat(parts, dim=-1)
-    return angles.cos().half().float(), angles.sin().half().float()
-
-
-def block_positions(frame0: int, frames: int, h: int, w: int, device: torch.device) -> Tensor:
-    """(frames*h*w, 3) positions of a block's tokens from absolute latent frame `frame0`."""
-    tt, hh, ww = torch.meshgrid(
-        torch.arange(frames, device=device, dtype=torch.float64) + frame0,
-        torch.arange(h, device=device, dtype=torch.float64),
-        torch.arange(w, device=device, dtype=torch.float64),
-        indexing="ij",
-    )
-    return torch.stack([tt, hh, ww], dim=-1).reshape(-1, 3)
-
-
-def _span(start: float, stop: float, num: int) -> list[int]:
-    # numpy's linspace then truncation, as the authors sample compressed grids; torch's
-    # linspace rounds differently in the last place, which can move a truncated value
-    return np.linspace(start, stop, num).astype(int).tolist()
-
-
-def _grid(ts: list[int], hs: list[int], ws: list[int]) -> Tensor:
-    t, h, w = torch.meshgrid(
-        torch.tensor(ts, dtype=torch.float64),
-        torch.tensor(hs, dtype=torch.float64),
-        torch.tensor(ws, dtype=torch.float64),
-        indexing="ij",
-    )
-    return torch.stack([t, h, w], dim=-1).reshape(-1, 3)
-
-
-def motion_positions(cfg: S2VConfig, h: int, w: int) -> Tensor:
-    """Positions of FramePack's tokens (nearest bucket first), fixed for the whole stream:
-    bucket k of n frames compressed c-fold starts at time -(n_0+..+n_k), spans n/c token
-    frames, and samples the h x w grid at h/c x w/c points."""
-    out, end = [], 0
-    for n, c in zip(cfg.zip_frame_buckets, (1, 2, 4), strict=True):
-        end += n
-        ts = [-t for t in _span(end, end - n + 1, max(n // c, 1))]
-        out.append(_grid(ts, _span(0, h - 1, h // c), _span(0, w - 1, w // c)))
-    return torch.cat(out)
 
 
 def euler_sigmas(steps: int = 4, shift: float = 3.0, train_steps: int = 1000) -> Rope:
@@ -323,36 +278,6 @@ class S2VBlock(nn.Module):
         return (x + gated(y, gate2)).to(dtype)
 
 
-class FramePack(nn.Module):
-    """The motion latents as tokens: the newest frame at full resolution, the two before it
-    2x compressed (in time and space), the sixteen before those 4x."""
-
-    def __init__(self, cfg: S2VConfig) -> None:
-        super().__init__()
-        d, c = cfg.dim, cfg.in_dim
-        self.buckets = cfg.zip_frame_buckets
-        self.proj = nn.Conv3d(c, d, kernel_size=(1, 2, 2), stride=(1, 2, 2))
-        self.proj_2x = nn.Conv3d(c, d, kernel_size=(2, 4, 4), stride=(2, 4, 4))
-        self.proj_4x = nn.Conv3d(c, d, kernel_size=(4, 8, 8), stride=(4, 8, 8))
-
-    def forward(self, motion_BCTHW: Tensor) -> Tensor:
-        n = sum(self.buckets)
-        B, C, T, H, W = motion_BCTHW.shape
-        padded = motion_BCTHW.new_zeros(B, C, n, H, W)  # too few frames: zeros before them
-        keep = min(n, T)
-        if keep:
-            padded[:, :, n - keep :] = motion_BCTHW[:, :, T - keep :]
-        far, mid, near = padded.split(list(self.buckets)[::-1], dim=2)
-        return torch.cat(
-            [
-                self.proj(near).flatten(2).transpose(1, 2),
-                self.proj_2x(mid).flatten(2).transpose(1, 2),
-                self.proj_4x(far).flatten(2).transpose(1, 2),
-            ],
-            dim=1,
-        )
-
-
 class FrameHead(nn.Module):
     def __init__(self, cfg: S2VConfig) -> None:
         super().__init__()
@@ -393,7 +318,7 @@ class S2VTransformer(nn.Module):
         )
         self.audio_injector = AudioInjector(cfg.audio_inject_layers, d, cfg.num_heads, cfg.eps)
         self.trainable_cond_mask = nn.Embedding(3, d)  # rows: noisy, reference, motion
-        self.frame_packer = FramePack(cfg)
+        self.frame_packer = FramePack(cfg.zip_frame_buckets, cfg.in_dim, d)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -422,8 +347,8 @@ class S2VTransformer(nn.Module):
         if cfg.window_frames % cfg.frames_per_block:
             raise ValueError("window_frames must be a whole number of blocks")
         h, w = H // cfg.patch_size[1], W // cfg.patch_size[2]
-        motion = motion_positions(cfg, h, w)
-        ref = _grid([cfg.ref_position], list(range(h)), list(range(w)))
+        motion = motion_positions(cfg.zip_frame_buckets, h, w)
+        ref = grid([cfg.ref_position], list(range(h)), list(range(w)))
         sink = torch.cat([ref, motion])
         block_tokens = cfg.frames_per_block * h * w
         slots = cfg.window_frames // cfg.frames_per_block

@@ -22,8 +22,8 @@ import torch
 from torch import Tensor
 
 from pipeline.models.wan.dit import apply_rope
+from pipeline.models.wan.s2v_sink import Rope
 
-Rope = tuple[Tensor, Tensor]  # cos, sin (L, K/2), fp32 holding fp16 values
 Attended = tuple[Tensor, Tensor, Tensor | None]  # keys, values (B, N, L', K), mask or None
 
 
