@@ -34,15 +34,27 @@ def add_engine_arguments(parser: argparse.ArgumentParser, default_config: str) -
         "--model",
         choices=REAL_MODELS,
         help="a real open model from its published weights (instead of --config); "
-        "needs --weights and, for FlashHead, --wav2vec",
+        "needs --weights, and --wav2vec (FlashHead) or --lora (LiveAvatar)",
     )
     parser.add_argument(
         "--weights",
-        help="--model's release folder as downloaded "
-        "(huggingface-cli download Soul-AILab/SoulX-FlashHead-1_3B --local-dir DIR)",
+        help="--model's release folder as downloaded (huggingface-cli download "
+        "Soul-AILab/SoulX-FlashHead-1_3B or Wan-AI/Wan2.2-S2V-14B --local-dir DIR)",
     )
     parser.add_argument(
-        "--wav2vec", help="a wav2vec2 model folder (facebook/wav2vec2-base-960h) for FlashHead"
+        "--wav2vec",
+        help="a wav2vec2 model folder: facebook/wav2vec2-base-960h for FlashHead; for "
+        "LiveAvatar the release's own wav2vec2-large-xlsr-53-english/ unless given",
+    )
+    parser.add_argument(
+        "--lora",
+        help="LiveAvatar's LoRA, merged into the weights at load: the folder of "
+        "huggingface-cli download Quark-Vision/Live-Avatar, or its liveavatar.safetensors",
+    )
+    parser.add_argument(
+        "--prompt",
+        help="LiveAvatar: what the video shows, in words (umT5 reads it once a session; "
+        "default: a person talking to the camera)",
     )
     parser.add_argument(
         "--set",
@@ -89,6 +101,8 @@ def engine_options(args: argparse.Namespace, warmup: bool = True, device=None, *
         model=args.model,
         weights=args.weights,
         wav2vec=args.wav2vec,
+        lora=args.lora,
+        prompt=args.prompt,
         device=device or resolve_device(args.device),
         attention=args.attention,
         compile=args.compile,
@@ -287,10 +301,12 @@ def cmd_gate(args: argparse.Namespace) -> int:
             pick_sdpa_backends(engine)
         if args.compile:
             compile_engine(engine)
-    elif args.compile:
-        from pipeline.flashhead.engine import FlashHeadEngine
+    elif args.compile:  # a real model's family compiles its own parts
+        from pipeline.families import family_of
 
-        assert isinstance(engine, FlashHeadEngine), "the real models' compile is the family's"
+        family = family_of(engine.cfg)
+        if not family.compiles:
+            raise FacecastError(f"--compile does not apply to {family.summary}")
         engine.compile()
     report = gate.check(engine, args.baseline, args.tolerance_db)
     if args.precision != "default":
@@ -316,6 +332,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         fh = cfg.flashhead
         assert fh.weights and fh.wav2vec, "EngineOptions.validate asks for both"
         check_release(fh.weights, fh.wav2vec, fh.variant)
+    if cfg.runtime.stack == "liveavatar":
+        from pipeline.liveavatar.weights import check_release as check_liveavatar
+
+        la = cfg.liveavatar
+        assert la.weights and la.lora, "EngineOptions.validate asks for both"
+        check_liveavatar(la.weights, la.lora)
     if cfg.runtime.stack == "photo":  # this process prepares every session's photo
         from pipeline.photo.face import FACE_CASCADE, cascade
 

@@ -26,7 +26,7 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_CONFIG = "photo"
 ATTENTION_BACKENDS = ("sdpa", "flex", "facecast")
 DTYPES = ("float32", "bfloat16", "float16")
-STACKS = ("diffusion", "photo", "flashhead")
+STACKS = ("diffusion", "photo", "flashhead", "liveavatar")
 
 
 @typing.runtime_checkable
@@ -228,6 +228,55 @@ class FlashHeadConfig:
         )
 
 
+LIVEAVATAR_BLOCK_FRAMES = 12  # video frames a block adds: 3 latent frames of the Wan VAE
+DEFAULT_PROMPT = (
+    "A person talks to the camera, looking straight ahead, with natural expressions and "
+    "small head movements; soft, even lighting; a plain background; realistic, sharp detail."
+)
+
+
+@dataclass
+class LiveAvatarConfig:
+    """LiveAvatar (Wan2.2-S2V-14B with the Live-Avatar LoRA) from its published checkpoint
+    (`runtime.stack: liveavatar`, `pipeline/liveavatar/`). Numbers are the authors'
+    streaming settings (`infinite_inference_single_gpu.sh`)."""
+
+    weights: str | None = None  # the Wan2.2-S2V-14B folder; --weights
+    lora: str | None = None  # the Live-Avatar LoRA file or folder; --lora
+    wav2vec: str | None = None  # default: the release's wav2vec2-large-xlsr-53-english/
+    prompt: str = DEFAULT_PROMPT  # what the umT5 encoder reads; --prompt, an offer's "prompt"
+    steps: int = 4  # Euler steps a block, no guidance (the LoRA is distilled to 4)
+    shift: float = 3.0  # the sampler's timestep shift
+    ref_distance: int = 30  # latent frames the reference sits ahead of a block (authors: 4..30)
+    audio_window_seconds: float = 4.0  # wav2vec2 re-reads this much audio every block
+    audio_lookahead_frames: int = 2  # a block waits for this much audio past its end
+    dtype: str = "auto"  # auto: bfloat16 on a GPU (as the authors run it), float32 on a CPU
+
+    def validate(self) -> None:
+        _check(1 <= self.steps <= 50, "liveavatar.steps", "must be in [1, 50]")
+        _check(self.shift > 0, "liveavatar.shift", "must be > 0")
+        _check(0 <= self.ref_distance <= 64, "liveavatar.ref_distance", "must be in [0, 64]")
+        _check(
+            1.0 <= self.audio_window_seconds <= 30.0,
+            "liveavatar.audio_window_seconds",
+            "must be in [1, 30]",
+        )
+        _check(
+            abs(self.audio_window_seconds * FPS - round(self.audio_window_seconds * FPS)) < 1e-9,
+            "liveavatar.audio_window_seconds",
+            f"must be a whole number of frames (a multiple of {1 / FPS:g} s)",
+        )
+        _check(
+            1 <= self.audio_lookahead_frames <= 25,
+            "liveavatar.audio_lookahead_frames",
+            "must be in [1, 25] (wav2vec2's last state of a window falls short of its end)",
+        )
+        _check(bool(self.prompt.strip()), "liveavatar.prompt", "must not be empty")
+        _check(
+            self.dtype in ("auto", *DTYPES), "liveavatar.dtype", f"must be auto or one of {DTYPES}"
+        )
+
+
 @dataclass
 class RuntimeConfig:
     stack: str = "diffusion"  # "diffusion": VAE + A2V/SR DiTs; "photo": warp the photo
@@ -258,6 +307,7 @@ class FacecastConfig:
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     photo: PhotoConfig = field(default_factory=PhotoConfig)
     flashhead: FlashHeadConfig = field(default_factory=FlashHeadConfig)
+    liveavatar: LiveAvatarConfig = field(default_factory=LiveAvatarConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     @property
@@ -273,6 +323,8 @@ class FacecastConfig:
         LTX-Video VAE, 1 for the photo stack (no VAE). Chunk seams fall on latent starts."""
         if self.runtime.stack == "flashhead":
             return 4 if self.flashhead.variant == "pro" else 8
+        if self.runtime.stack == "liveavatar":
+            return 4  # the Wan 2.1 VAE
         if self.runtime.stack == "photo":
             return 1
         return self.vae.temporal_ratio
@@ -293,6 +345,8 @@ class FacecastConfig:
             return self.photo.lookahead_frames
         if self.runtime.stack == "flashhead":
             return 0  # a chunk's last frames read their audio clamped at the chunk's end
+        if self.runtime.stack == "liveavatar":
+            return self.liveavatar.audio_lookahead_frames
         return self.audio.lookahead_frames
 
     def validate(self) -> None:
@@ -316,6 +370,22 @@ class FacecastConfig:
                 f"must be {new}, seam and boundary 0",
             )
             _check(sch.seam_latents == 0 and sch.boundary_latents == 0, "schedule", "no seams")
+        if self.runtime.stack == "liveavatar":
+            sch, v = self.schedule, self.video
+            block = LIVEAVATAR_BLOCK_FRAMES
+            _check(
+                sch.chunk_latents == block and sch.first_chunk_latents == block,
+                "schedule",
+                f"a LiveAvatar block adds {block} frames: chunk_latents and first_chunk_latents "
+                f"must be {block}, seam and boundary 0",
+            )
+            _check(sch.seam_latents == 0 and sch.boundary_latents == 0, "schedule", "no seams")
+            _check(
+                v.width % 64 == 0 and v.height % 64 == 0,
+                "video",
+                f"LiveAvatar needs a size divisible by 64 (got {v.width}x{v.height}): the "
+                "motion latents are packed 4x after the 2x2 patch",
+            )
         grid = latent_grid(self)
         _check(
             grid.full_h % self.a2v.downscale == 0 and grid.full_w % self.a2v.downscale == 0,

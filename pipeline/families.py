@@ -49,6 +49,12 @@ def _flashhead(cfg, device, placement):
     return FlashHeadEngine.load(cfg, device)
 
 
+def _liveavatar(cfg, device, placement):
+    from pipeline.liveavatar.engine import LiveAvatarEngine
+
+    return LiveAvatarEngine.load(cfg, device)
+
+
 FAMILIES = (
     Family(
         "diffusion",
@@ -77,9 +83,49 @@ FAMILIES = (
         fp8=True,
         picks_sdpa=False,
     ),
+    Family(
+        "liveavatar",
+        "LiveAvatar (Wan2.2-S2V-14B + its LoRA) from its published checkpoint",
+        _liveavatar,
+        compiles=False,  # not yet: its blocks take the cache's step and slot as arguments
+        offloads=False,
+        fp8=True,
+        picks_sdpa=False,
+    ),
 )
+
+
+@dataclass(frozen=True)
+class RealModel:
+    """A real open model users download: its preset in `configs/` (same name), the config
+    section its files go in, and the flags it cannot start without."""
+
+    name: str
+    section: str
+    needs: tuple[str, ...]  # of "weights", "wav2vec", "lora"
+    download: str  # what --weights is, for the one-line error
+
+
 # --model NAME → the preset that runs it (a real model: its weights are the user's)
-REAL_MODELS = ("flashhead-pro", "flashhead-lite")
+_FLASHHEAD = "a Soul-AILab/SoulX-FlashHead-1_3B folder, and --wav2vec facebook/wav2vec2-base-960h"
+REAL_MODEL_TABLE = (
+    RealModel("flashhead-pro", "flashhead", ("weights", "wav2vec"), _FLASHHEAD),
+    RealModel("flashhead-lite", "flashhead", ("weights", "wav2vec"), _FLASHHEAD),
+    RealModel(
+        "liveavatar",
+        "liveavatar",
+        ("weights", "lora"),
+        "a Wan-AI/Wan2.2-S2V-14B folder, and --lora Quark-Vision/Live-Avatar's",
+    ),
+)
+REAL_MODELS = tuple(m.name for m in REAL_MODEL_TABLE)
+
+
+def real_model(name: str) -> RealModel:
+    for model in REAL_MODEL_TABLE:
+        if model.name == name:
+            return model
+    raise ConfigError(f"model {name!r} is not one of {', '.join(REAL_MODELS)}")
 
 
 def family_of(cfg: FacecastConfig) -> Family:

@@ -56,7 +56,7 @@ def load_reference(path: str | Path, cfg, face_box=None) -> np.ndarray:
         if not cfg.flashhead.frame_reference:
             return rgb
         return face_square(rgb, cfg.flashhead.face_ratio, cfg.video.width)
-    if cfg.runtime.stack == "photo":
+    if cfg.runtime.stack in ("photo", "liveavatar"):  # LiveAvatar: scaled and cropped later
         from pipeline.photo.face import load_photo
 
         if not Path(path).is_file():

@@ -16,7 +16,7 @@ import torch
 
 from pipeline.config import ATTENTION_BACKENDS, DEFAULT_CONFIG, load_config
 from pipeline.errors import ConfigError
-from pipeline.families import REAL_MODELS, family_of
+from pipeline.families import family_of, real_model
 from pipeline.module import resolve_device
 
 if TYPE_CHECKING:
@@ -53,7 +53,9 @@ class EngineOptions:
     # a real model (`pipeline.families.REAL_MODELS`) instead of `config`, with its weights
     model: str | None = None
     weights: str | None = None  # the release folder users download
-    wav2vec: str | None = None  # a wav2vec2 model folder (FlashHead)
+    wav2vec: str | None = None  # a wav2vec2 model folder (FlashHead; LiveAvatar: optional)
+    lora: str | None = None  # a LoRA file or folder (LiveAvatar)
+    prompt: str | None = None  # what the model is told to show (LiveAvatar)
 
     def validate(self) -> None:
         if self.attention is not None and self.attention not in ATTENTION_BACKENDS:
@@ -74,26 +76,39 @@ class EngineOptions:
             raise ConfigError(f"threads must be >= 1 (got {self.threads})")
         if self.offload_budget_gb is not None and self.offload is not True:
             raise ConfigError("an offload budget needs --offload")
-        if self.model is not None and self.model not in REAL_MODELS:
-            raise ConfigError(f"model {self.model!r} is not one of {', '.join(REAL_MODELS)}")
-        if self.model is not None and (self.weights is None or self.wav2vec is None):
+        given = {"weights": self.weights, "wav2vec": self.wav2vec, "lora": self.lora}
+        if self.model is None:
+            stray = [f"--{flag}" for flag, value in given.items() if value]
+            stray += ["--prompt"] if self.prompt else []
+            if stray:
+                raise ConfigError(f"{' and '.join(stray)} go with --model NAME")
+            return
+        model = real_model(self.model)
+        missing = [f"--{flag}" for flag in model.needs if not given[flag]]
+        if missing:
             raise ConfigError(
-                f"--model {self.model} needs --weights DIR (the release folder) and "
-                "--wav2vec DIR (facebook/wav2vec2-base-960h): README, 'Run a real model'"
+                f"--model {model.name} needs {' and '.join(missing)} (--weights: "
+                f"{model.download}): README, 'Run a real model'"
             )
-        if self.model is None and (self.weights or self.wav2vec):
-            raise ConfigError("--weights and --wav2vec go with --model NAME")
+        if self.lora and model.section != "liveavatar":
+            raise ConfigError(f"--lora goes with --model liveavatar, not {model.name}")
+        if self.prompt is not None and model.section != "liveavatar":
+            raise ConfigError(f"--prompt goes with --model liveavatar, not {model.name}")
 
     def config_and_overrides(self) -> tuple[str, dict]:
         """The preset to load and the dotted overrides on it (`--model` picks a real
-        model's preset and points it at the user's weights)."""
+        model's preset and points it at the user's files)."""
         overrides = dict(self.overrides)
         if self.attention:
             overrides["runtime.attention"] = self.attention
         if self.model is None:
             return self.config, overrides
-        overrides["flashhead.weights"] = self.weights
-        overrides["flashhead.wav2vec"] = self.wav2vec
+        section = real_model(self.model).section
+        given = {"weights": self.weights, "wav2vec": self.wav2vec, "lora": self.lora}
+        given["prompt"] = self.prompt
+        for key, value in given.items():
+            if value is not None:
+                overrides[f"{section}.{key}"] = value
         return self.model, overrides
 
 

@@ -201,7 +201,7 @@ def test_a_bad_config_json_and_a_missing_wav2vec_folder_are_one_line(release, tm
         start_engine(engine_options((copy, wav2vec)))
     with pytest.raises(CheckpointError, match=r"config.json: file not found \(--wav2vec wants"):
         start_engine(engine_options((weights, tmp_path)))
-    with pytest.raises(ConfigError, match="needs --weights DIR"):
+    with pytest.raises(ConfigError, match="needs --weights and --wav2vec"):
         start_engine(EngineOptions(model="flashhead-pro", device="cpu"))
 
 

@@ -219,6 +219,14 @@ class PromptEncoder:
         self.device = torch.device(device)
         self.text_len = text_len
 
+    def to(self, device: torch.device | str) -> PromptEncoder:
+        """Move the encoder (umT5-XXL is 11 GB in bf16: it visits the GPU for a new prompt
+        and waits in host memory otherwise)."""
+        module: torch.nn.Module = self.model
+        module.to(device)
+        self.device = torch.device(device)
+        return self
+
     def tokenize(self, prompts: list[str]) -> tuple[Tensor, Tensor]:
         """(ids_BL, mask_BL): cleaned, `</s>` appended, padded or cut to `text_len`."""
         batch = self.tokenizer(

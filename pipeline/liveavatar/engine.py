@@ -1,0 +1,364 @@
+"""The LiveAvatar family behind the engine seam (`pipeline.stream`).
+
+LiveAvatar is Wan2.2-S2V-14B with the Live-Avatar LoRA merged in, run block-causally: the
+video is made in blocks of 3 latent frames (12 video frames, 0.48 s), each denoised in 4
+Euler steps while attending to the reference's *sink* and a rolling KV cache of the last
+12 latent frames (`pipeline.models.wan.s2v`). Per stream, as the authors' streaming script
+does (`infinite_inference_single_gpu.sh`):
+
+1. start: the reference is scaled to cover the frame and centre-cropped; its latents (the
+   second latent of a 5-frame still clip) and the motion latents (a 73-frame still clip, 19
+   latents) go into the sink with the prompt's umT5 features, once;
+2. each block: wav2vec2-large re-reads the last `audio_window_seconds` of audio (plus
+   `audio_lookahead_frames` past the block) and the block's 12 frames take their features;
+   4 Euler steps from fresh noise, each writing its keys and values into its own cache;
+3. decode: the Wan 2.1 VAE carries its causal cache from block to block, warmed at start
+   with the motion latents (the first block decodes as the authors' first clip does).
+
+Where Facecast differs from the authors' script: they decode and re-encode whole 48-frame
+clips (19 motion latents in front of each, the last 73 frames re-encoded for the next) after
+the DiT is done, and drop the first clip's first 3 frames; here each block's latents are
+decoded once, as they come, and every frame is kept, so frame n stays the frame of audio
+[40n, 40n + 40) ms. The reference's RoPE distance, which they draw at random on every forward
+(unseeded), is fixed (`liveavatar.ref_distance`).
+
+Memory: the weights (about 34 GB in bf16 at 14B) and one stream's cache (about 51 GB at
+704x384) stay on the GPU; the umT5 encoder waits in host memory and visits the GPU for a
+prompt it has not seen. Nothing grows with the stream's length.
+
+Legend: C latent channels, T latent frames, F video frames, h, w latent rows and columns,
+H, W pixels, S wav2vec2 hidden states, A its width.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pipeline.clock import FPS, MODEL_RATE, MODEL_SAMPLES_PER_FRAME
+from pipeline.config import FacecastConfig
+from pipeline.errors import ConfigError
+from pipeline.flashhead.framing import cover_and_crop
+from pipeline.liveavatar.weights import (
+    LORA_ALPHA,
+    lora_path,
+    read_transformer_config,
+    read_transformer_state,
+    release_paths,
+)
+from pipeline.lora import merge_lora, read_lora
+from pipeline.models.s2v_speech import S2VSpeechFeatures, to_feature_rate, to_video_frames
+from pipeline.models.umt5 import PromptEncoder
+from pipeline.models.wan.s2v import S2VConfig, S2VTransformer, euler_sigmas
+from pipeline.models.wan.s2v_cache import S2VCache
+from pipeline.models.wan.s2v_weights import load_published
+from pipeline.models.wan.vae import WanDecodeStream, WanVAE, load_wan_vae
+from pipeline.module import DTYPES
+from pipeline.schedule import Chunk, ChunkPlan, StreamStep
+from pipeline.stream import FrameBatch, StageTimes
+from pipeline.timeline import AudioTimeline
+
+log = logging.getLogger("facecast.liveavatar")
+
+REFERENCE_CLIP_FRAMES = 5  # the still clip the reference latent is encoded from (its 2nd)
+PROMPTS_KEPT = 16  # umT5 features of this many recent prompts stay cached
+
+
+def model_dtype(cfg: FacecastConfig, device: torch.device) -> torch.dtype:
+    """bf16 on a GPU, as the authors run it; fp32 on a CPU, where bf16 crawls."""
+    if cfg.liveavatar.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[cfg.liveavatar.dtype]
+
+
+@dataclass
+class LiveAvatarModels:
+    transformer: S2VTransformer
+    vae: WanVAE
+    speech: S2VSpeechFeatures
+    prompts: PromptEncoder  # umT5-XXL: in host memory between prompts
+
+
+class LiveAvatarEngine:
+    """The release's models, loaded once; a stream holds its own KV cache."""
+
+    def __init__(self, cfg: FacecastConfig, models: LiveAvatarModels, device: torch.device):
+        self.cfg = cfg
+        self.models = models
+        self.device = device
+        self.dtype = model_dtype(cfg, device)
+        self.offloader = None
+        self.compiled = False
+        self.precision = "default"
+        self.warmup_seconds: float | None = None
+        self.step_seconds: dict[str, float] | None = None
+        self.startup = None
+        self.warmup_steps = 2  # one block shape: the first block (empty cache), then a later one
+        la = cfg.liveavatar
+        timesteps, sigmas = euler_sigmas(la.steps, la.shift)
+        self.timesteps, self.sigmas = timesteps.to(device), sigmas.to(device)
+        self.block_frames = models.transformer.cfg.frames_per_block * cfg.vae_temporal_stride
+        self._prompt_features: OrderedDict[str, Tensor] = OrderedDict()
+
+    @classmethod
+    def load(cls, cfg: FacecastConfig, device: str = "cpu") -> LiveAvatarEngine:
+        la = cfg.liveavatar
+        if la.weights is None or la.lora is None:
+            raise ConfigError(
+                f"--model {cfg.name} needs --weights DIR (the Wan2.2-S2V-14B folder) and "
+                "--lora FILE (the Live-Avatar LoRA): README, 'Run a real model'"
+            )
+        dev = torch.device(device)
+        dtype = model_dtype(cfg, dev)
+        paths = release_paths(la.weights)
+        transformer = load_transformer(paths.root, lora_path(la.lora), dev, dtype)
+        v, block = cfg.video, transformer.cfg.frames_per_block * cfg.vae_temporal_stride
+        if block != cfg.schedule.chunk_latents:
+            raise ConfigError(
+                f"{paths.config}: blocks of {transformer.cfg.frames_per_block} latent frames "
+                f"make {block} video frames, the config's schedule {cfg.schedule.chunk_latents}"
+            )
+        if (v.height // 8) % 8 or (v.width // 8) % 8:
+            raise ConfigError(f"video {v.width}x{v.height}: LiveAvatar needs multiples of 64")
+        vae = load_wan_vae(paths.vae, dev, dtype, config=None)
+        speech = S2VSpeechFeatures(la.wav2vec or paths.wav2vec, dev, dtype)
+        prompts = PromptEncoder(paths.t5, paths.tokenizer, "cpu", prompt_dtype(dev))
+        engine = cls(cfg, LiveAvatarModels(transformer, vae, speech, prompts), dev)
+        engine.prompt_features(la.prompt)  # the default prompt's, cached before any session
+        return engine
+
+    # -- the prompt ------------------------------------------------------------------------
+    def prompt_features(self, prompt: str) -> Tensor:
+        """(1, tokens, 4096) umT5 features of `prompt`, from the cache or encoded now: the
+        encoder comes to the engine's device for it and goes back to host memory after."""
+        cached = self._prompt_features.get(prompt)
+        if cached is not None:
+            self._prompt_features.move_to_end(prompt)
+            return cached
+        t = time.perf_counter()
+        encoder = self.models.prompts
+        encoder.to(self.device)
+        try:
+            features = encoder.encode([prompt])[0][None].to(self.dtype)
+        finally:
+            encoder.to("cpu")
+        self._prompt_features[prompt] = features
+        while len(self._prompt_features) > PROMPTS_KEPT:
+            self._prompt_features.popitem(last=False)
+        log.info("prompt of %d tokens encoded in %.2f s", features.shape[1], time.perf_counter() - t)
+        return features
+
+    # -- the engine seam -------------------------------------------------------------------
+    def stream_step(self, k: int) -> StreamStep:
+        return ChunkPlan(self.cfg.schedule).step(k, 1, self.cfg.lookahead_frames)
+
+    def new_stream(
+        self,
+        reference_rgb,
+        seed: int = 0,
+        sinks: list[Callable[[FrameBatch], None]] | None = None,
+        prompt: str | None = None,
+    ) -> LiveAvatarStream:
+        if not isinstance(reference_rgb, np.ndarray):  # a prepared photo: its framed image
+            reference_rgb = reference_rgb.framed
+        features = self.prompt_features(prompt or self.cfg.liveavatar.prompt)
+        return LiveAvatarStream(self, reference_rgb, seed, sinks or [], features)
+
+    def warmup_reference(self) -> np.ndarray:
+        v = self.cfg.video
+        return np.full((v.height, v.width, 3), 127, np.uint8)
+
+    def warmup(self, seed: int = 0) -> float:
+        from pipeline.warmup import warm_up
+
+        return warm_up(self, seed)
+
+    def run_every_shape(self, seed: int = 0) -> None:
+        from pipeline.warmup import warm_session
+
+        warm_session(self, seed, timed=False)
+
+    def fp8_targets(self, scaling: str) -> list[tuple[torch.nn.Module, str]]:
+        """(parent, attribute) of the linears FP8 replaces: each layer's token-wise ones."""
+        out: list[tuple[torch.nn.Module, str]] = []
+        for block in self.models.transformer.layers():
+            out += [(block.self_attn, "qkv"), (block.cross_attn, "q")]
+            if scaling == "row":
+                out += [(block.self_attn, "o"), (block.cross_attn, "o")]
+            out += [(block.ffn, "0"), (block.ffn, "2")]
+        return out
+
+
+def prompt_dtype(device: torch.device) -> torch.dtype:
+    """umT5 runs in bf16 on a GPU (as published), fp32 on a CPU."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load_transformer(
+    root: Path, lora: Path, device: torch.device, dtype: torch.dtype
+) -> S2VTransformer:
+    """The release's S2V transformer with the LoRA merged in (on `device`: the 14B model's
+    ~400 merges are minutes on a CPU, a second on a GPU), strictly by the published names."""
+    cfg = S2VConfig.from_release(read_transformer_config(root))
+    state = {k: v.to(device) for k, v in read_transformer_state(root).items()}
+    merge_lora(state, read_lora(lora), alpha=LORA_ALPHA)
+    with torch.device("meta"):
+        model = S2VTransformer(cfg)
+    model.to(dtype=dtype).to_empty(device=device)
+    load_published(model, state, root)
+    del state
+    return model.eval().requires_grad_(False)
+
+
+class LiveAvatarStream:
+    """One open-ended stream of one reference: push audio, collect frames in order."""
+
+    def __init__(
+        self,
+        engine: LiveAvatarEngine,
+        reference_rgb: np.ndarray,
+        seed: int,
+        sinks: list[Callable[[FrameBatch], None]],
+        prompt_features: Tensor,
+    ) -> None:
+        self.engine = engine
+        self.cfg = engine.cfg
+        la = self.cfg.liveavatar
+        self.sinks = sinks
+        self.plan = ChunkPlan(self.cfg.schedule)
+        self.times = StageTimes()
+        self.timeline = AudioTimeline()
+        self.window = round(la.audio_window_seconds * MODEL_RATE)
+        self.lookahead = self.cfg.lookahead_frames * MODEL_SAMPLES_PER_FRAME
+        self.generator = torch.Generator(device=engine.device).manual_seed(seed)
+        t = time.perf_counter()
+        v, dev, dtype = self.cfg.video, engine.device, engine.dtype
+        models = engine.models
+        s2v = models.transformer.cfg
+        with torch.inference_mode():
+            image = np.array(cover_and_crop(reference_rgb, v.width, v.height))
+            ref = torch.from_numpy(image).to(dev).permute(2, 0, 1)[None, :, None].to(dtype)
+            ref = (ref / 255 - 0.5) * 2  # (1, 3, 1, H, W) in [-1, 1]
+            ref_lat = models.vae.encode(ref.repeat(1, 1, REFERENCE_CLIP_FRAMES, 1, 1))[:, :, 1:]
+            motion = models.vae.encode(ref.repeat(1, 1, s2v.motion_frames, 1, 1))
+            h, w = ref_lat.shape[-2:]
+            self.cache: S2VCache | None = models.transformer.new_cache(
+                1, (h, w), la.steps, dev, dtype
+            )
+            models.transformer.prefill(self.cache, prompt_features, ref_lat, motion)
+            # the decoder continues from the motion frames, as the authors' first clip does
+            self.decoder: WanDecodeStream | None = models.vae.stream()
+            self.decoder.decode(motion)
+        self.latent_hw = (h, w)
+        self.times.add("init", time.perf_counter() - t)
+        self.next_n = 0
+        self.frames_emitted = 0
+        self.total_frames: int | None = None
+        self.chunk_log: deque[Chunk] = deque(maxlen=64)
+        self.closed = False
+
+    # -- streaming API (pipeline.stream.AvatarStream) --------------------------------------
+    def push_audio(self, samples: np.ndarray) -> None:
+        if self.total_frames is not None:
+            raise RuntimeError("push_audio after finish(): the stream has ended")
+        self.timeline.append(samples)
+
+    def samples_needed(self) -> int:
+        if self.total_frames is not None:
+            return 0
+        return max(0, self._audio_end(self.next_n) - self.timeline.total)
+
+    def generate_ready(self) -> list[FrameBatch]:
+        out: list[FrameBatch] = []
+        while self.total_frames is None and self.timeline.total >= self._audio_end(self.next_n):
+            out.append(self._advance())
+        return out
+
+    def finish(self) -> list[FrameBatch]:
+        """End of audio: the blocks that cover it (silence after it), frames trimmed."""
+        if self.total_frames is not None:
+            return []
+        self.total_frames = round(self.timeline.total / MODEL_SAMPLES_PER_FRAME)
+        out: list[FrameBatch] = []
+        while self.frames_emitted < self.total_frames:
+            out.append(self._advance())
+        self._release()
+        return out
+
+    def close(self) -> None:
+        self._release()
+        self.closed = True
+
+    # -- internals ---------------------------------------------------------------------
+    def _audio_end(self, k: int) -> int:
+        """The model-rate sample block k's audio window ends at (its lookahead included)."""
+        return self.plan.n_end(k) * MODEL_SAMPLES_PER_FRAME + self.lookahead
+
+    def _audio(self, k: int, chunk: Chunk) -> Tensor:
+        """(1, S, A, frames): the block's frames' wav2vec2 hidden states."""
+        end = self._audio_end(k)
+        audio = self.timeline.read(end - self.window, end)
+        speech = self.engine.models.speech
+        first_frame = (end - self.window) // MODEL_SAMPLES_PER_FRAME
+        window_frames = self.window // MODEL_SAMPLES_PER_FRAME
+        states = to_feature_rate(speech.hidden_states(audio))
+        feats_FSA = to_video_frames(states, FPS, window_frames)
+        lo = chunk.start - first_frame
+        block = feats_FSA[lo : lo + chunk.length]
+        return block.permute(1, 2, 0)[None].to(self.engine.device, self.engine.dtype)
+
+    def _advance(self) -> FrameBatch:
+        if self.cache is None or self.decoder is None:
+            raise RuntimeError("the stream is closed")
+        engine, k = self.engine, self.next_n
+        models, dev, dtype = engine.models, engine.device, engine.dtype
+        transformer, la = models.transformer, self.cfg.liveavatar
+        chunk = self.plan.n_chunk(k)
+        self.chunk_log.append(chunk)
+        t = time.perf_counter()
+        with torch.inference_mode():
+            feats = self._audio(k, chunk)
+            self.times.add("audio", time.perf_counter() - t)
+            t = time.perf_counter()
+            audio = transformer.encode_audio(feats)
+            h, w = self.latent_hw
+            shape = (1, transformer.cfg.out_dim, transformer.cfg.frames_per_block, h, w)
+            x = torch.randn(shape, dtype=dtype, device=dev, generator=self.generator)
+            sigmas, timesteps = engine.sigmas, engine.timesteps
+            for i in range(la.steps):
+                flow = transformer.forward_block(
+                    x, timesteps[i : i + 1], audio, self.cache, i, None, la.ref_distance
+                )
+                # diffusers' Euler step, as the authors' scheduler takes it: in fp32, the
+                # result back in the model's dtype
+                x = (x.float() + (sigmas[i + 1] - sigmas[i]) * flow.float()).to(dtype)
+            self.cache.advance()
+            self.times.add("dit", time.perf_counter() - t)
+            t = time.perf_counter()
+            video = self.decoder.decode(x)  # (1, 3, 12, H, W) in [-1, 1]
+            self.times.add("decode", time.perf_counter() - t)
+            # [-1, 1] → 0..255, truncated as the authors' writer does (astype(uint8))
+            frames = (((video[0].float() + 1) / 2).clamp(0, 1) * 255).permute(1, 2, 3, 0)
+            frames_np = frames.to(torch.uint8).cpu().numpy()
+        self.next_n += 1
+        self.timeline.drop_before(self._audio_end(self.next_n) - self.window)
+        start = chunk.start
+        if self.total_frames is not None:
+            frames_np = frames_np[: max(0, self.total_frames - start)]
+        batch = FrameBatch(start, frames_np)
+        self.frames_emitted = start + len(frames_np)
+        for sink in self.sinks:
+            sink(batch)
+        return batch
+
+    def _release(self) -> None:
+        self.cache = None
+        self.decoder = None
