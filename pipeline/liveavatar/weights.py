@@ -18,10 +18,13 @@ PEFT's layout, rank 128 and alpha 64 from their training config (`LORA_ALPHA`).
 `check_release` is serve's preflight (every file there, every header whole, the index and
 the shards agreeing, the LoRA's keys paired), cheap enough to run before a server
 listens; the full reads follow at start-up (`read_merged_state`: the transformer's shards
-with the LoRA merged in, as the authors' `add_lora_to_model` leaves the model). Every problem is one `CheckpointError` line naming the file.
+with the LoRA merged in, as the authors' `add_lora_to_model` leaves the model;
+`pipeline.models.umt5` and `pipeline.models.s2v_speech` read the prompt and speech
+encoders). Every problem is one `CheckpointError` line naming the file.
 
-`write_random_release` lays out the same folders with random weights (tests, benchmarks on
-the H200s without downloads); the transformer's state comes from its model file.
+`write_random_release` lays out both downloads with random weights (tests, benchmarks on
+the H200s without downloads): the transformer's state and config are the caller's (its
+model file's `random_published_state`), the rest is drawn here, full-sized or tiny.
 """
 
 from __future__ import annotations
