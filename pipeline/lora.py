@@ -53,6 +53,7 @@ class LoraFile:
 
     @property
     def rank(self) -> int:
+        """The rank every pair has (LiveAvatar's: 128); 0 where they differ."""
         ranks = {a.shape[0] for a, _ in self.pairs.values()}
         return ranks.pop() if len(ranks) == 1 else 0
 

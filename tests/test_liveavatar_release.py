@@ -240,6 +240,7 @@ def copy_release(release, tmp_path) -> tuple[Path, Path]:
 def test_a_random_release_reads_back_through_every_loader(release):
     from pipeline.liveavatar.weights import (
         check_release,
+        read_merged_state,
         read_transformer_config,
         read_transformer_state,
     )
@@ -254,6 +255,8 @@ def test_a_random_release_reads_back_through_every_loader(release):
     assert read.keys() == state.keys() and all(torch.equal(read[k], state[k]) for k in state)
     assert read_transformer_config(paths.root) == S2V_CONFIG
     merged = merge_lora(read, read_lora(lora), alpha=2.0)
+    again = read_merged_state(paths.root, lora.parent, alpha=2.0)
+    assert all(torch.equal(again[k], merged[k]) for k in state)
     assert not torch.equal(
         merged["blocks.1.cross_attn.v.weight"], state["blocks.1.cross_attn.v.weight"]
     )

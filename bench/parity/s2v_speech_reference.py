@@ -2,7 +2,8 @@
 what it computes: the parity fixture of `pipeline.models.s2v_speech`.
 
     PYTHONPATH=TF4 python bench/parity/s2v_speech_reference.py --reference-repo PATH
-        [--out FILE]
+        [--out FILE] [--shape tiny|wide]
+    python bench/parity/s2v_speech_reference.py --compare FILE
 
 PATH is a checkout of github.com/Alibaba-Quark/LiveAvatar; its
 `wan_2_2/modules/s2v/audio_encoder.py` is imported from PATH in this process (nothing of
@@ -16,7 +17,10 @@ stacked hidden states (`hidden`), the 30 fps features (`feat30`, their
 `extract_audio_feat(return_all_layers=True)`), and the buckets their `encode_audio`
 hands the transformer (`bucket`, (1, L, W, F)) with its clip count; the seed, wav2vec2
 shape, the clip's place in the sample speech and the bucket length in the metadata. The
-test re-makes the weights and reads the same clip.
+test re-makes the weights and reads the same clip. `--shape wide` is the large model's
+widths (1024, 16 heads, 512 convolution channels) with 2 of its 24 layers; `--compare FILE`
+(with Facecast's own transformers, no TF4) computes the same through
+`pipeline.models.s2v_speech` and prints the largest differences.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ SEED = 11
 CLIP_FRAMES = 12  # the authors' infer_frames is 48; a short clip reaches several buckets
 SPEECH = "pipeline/assets/sample_speech.wav"
 START, SECONDS = 1.0, 1.37
-WAV2VEC = dict(  # the large model's structure (stable layer norm, conv bias), shrunk
+WAV2VEC_TINY = dict(  # the large model's structure (stable layer norm, conv bias), shrunk
     hidden_size=16,
     num_hidden_layers=2,
     num_attention_heads=2,
@@ -52,6 +56,9 @@ WAV2VEC = dict(  # the large model's structure (stable layer norm, conv bias), s
     num_conv_pos_embeddings=16,
     num_conv_pos_embedding_groups=2,
 )
+
+
+SHAPES = {"tiny": WAV2VEC_TINY, "wide": dict(num_hidden_layers=2)}  # over XLSR53_LARGE
 
 
 def speech_clip() -> np.ndarray:
@@ -76,20 +83,27 @@ def import_theirs(repo: Path, audio: np.ndarray) -> types.ModuleType:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--reference-repo", type=Path, required=True)
+    p.add_argument("--reference-repo", type=Path)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    p.add_argument("--compare", type=Path, help="a file this script wrote: Facecast's vs it")
     p.add_argument(
         "--out",
         type=Path,
         default=FACECAST / "tests/fixtures/liveavatar/s2v_speech_tiny.safetensors",
     )
     args = p.parse_args()
+    if args.compare:
+        compare(args.compare)
+        return
+    if args.reference_repo is None:
+        p.error("--reference-repo PATH is needed (or --compare FILE)")
     import transformers
     from safetensors.torch import save_file
 
-    audio = speech_clip()
+    audio, wav2vec = speech_clip(), SHAPES[args.shape]
     theirs = import_theirs(args.reference_repo.resolve(), audio)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = write_random_wav2vec2(Path(tmp) / "wav2vec2", WAV2VEC, SEED)
+        folder = write_random_wav2vec2(Path(tmp) / "wav2vec2", wav2vec, SEED)
         encoder = theirs.AudioEncoder(model_id=str(folder))
         encoder.model.eval()
         with torch.no_grad():
@@ -109,7 +123,7 @@ def main() -> None:
         "seconds": SECONDS,
         "clip_frames": CLIP_FRAMES,
         "clips": clips,
-        "wav2vec": WAV2VEC,
+        "wav2vec": wav2vec,
         "transformers": transformers.__version__,
     }
     tensors = {"hidden": hidden, "feat30": feat30, "bucket": bucket}
@@ -117,6 +131,27 @@ def main() -> None:
     save_file({k: v.float().contiguous() for k, v in tensors.items()}, str(args.out),
               metadata={"meta": json.dumps(meta)})  # fmt: skip
     print(f"wrote {args.out}: " + ", ".join(f"{k} {tuple(v.shape)}" for k, v in tensors.items()))
+
+
+def compare(path: Path) -> None:
+    """Facecast's features for the file's weights and clip against the file's."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from pipeline.models.s2v_speech import S2VSpeechFeatures, bucket, to_feature_rate
+
+    with safe_open(str(path), "pt") as f:
+        meta = json.loads(f.metadata()["meta"])
+    ref = load_file(str(path))
+    wav2vec = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["wav2vec"].items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = write_random_wav2vec2(Path(tmp) / "wav2vec2", wav2vec, meta["seed"])
+        hidden = S2VSpeechFeatures(folder).hidden_states(speech_clip())
+    feat30 = to_feature_rate(hidden)
+    ours = {"hidden": hidden, "feat30": feat30, "bucket": bucket(feat30, meta["clip_frames"])[0]}
+    for name, t in ours.items():
+        err = (t - ref[name]).abs().max() / ref[name].abs().max()
+        print(f"{name} {tuple(t.shape)}: max |ours - theirs| / max |theirs| = {err:.3g}")
 
 
 if __name__ == "__main__":

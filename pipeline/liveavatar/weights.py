@@ -17,11 +17,14 @@ PEFT's layout, rank 128 and alpha 64 from their training config (`LORA_ALPHA`).
 
 `check_release` is serve's preflight (every file there, every header whole, the index and
 the shards agreeing, the LoRA's keys paired), cheap enough to run before a server
-listens; the full reads (`read_transformer_state`, `pipeline.lora.read_lora`) follow at
-start-up. Every problem is one `CheckpointError` line naming the file.
+listens; the full reads follow at start-up (`read_merged_state`: the transformer's shards
+with the LoRA merged in, as the authors' `add_lora_to_model` leaves the model;
+`pipeline.models.umt5` and `pipeline.models.s2v_speech` read the prompt and speech
+encoders). Every problem is one `CheckpointError` line naming the file.
 
-`write_random_release` lays out the same folders with random weights (tests, benchmarks on
-the H200s without downloads); the transformer's state comes from its model file.
+`write_random_release` lays out both downloads with random weights (tests, benchmarks on
+the H200s without downloads): the transformer's state and config are the caller's (its
+model file's `random_published_state`), the rest is drawn here, full-sized or tiny.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from pipeline.checkpoints import (
     write_sharded,
 )
 from pipeline.errors import CheckpointError
-from pipeline.lora import check_lora, random_lora
+from pipeline.lora import check_lora, merge_lora, random_lora, read_lora
 from pipeline.models.s2v_speech import write_random_wav2vec2
 from pipeline.models.umt5 import UMT5Shape, random_wan_state, write_tokenizer
 from pipeline.models.wan.vae import WAN21_VAE, WAN21_VAE_TINY, WanVAEConfig, random_checkpoint
@@ -230,6 +233,21 @@ def check_wav2vec(folder: Path) -> None:
 def read_transformer_state(ckpt_dir: str | Path) -> dict[str, Tensor]:
     """The S2V transformer's weights by their published names, through the index."""
     return read_diffusers_weights(Path(ckpt_dir).expanduser())
+
+
+def read_merged_state(
+    ckpt_dir: str | Path,
+    lora: str | Path,
+    device: torch.device | str = "cpu",
+    alpha: float = LORA_ALPHA,
+) -> dict[str, Tensor]:
+    """The transformer's published weights with the Live-Avatar LoRA merged in, as the
+    authors' `add_lora_to_model` leaves the model (their alpha; the rank from the file), on
+    `device`: moved there before the merge, so that a GPU does the arithmetic."""
+    state = read_transformer_state(ckpt_dir)
+    if torch.device(device).type != "cpu":
+        state = {k: v.to(device) for k, v in state.items()}
+    return merge_lora(state, read_lora(lora_path(lora)), alpha)
 
 
 def read_transformer_config(ckpt_dir: str | Path) -> dict:
