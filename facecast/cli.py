@@ -303,10 +303,12 @@ def cmd_gate(args: argparse.Namespace) -> int:
             compile_engine(engine)
     elif args.compile:  # a real model's family compiles its own parts
         from pipeline.families import family_of
+        from pipeline.flashhead.engine import FlashHeadEngine
 
         family = family_of(engine.cfg)
         if not family.compiles:
             raise FacecastError(f"--compile does not apply to {family.summary}")
+        assert isinstance(engine, FlashHeadEngine), "the one real model that compiles"
         engine.compile()
     report = gate.check(engine, args.baseline, args.tolerance_db)
     if args.precision != "default":

@@ -76,6 +76,10 @@ class EngineOptions:
             raise ConfigError(f"threads must be >= 1 (got {self.threads})")
         if self.offload_budget_gb is not None and self.offload is not True:
             raise ConfigError("an offload budget needs --offload")
+        self._validate_model()
+
+    def _validate_model(self) -> None:
+        """--model's files are there, and no model flag came without --model."""
         given = {"weights": self.weights, "wav2vec": self.wav2vec, "lora": self.lora}
         if self.model is None:
             stray = [f"--{flag}" for flag, value in given.items() if value]

@@ -32,6 +32,7 @@ H, W pixels, S wav2vec2 hidden states, A its width.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import OrderedDict, deque
@@ -45,16 +46,9 @@ from torch import Tensor
 
 from pipeline.clock import FPS, MODEL_RATE, MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
-from pipeline.errors import ConfigError
+from pipeline.errors import CheckpointError, ConfigError
 from pipeline.flashhead.framing import cover_and_crop
-from pipeline.liveavatar.weights import (
-    LORA_ALPHA,
-    lora_path,
-    read_transformer_config,
-    read_transformer_state,
-    release_paths,
-)
-from pipeline.lora import merge_lora, read_lora
+from pipeline.liveavatar.weights import read_merged_state, read_transformer_config, release_paths
 from pipeline.models.s2v_speech import S2VSpeechFeatures, to_feature_rate, to_video_frames
 from pipeline.models.umt5 import PromptEncoder
 from pipeline.models.wan.s2v import S2VConfig, S2VTransformer, euler_sigmas
@@ -119,7 +113,7 @@ class LiveAvatarEngine:
         dev = torch.device(device)
         dtype = model_dtype(cfg, dev)
         paths = release_paths(la.weights)
-        transformer = load_transformer(paths.root, lora_path(la.lora), dev, dtype)
+        transformer = load_transformer(paths.root, la.lora, dev, dtype)
         v, block = cfg.video, transformer.cfg.frames_per_block * cfg.vae_temporal_stride
         if block != cfg.schedule.chunk_latents:
             raise ConfigError(
@@ -130,6 +124,13 @@ class LiveAvatarEngine:
             raise ConfigError(f"video {v.width}x{v.height}: LiveAvatar needs multiples of 64")
         vae = load_wan_vae(paths.vae, dev, dtype, config=None)
         speech = S2VSpeechFeatures(la.wav2vec or paths.wav2vec, dev, dtype)
+        s2v = transformer.cfg
+        if (speech.num_states, speech.width) != (s2v.audio_layers, s2v.audio_dim):
+            raise CheckpointError(
+                f"{la.wav2vec or paths.wav2vec}: {speech.num_states} hidden states of "
+                f"{speech.width}, but the transformer in {paths.root} reads "
+                f"{s2v.audio_layers} of {s2v.audio_dim} (wav2vec2-large-xlsr-53's)"
+            )
         prompts = PromptEncoder(paths.t5, paths.tokenizer, "cpu", prompt_dtype(dev))
         engine = cls(cfg, LiveAvatarModels(transformer, vae, speech, prompts), dev)
         engine.prompt_features(la.prompt)  # the default prompt's, cached before any session
@@ -153,7 +154,9 @@ class LiveAvatarEngine:
         self._prompt_features[prompt] = features
         while len(self._prompt_features) > PROMPTS_KEPT:
             self._prompt_features.popitem(last=False)
-        log.info("prompt of %d tokens encoded in %.2f s", features.shape[1], time.perf_counter() - t)
+        log.info(
+            "prompt of %d tokens encoded in %.2f s", features.shape[1], time.perf_counter() - t
+        )
         return features
 
     # -- the engine seam -------------------------------------------------------------------
@@ -203,13 +206,16 @@ def prompt_dtype(device: torch.device) -> torch.dtype:
 
 
 def load_transformer(
-    root: Path, lora: Path, device: torch.device, dtype: torch.dtype
+    root: Path, lora: str, device: torch.device, dtype: torch.dtype
 ) -> S2VTransformer:
     """The release's S2V transformer with the LoRA merged in (on `device`: the 14B model's
     ~400 merges are minutes on a CPU, a second on a GPU), strictly by the published names."""
     cfg = S2VConfig.from_release(read_transformer_config(root))
-    state = {k: v.to(device) for k, v in read_transformer_state(root).items()}
-    merge_lora(state, read_lora(lora), alpha=LORA_ALPHA)
+    state = read_merged_state(root, lora, device)
+    # how many wav2vec2 states it weighs is fixed in the authors' code (25), not config.json
+    weights = state.get("casual_audio_encoder.weights")
+    if weights is not None and weights.dim() == 4:
+        cfg = dataclasses.replace(cfg, audio_layers=weights.shape[1])
     with torch.device("meta"):
         model = S2VTransformer(cfg)
     model.to(dtype=dtype).to_empty(device=device)
