@@ -1,0 +1,237 @@
+"""LiveAvatar through the commands users run: a random release in the published layout
+(Wan2.2-S2V-14B's folder and the Live-Avatar LoRA, toy sizes) streams block by block,
+renders, is scored and served; a broken download is one line.
+
+The transformer's and the files' parity with the authors' code are in
+`test_liveavatar_model.py` and `test_liveavatar_release.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+from pipeline.clock import MODEL_RATE, MODEL_SAMPLES_PER_FRAME
+from pipeline.errors import ConfigError
+from pipeline.liveavatar.random_release import write
+from pipeline.startup import EngineOptions, start_engine
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEECH = ROOT / "pipeline" / "assets" / "sample_speech.wav"
+PORTRAIT = ROOT / "pipeline" / "assets" / "portraits" / "grace_hopper.jpg"
+SIZE = 64  # the smallest LiveAvatar size: latents a multiple of 8 (FramePack's 4x after 2x2)
+BLOCK = 12  # video frames a block adds
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory) -> tuple[Path, Path]:
+    return write(tmp_path_factory.mktemp("liveavatar"), "test", seed=5)
+
+
+@pytest.fixture(scope="module")
+def engine(release):
+    weights, lora = release
+    opts = EngineOptions(
+        model="liveavatar",
+        weights=str(weights),
+        lora=str(lora),
+        device="cpu",
+        warmup=False,
+        overrides={"video.width": SIZE, "video.height": SIZE},
+    )
+    return start_engine(opts)[0]
+
+
+def facecast(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "facecast", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def speechy(seconds: float, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * MODEL_RATE)) / MODEL_RATE
+    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 3 * t)
+    return (0.2 * envelope * rng.standard_normal(t.size)).astype(np.float32)
+
+
+def test_a_stream_makes_every_frame_once_in_order_whatever_the_pushes(engine):
+    audio = speechy(1.6)
+    runs = []
+    for pieces in ([len(audio)], [3000, 9001, 17000, len(audio)]):
+        stream = engine.new_stream(np.full((80, 60, 3), 120, np.uint8), seed=7)
+        frames, last = [], 0
+        for end in pieces:
+            stream.push_audio(audio[last:end])
+            last = end
+            frames += stream.generate_ready()
+        frames += stream.finish()
+        assert [b.start for b in frames] == [BLOCK * k for k in range(len(frames))]
+        video = np.concatenate([b.frames for b in frames])
+        assert video.shape == (round(len(audio) / MODEL_SAMPLES_PER_FRAME), SIZE, SIZE, 3)
+        runs.append(video)
+        stream.close()
+    np.testing.assert_array_equal(runs[0], runs[1])  # the same seed, any split: the same
+    assert runs[0].std() > 1.0  # random weights make noise, but not a constant
+
+
+def test_a_block_waits_for_its_audio_and_a_little_past_it(engine):
+    stream = engine.new_stream(np.full((SIZE, SIZE, 3), 90, np.uint8), seed=1)
+    lookahead = engine.cfg.liveavatar.audio_lookahead_frames
+    need = (BLOCK + lookahead) * MODEL_SAMPLES_PER_FRAME
+    assert stream.samples_needed() == need
+    stream.push_audio(speechy(1.0)[: need - 1])
+    assert stream.generate_ready() == []
+    stream.push_audio(np.zeros(1, np.float32))
+    assert [b.start for b in stream.generate_ready()] == [0]
+    step = engine.stream_step(1)
+    assert step.audio_frames == 2 * BLOCK + lookahead and step.first_frame == BLOCK
+    stream.close()
+
+
+def test_prompts_are_encoded_once_and_kept(engine):
+    default = engine.prompt_features(engine.cfg.liveavatar.prompt)
+    assert engine.prompt_features(engine.cfg.liveavatar.prompt) is default  # cached at load
+    other = engine.prompt_features("A woman reads the news in a bright studio.")
+    assert other is engine.prompt_features("A woman reads the news in a bright studio.")
+    assert other.shape[-1] == default.shape[-1] and not (
+        other.shape == default.shape and bool((other == default).all())
+    )
+    assert engine.models.prompts.device.type == "cpu"  # back in host memory after
+
+
+@pytest.mark.slow
+def test_memory_stays_flat_as_the_cache_rolls(engine):
+    stream = engine.new_stream(np.full((SIZE, SIZE, 3), 90, np.uint8), seed=2)
+    cache = stream.cache
+    pointers = (cache.k.data_ptr(), cache.v.data_ptr(), cache.nbytes())
+    retained = []
+    for k in range(16):  # four times round the 12-latent-frame window
+        stream.push_audio(speechy(BLOCK / 25, seed=k))
+        stream.generate_ready()
+        retained.append(stream.timeline.retained)
+        assert (stream.cache.k.data_ptr(), stream.cache.v.data_ptr(), stream.cache.nbytes()) == (
+            pointers
+        )
+    window = engine.cfg.liveavatar.audio_window_seconds * MODEL_RATE
+    assert max(retained) <= window + BLOCK * MODEL_SAMPLES_PER_FRAME
+    assert retained[-1] == retained[-5]
+    stream.close()
+    assert stream.cache is None and stream.decoder is None  # the 51 GB a real one holds, freed
+
+
+@pytest.mark.slow
+def test_render_and_score_a_random_release_through_the_command_line(release, tmp_path):
+    weights, lora = release
+    out, scored = tmp_path / "talk.mp4", tmp_path / "scores.json"
+    run = facecast(
+        "render", "--model", "liveavatar", "--weights", str(weights), "--lora", str(lora),
+        "--reference", str(PORTRAIT), "--audio", str(SPEECH), "--out", str(out),
+        "--prompt", "An elderly woman in uniform speaks calmly.",
+        "--device", "cpu", "--set", f"video.width={SIZE}", "--set", f"video.height={SIZE}",
+        "--quiet",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    with av.open(str(out)) as c:
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    assert abs(len(frames) - round(6.72 * 25)) <= 1 and frames[0].shape == (SIZE, SIZE, 3)
+    assert np.std(np.stack(frames).astype(float), axis=0).mean() > 1.0  # it moves
+    run = facecast(
+        "eval", "--model", "liveavatar", "--photo", str(PORTRAIT), "--video", str(out),
+        "--audio", str(SPEECH), "--json", str(scored),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    scores = json.loads(scored.read_text())
+    assert scores["n_seams"] == (len(frames) - 1) // BLOCK, scores  # a seam every block
+
+
+def test_missing_lora_or_prompt_without_the_model_is_one_line(release, tmp_path):
+    weights, lora = release
+    with pytest.raises(ConfigError, match="--model liveavatar needs --lora"):
+        EngineOptions(model="liveavatar", weights=str(weights)).validate()
+    with pytest.raises(ConfigError, match="--lora goes with --model liveavatar"):
+        EngineOptions(
+            model="flashhead-pro", weights=str(weights), wav2vec=str(weights), lora=str(lora)
+        ).validate()
+    out = tmp_path / "talk.mp4"
+    run = facecast(
+        "render", "--prompt", "hello", "--audio", str(SPEECH), "--out", str(out), timeout=120
+    )
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "--prompt go with --model NAME" in run.stderr and not out.exists()
+
+
+def test_serve_refuses_a_broken_release_before_it_listens(release, tmp_path):
+    weights, lora = release
+    broken = tmp_path / "broken"
+    subprocess.run(["cp", "-r", str(weights), str(broken)], check=True)
+    shard = next(broken.glob("diffusion_pytorch_model*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:-100])
+    run = facecast(
+        "serve", "--model", "liveavatar", "--weights", str(broken), "--lora", str(lora),
+        "--device", "cpu", "--port", "0", timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr[-500:]
+    assert len(run.stderr.strip().splitlines()) == 1 and str(shard) in run.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+async def test_serve_a_random_release_to_an_aiortc_client_for_30_seconds(release, tmp_path):
+    """Slower than real time on a CPU: every frame it makes reaches the client, in sync
+    (the playout shows a slow engine's frames rather than dropping them as late)."""
+    import aiohttp
+    from support.realtime import make_speech_wav
+
+    from realtime.client import FacecastClient, PcmSource, wait_until_ready
+
+    weights, lora = release
+    speech = make_speech_wav(tmp_path / "speech.wav", [0.5, "Hello, I am a big model.", 1.0])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once; the server runs beside the loop
+        [sys.executable, "-m", "facecast", "serve", "--port", str(port), "--device", "cpu",
+         "--model", "liveavatar", "--weights", str(weights), "--lora", str(lora),
+         "--reference", str(PORTRAIT), "--set", f"video.width={SIZE}",
+         "--set", f"video.height={SIZE}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                await asyncio.sleep(0.2)
+        await wait_until_ready(url, timeout=240)
+        client = FacecastClient(url, PcmSource.from_wav(speech.path, loop=True))
+        await client.connect()
+        await asyncio.sleep(30)
+        async with aiohttp.ClientSession() as http:
+            listed = (await (await http.get(f"{url}/sessions")).json())["sessions"]
+        await client.close()
+        stats = next(s for s in listed if s["id"] == client.session_id)
+        made = stats["frames_generated"]
+        assert made >= 5 * BLOCK, stats  # it ran, block after block
+        assert stats["frames_dropped"] <= 0.05 * made, stats  # what it makes is shown
+        assert stats["frames_fresh"] >= 0.95 * (made - stats["frames_queued"]), stats
+        assert stats["ttff_ms"] is not None, stats
+    finally:
+        proc.terminate()
+        proc.wait(30)
