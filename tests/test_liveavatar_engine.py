@@ -227,6 +227,7 @@ async def test_serve_a_random_release_to_an_aiortc_client_for_30_seconds(release
             listed = (await (await http.get(f"{url}/sessions")).json())["sessions"]
         await client.close()
         stats = next(s for s in listed if s["id"] == client.session_id)
+        print({k: v for k, v in stats.items() if k.startswith(("frames", "fresh", "step", "ttff", "playout"))}, file=sys.stderr)  # fmt: skip
         made = stats["frames_generated"]
         assert made >= 5 * BLOCK, stats  # it ran, block after block
         assert stats["frames_dropped"] <= 0.05 * made, stats  # what it makes is shown
