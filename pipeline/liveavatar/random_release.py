@@ -66,7 +66,7 @@ def write(root: str | Path, shape: str = "test", seed: int = 0) -> tuple[Path, P
     """(the release folder, the LoRA file) under `root`."""
     cfg = transformer_shape(shape)
     dtype = torch.bfloat16 if shape == "full" else torch.float32  # the release is bf16
-    state = {k: v.to(dtype) for k, v in random_published_state(cfg, seed).items()}
+    state = random_published_state(cfg, seed, dtype)
     paths, lora = write_random_release(root, state, release_config(cfg), shape, seed)
     return paths.root, lora
 

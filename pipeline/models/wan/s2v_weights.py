@@ -97,16 +97,19 @@ def published_shapes(cfg: S2VConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def random_published_state(cfg: S2VConfig, seed: int) -> dict[str, Tensor]:
+def random_published_state(
+    cfg: S2VConfig, seed: int, dtype: torch.dtype = torch.float32
+) -> dict[str, Tensor]:
     """Random weights in the release's layout, drawn on the CPU in name order: matrices
     ~ N(0, 1/fan_in), biases ~ N(0, 0.02²), norm gains ~ 1 + N(0, 0.1²), modulation tables
     ~ N(0, 1/dim); the audio layers' weights ~ 1 + N(0, 0.1²) (their SiLUs are summed and
-    divided by: a sum near zero would blow the features up)."""
+    divided by: a sum near zero would blow the features up). Each tensor is cast to `dtype`
+    as it is drawn (the 14B state is 60 GB in fp32, 30 GB in bf16)."""
     gen = torch.Generator().manual_seed(seed)
     state = {}
     for name, shape in sorted(published_shapes(cfg).items()):
         if name.endswith("audio_encoder.weights"):
-            state[name] = 1.0 + 0.1 * torch.randn(shape, generator=gen)
+            state[name] = (1.0 + 0.1 * torch.randn(shape, generator=gen)).to(dtype)
         else:
-            state[name] = random_value(name, shape, gen)
+            state[name] = random_value(name, shape, gen).to(dtype)
     return state
