@@ -174,6 +174,30 @@ def test_missing_lora_or_prompt_without_the_model_is_one_line(release, tmp_path)
     assert "--prompt go with --model NAME" in run.stderr and not out.exists()
 
 
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        ("Wan2.1_VAE.pth", "Wan2.1_VAE.pth: not found"),
+        ("models_t5_umt5-xxl-enc-bf16.pth", "models_t5_umt5-xxl-enc-bf16.pth: not found"),
+        ("config.json", "config.json: not found"),
+    ],
+)
+def test_render_of_an_incomplete_download_is_one_line_and_no_file(release, tmp_path, damage, named):
+    weights, lora = release
+    broken = tmp_path / "release"
+    subprocess.run(["cp", "-r", str(weights), str(broken)], check=True)
+    (broken / damage).unlink()
+    out = tmp_path / "talk.mp4"
+    run = facecast(
+        "render", "--model", "liveavatar", "--weights", str(broken), "--lora", str(lora),
+        "--reference", str(PORTRAIT), "--audio", str(SPEECH), "--out", str(out),
+        "--device", "cpu", timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr[-500:]
+    assert len(run.stderr.strip().splitlines()) == 1 and named in run.stderr, run.stderr
+    assert not out.exists()
+
+
 def test_serve_refuses_a_broken_release_before_it_listens(release, tmp_path):
     weights, lora = release
     broken = tmp_path / "broken"
