@@ -30,7 +30,7 @@ Schedule, S = 4 step ranks and a decode rank; bN.sK = step K of block N, one for
   GPU holds the weights and all four caches (32.6 + 51.7 GB). The decode rank holds the VAE.
 - Sent per block and hop (704x384, bf16): the latents (1, 16, 3, 48, 88), 405,504 B; the
   audio tokens, global (1, 3, 5120) 30,720 B and local (1, 3, 5, 5120) 153,600 B; an 8-byte
-  header. About 590 KB: under 2 ms over PCIe 4, microseconds over NVLink. To the collector:
+  header. About 590 KB: ~25 us over PCIe 4 x16, a few us over NVLink. To the collector:
   the latents and the header.
 
 Sends are `isend`s: a rank posts its block and goes on to the next one; a step rank posts
@@ -59,17 +59,33 @@ stream when it stops); the decode rank passes `on_latents`, which decodes the bl
 (`WanDecodeStream.decode`, warmed with the motion latents) and hands the frames back.
 
 The other option, Ulysses within a step (`pipeline.parallel.ulysses`, used for Facecast's
-own DiTs): each of P ranks runs every step of every block on 1/P of the tokens, trading
-tokens for heads around each attention. It divides a block's compute, so it lowers the
-latency per block, which the step pipeline does not: it wins when latency matters more than
-throughput (an interactive turn where the first frames must come fast), and with fewer
-GPUs than steps. It costs two all-to-alls per layer (80 a forward, of ~3 MB each at
-704x384) that must hide behind the attention, and the S2V transformer would need: the KV
-cache sharded by heads (each rank keeps N/P heads of every step's ring, sink keys and
-prompt keys: cache memory divided by P), the sink's RoPE and the ring writes done per head
-shard, the audio injection and the FrameHead run on the token shard (they are per-token or
-per-frame), and 40 heads splitting over P (P in 2, 4, 5, 8). Both compose: Ulysses over P
-GPUs inside each of the S pipeline stages.
+own DiTs): P ranks run every step of every block together, each on 1/P of the block's
+tokens (3,168 at 704x384: 792 at P = 4), trading tokens for heads around each
+self-attention. It divides a block's compute by about P, so the latency per block drops,
+which the step pipeline cannot do (its throughput gain is at best the same P-fold, less the
+all-to-alls and the smaller matmuls). It beats the step pipeline when latency matters more
+than throughput: the first frames of an interactive turn, or a block whose 4 forwards do
+not fit in its 0.48 s on one GPU (a real-time stream needs the block done before the next
+is due, however many blocks are in flight); and with fewer GPUs than steps. Its cost: per
+self-attention, the block's q, k, v out and the output back, about 130 MB a layer across
+the group in bf16 at 704x384 (about 1 GB a forward a rank at P = 4: milliseconds over
+NVLink, to hide behind the compute, as `UlyssesAttention`'s head groups do). What the S2V
+transformer would need:
+- the KV cache sharded by heads: each rank keeps N/P heads of every step's ring and of the
+  sink's keys (the cache divided by P: 51.7 GB to 13 GB at P = 4);
+- `CausalSelfAttention` handing its `KeyValues` the tensors after the all-to-all, all the
+  block's tokens and N/P heads, so that `CachedStep` writes and reads its head shard (RoPE
+  for the whole block, the sink's re-rotation per head shard);
+- the per-frame work (the modulation's and the audio injection's (T, L/T) reshapes, the
+  FrameHead) done per token with each token's frame index, as a shard of 792 tokens cuts
+  across 1,056-token frames; the text cross-attention is per token and runs as it is;
+- 40 heads splitting over P (2, 4, 5, 8); the weights stay whole on every GPU unless FSDP
+  shards them.
+The two compose: Ulysses over P GPUs inside each of the S stages, S x P GPUs.
+
+Not handled here: replacing the sink mid-stream (`prefill` again, the authors'
+`--enable_online_decode`): every step rank would re-prefill its cache between the same two
+blocks, which a header flag sent down the line could order.
 
 Legend: B batch, C latent channels, T latent frames, H/W latent height/width, D model
 width, M audio tokens per latent frame, S sampling steps (step ranks).
@@ -289,22 +305,24 @@ def _first_step(
     """Rank 0: per block, the audio tokens, fresh noise, step 0; then on to rank 1."""
     gen = torch.Generator(device=wire.device).manual_seed(start.seed)
     sent: Works = []
-    for b, feats_BSAF in enumerate(blocks):
-        audio = stage.model.encode_audio(feats_BSAF)
-        noise = torch.randn(wire.latents, generator=gen, dtype=wire.dtype, device=wire.device)
-        x = stage.run(noise, audio)
-        wait_all(sent)  # the previous block's send has read its buffers
-        sent = post_send([wire.header(b), x, audio.global_BTD, audio.local_BTMD], 1)
+    try:
+        for b, feats_BSAF in enumerate(blocks):
+            audio = stage.model.encode_audio(feats_BSAF)
+            noise = torch.randn(wire.latents, generator=gen, dtype=wire.dtype, device=wire.device)
+            x = stage.run(noise, audio)
+            wait_all(sent)  # the previous block's send has read its buffers
+            sent = post_send([wire.header(b), x, audio.global_BTD, audio.local_BTMD], 1)
+            if collector is not None:
+                collector.post()
+                # block b - S's final latents were due while block b was computed: wait
+                # for them past that (bounded buffers); take any that came earlier
+                collector.deliver(keep=layout.steps)
+    finally:  # END also when the blocks failed: every rank leaves its loop
+        wait_all(sent)
+        wait_all(post_send(wire.empty(audio=True), 1))
         if collector is not None:
             collector.post()
-            # block b - S's final latents were due while block b was computed: wait for
-            # them past that (bounded buffers); take any that came earlier
-            collector.deliver(keep=layout.steps)
-    wait_all(sent)
-    wait_all(post_send(wire.empty(audio=True), 1))  # END
-    if collector is not None:
-        collector.post()
-        collector.deliver(keep=None)
+            collector.deliver(keep=None)
 
 
 def _later_step(stage: StepStage, layout: StepLayout, wire: Wire, rank: int) -> None:
