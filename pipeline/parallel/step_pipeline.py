@@ -23,9 +23,10 @@ Schedule, S = 4 step ranks and a decode rank; bN.sK = step K of block N, one for
   the decode leaves the step ranks); the slowest rank sets the pace. Rank 0 also draws the
   noise and encodes the block's audio tokens (milliseconds); without a decode rank it
   decodes as well and paces the line at one forward plus one decode.
-- Latency per block: unchanged, S forwards in a row plus S hops of a few hundred KB; the
-  first block comes out after S forwards.
-- Memory per step rank at 704x384 in bf16: the weights (32.6 GB) and one step's cache
+- Latency per block: unchanged, S forwards in a row (then the decode) plus S hops of a few
+  hundred KB; the first block comes out after S forwards.
+- Memory per step rank at 704x384 in bf16: the weights (16.3 B parameters, 32.6 GB) and
+  one step's cache
   (14.0 GB: 12.5 GB of ring, 1.1 GB of sink keys, 0.4 GB of prompt keys), 47 GB, where one
   GPU holds the weights and all four caches (32.6 + 51.7 GB). The decode rank holds the VAE.
 - Sent per block and hop (704x384, bf16): the latents (1, 16, 3, 48, 88), 405,504 B; the
@@ -37,7 +38,10 @@ Sends are `isend`s: a rank posts its block and goes on to the next one; a step r
 the receive of block b+1 before it computes block b (two receive buffers, allocated once),
 so transfers hide behind the forwards. The header carries the block's index, or END when
 rank 0's blocks run out; it is read on the host (one sync per block, after the block's data
-has arrived) so that every rank stops with the stream.
+has arrived) so that every rank stops with the stream. On GPUs (NCCL) the first message
+between two ranks creates their communicator, a blocking handshake: the first block pays
+it, which a warm-up stream absorbs. Not yet run on GPUs (none were lent): the tests run the
+same code on CPU processes with gloo.
 
 Design decisions:
 - Audio tokens: rank 0 encodes them (`encode_audio`, a few small convolutions) and they
@@ -45,7 +49,8 @@ Design decisions:
   (1, 25, 1024, 12) on every rank, 614 KB bf16 a block: more bytes than the tokens' 184 KB,
   and a second source of truth. Only rank 0 needs the stream's audio.
 - Noise: rank 0 draws it from one generator seeded as the single-process stream's
-  (`LiveAvatarStream`), in the same order, so a seed gives the same video on 1 or S+1 GPUs.
+  (`LiveAvatarStream`), in the same order: a seed gives the same noise on 1 or S+1 GPUs,
+  and on the CPU the same latents bit for bit (tests/test_step_pipeline.py).
 - The model is not touched: a step rank calls `forward_block(..., step=0)` on its one-step
   cache with its own timestep (`S2VCache` indexes steps by position; `SinkPrefill` fills
   every step buffer it has, here one).
@@ -55,8 +60,11 @@ How the engine would call it (not wired; the lead does that): `launch` one proce
 encodes the reference and motion latents and shares them (`share_start`); every step rank
 calls `run_step_pipeline` with a factory loading the transformer; rank 0 passes an iterator
 that yields each block's wav2vec2 features as the engine's audio queue fills (it ends the
-stream when it stops); the decode rank passes `on_latents`, which decodes the block
-(`WanDecodeStream.decode`, warmed with the motion latents) and hands the frames back.
+stream when it stops, and END goes down the line also when it raises); the decode rank
+passes `on_latents`, which decodes the block (`WanDecodeStream.decode`, warmed with the
+motion latents) and puts the frames on a bounded queue to the serving process. Compile,
+FP8 and warm-up apply to each step rank's model inside its factory; the per-block hot path
+is `StepStage.run`.
 
 The other option, Ulysses within a step (`pipeline.parallel.ulysses`, used for Facecast's
 own DiTs): P ranks run every step of every block together, each on 1/P of the block's
