@@ -24,6 +24,9 @@ BLOCKS = 6  # two roll past the 4-block window
 SEED, WEIGHTS_SEED = 7, 3
 REF_DISTANCE = 25  # the reference starts sliding at block 2
 
+# ~1 s a launch; a rank left waiting for a message that never comes hangs instead
+pytestmark = pytest.mark.timeout(120)
+
 
 def _model() -> S2VTransformer:
     cfg = S2VConfig.tiny()
@@ -72,6 +75,16 @@ def _single_process(steps: int) -> list[torch.Tensor]:
     return out
 
 
+def _reference(steps: int) -> list[torch.Tensor]:
+    """`_single_process` on one thread, as each (forked) worker runs: the same sums."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _single_process(steps)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _worker(rank: int, opts: ParallelOptions, layout: StepLayout, out_path) -> None:
     cfg = S2VConfig.tiny()
     start, feats = _inputs(cfg) if rank == 0 else (None, [])
@@ -98,16 +111,44 @@ def test_step_ranks_give_the_single_process_latents(tmp_path, layout):
     launch(_worker, ParallelOptions(world=layout.world), layout, out_path, start_method="fork")
     launched = time.perf_counter() - t
     got = torch.load(out_path)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each worker ran: the same summation order
-    try:
-        want = _single_process(layout.steps)
-    finally:
-        torch.set_num_threads(threads)
+    want = _reference(layout.steps)
     print(f"{layout}: {launched:.1f} s launched, {got['seconds']:.2f} s streaming")
     assert len(got["latents"]) == BLOCKS
     for b, (x, y) in enumerate(zip(got["latents"], want, strict=True)):
         assert torch.equal(x, y), f"block {b}: max diff {(x - y).abs().max().item():.3g}"
+
+
+def _failing_worker(rank: int, opts: ParallelOptions, layout: StepLayout, out_path) -> None:
+    cfg = S2VConfig.tiny()
+    start, feats = _inputs(cfg) if rank == 0 else (None, [])
+    shared = share_start(start, src=0, device="cpu")
+
+    def two_then_broken():  # the engine's audio source failing mid-stream
+        yield from feats[:2]
+        raise OSError("audio device gone")
+
+    try:
+        kept = run_step_pipeline(rank, layout, cfg, _model, shared, two_then_broken())
+    except OSError:
+        assert rank == 0, "only the block source's rank sees its error"
+        return
+    if rank == layout.collector:
+        torch.save(kept, out_path)
+
+
+def test_a_failing_block_source_stops_every_rank_after_the_blocks_it_gave(tmp_path):
+    layout, out_path = StepLayout(4), tmp_path / "kept.pt"
+    # without END sent down the line the other ranks would wait for a block: a timeout
+    launch(
+        _failing_worker,
+        ParallelOptions(world=layout.world),
+        layout,
+        out_path,
+        start_method="fork",
+    )
+    kept = torch.load(out_path)
+    want = _reference(layout.steps)[:2]
+    assert len(kept) == 2 and all(torch.equal(x, y) for x, y in zip(kept, want, strict=True))
 
 
 def test_a_one_step_layout_is_refused_and_the_collector_is_placed():
