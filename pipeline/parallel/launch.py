@@ -60,14 +60,28 @@ def numa_cpus_for_gpu(index: int) -> set[int] | None:
     return cpus
 
 
-def launch(fn: Callable, opts: ParallelOptions, *args) -> None:
-    """Run fn(rank, opts, *args) in opts.world processes with torch.distributed set up."""
+def launch(fn: Callable, opts: ParallelOptions, *args, start_method: str = "spawn") -> None:
+    """Run fn(rank, opts, *args) in opts.world processes with torch.distributed set up.
+
+    `start_method="fork"` (CPU only: CUDA does not survive a fork) starts the workers as
+    copies of this process, without their seconds of imports each: for tests on the CPU."""
+    if start_method == "fork" and torch.cuda.is_initialized():
+        raise RuntimeError("launch(start_method='fork') after CUDA was initialised: use spawn")
     os.environ.update(NCCL_ENV)
     port = free_port()
-    torch.multiprocessing.spawn(_worker, args=(fn, opts, port, args), nprocs=opts.world)
+    # a forked worker runs one CPU thread: the parent's OpenMP pool does not survive a fork
+    threads = 1 if start_method == "fork" else max(1, (os.cpu_count() or 1) // opts.world)
+    torch.multiprocessing.start_processes(
+        _worker,
+        args=(fn, opts, port, args, threads),
+        nprocs=opts.world,
+        start_method=start_method,
+    )
 
 
-def _worker(rank: int, fn: Callable, opts: ParallelOptions, port: int, args: tuple) -> None:
+def _worker(
+    rank: int, fn: Callable, opts: ParallelOptions, port: int, args: tuple, threads: int
+) -> None:
     use_cuda = torch.cuda.is_available()
     if use_cuda:
         torch.cuda.set_device(rank)
@@ -75,7 +89,7 @@ def _worker(rank: int, fn: Callable, opts: ParallelOptions, port: int, args: tup
         if cpus:
             os.sched_setaffinity(0, cpus)
     else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // opts.world))
+        torch.set_num_threads(threads)
     dist.init_process_group(
         "nccl" if use_cuda else "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
