@@ -25,9 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeline.clock import FPS  # noqa: E402 (wan_s2v samples at the same rate)
 from pipeline.models.wan.s2v import S2VConfig, S2VTransformer  # noqa: E402
-
-FPS = 25  # wan_s2v's sample_fps
 
 
 def random_on_device(model: S2VTransformer, seed: int) -> None:

@@ -267,9 +267,9 @@ class LiveAvatarConfig:
             f"must be a whole number of frames (a multiple of {1 / FPS:g} s)",
         )
         _check(
-            1 <= self.audio_lookahead_frames <= 25,
+            1 <= self.audio_lookahead_frames <= FPS,
             "liveavatar.audio_lookahead_frames",
-            "must be in [1, 25] (wav2vec2's last state of a window falls short of its end)",
+            f"must be in [1, {FPS}] (wav2vec2's last state of a window falls short of its end)",
         )
         _check(bool(self.prompt.strip()), "liveavatar.prompt", "must not be empty")
         _check(

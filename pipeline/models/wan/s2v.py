@@ -117,7 +117,7 @@ class S2VConfig:
     audio_inject_layers: tuple[int, ...] = (0, 4, 8, 12, 16, 20, 24, 27, 30, 33, 36, 39)
     motion_frames: int = 73  # video frames of motion context; 19 latent frames
     # fixed by the authors' code
-    audio_layers: int = 25  # wav2vec2-large: embeddings + 24 layers
+    audio_layers: int = 1 + 24  # wav2vec2-large's hidden states: embeddings + 24 layers
     zip_frame_buckets: tuple[int, int, int] = (1, 2, 16)
     ref_position: int = 30  # the reference latent's time position in the sink
     # the streaming run (causal_s2v_pipeline.py + wan_s2v_14B_modified.py)
