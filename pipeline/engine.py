@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
 from pipeline.errors import ConfigError
+from pipeline.families import no_prompt
 from pipeline.models.build import build_models, module_dtype
 from pipeline.models.vae import Cache
 from pipeline.module import Module, resolve_weights_dir
@@ -131,7 +132,9 @@ class Engine:
         reference_rgb: Reference,
         seed: int = 0,
         sinks: list[Callable[[FrameBatch], None]] | None = None,
+        prompt: str | None = None,
     ) -> Stream:
+        no_prompt(self.cfg, prompt)
         if not isinstance(reference_rgb, np.ndarray):  # a prepared photo: its framed image
             reference_rgb = reference_rgb.framed
         return Stream(self, reference_rgb, seed, sinks or [])

@@ -29,6 +29,7 @@ class Family:
     offloads: bool  # --offload / memory caps through the placement plan apply
     fp8: bool  # --precision fp8 applies
     picks_sdpa: bool  # its attention shapes are timed per SDPA backend at start-up
+    prompts: bool = False  # its streams read a text prompt (`--prompt`, an offer's "prompt")
 
 
 def _diffusion(cfg, device, placement):
@@ -91,8 +92,18 @@ FAMILIES = (
         offloads=False,
         fp8=True,
         picks_sdpa=False,
+        prompts=True,
     ),
 )
+
+
+def no_prompt(cfg: FacecastConfig, prompt: str | None) -> None:
+    """The one refusal of a prompt by an engine whose model reads none."""
+    if prompt is not None:
+        raise ConfigError(
+            f"config {cfg.name!r} ({family_of(cfg).summary}) reads no prompt; "
+            "only --model liveavatar does"
+        )
 
 
 @dataclass(frozen=True)

@@ -83,4 +83,9 @@ class StreamingEngine(Protocol):
 
     def stream_step(self, k: int) -> StreamStep: ...
 
-    def new_stream(self, reference_rgb: Reference, seed: int = 0) -> AvatarStream: ...
+    def new_stream(
+        self, reference_rgb: Reference, seed: int = 0, prompt: str | None = None
+    ) -> AvatarStream:
+        """A stream of `reference_rgb`. `prompt`: what the video shows, in words, for a model
+        that reads one (`pipeline.families.Family.prompts`); the others refuse one."""
+        ...

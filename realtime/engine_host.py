@@ -66,8 +66,10 @@ class InProcessEngine:
     def stream_step(self, k: int) -> StreamStep:
         return self.engine.stream_step(k)
 
-    def new_stream(self, reference_rgb: Reference, seed: int = 0) -> AvatarStream:
-        return self.engine.new_stream(reference_rgb, seed=seed)
+    def new_stream(
+        self, reference_rgb: Reference, seed: int = 0, prompt: str | None = None
+    ) -> AvatarStream:
+        return self.engine.new_stream(reference_rgb, seed=seed, prompt=prompt)
 
     def gpu_memory_peak(self) -> int | None:
         device = self.engine.device

@@ -63,13 +63,15 @@ class EngineProcess:
         cfg = self.cfg
         return self._plan.step(k, cfg.frames_per_latent, cfg.lookahead_frames)
 
-    def new_stream(self, reference_rgb: Reference, seed: int = 0) -> RemoteStream:
+    def new_stream(
+        self, reference_rgb: Reference, seed: int = 0, prompt: str | None = None
+    ) -> RemoteStream:
         with self._lock:
             self._next_id += 1
             sid = self._next_id
         cfg = self.cfg
         frames = 2 * max(self.stream_step(0).frames, self.stream_step(1).frames)
-        return RemoteStream(self, sid, reference_rgb, seed, frames, cfg.video)
+        return RemoteStream(self, sid, reference_rgb, seed, frames, cfg.video, prompt)
 
     def gpu_memory_peak(self) -> int | None:
         return self.call("memory") if self.device.type == "cuda" else None
@@ -124,13 +126,16 @@ class RemoteStream:
         seed: int,
         max_frames: int,
         video,
+        prompt: str | None = None,
     ) -> None:
         self._host = host
         self.id = sid
         self._shape = (video.height, video.width, 3)
         self._shm = SharedMemory(create=True, size=max_frames * int(np.prod(self._shape)))
         self._max_frames = max_frames
-        self._needed = host.call("open", sid, reference_rgb, seed, self._shm.name, max_frames)
+        self._needed = host.call(
+            "open", sid, reference_rgb, seed, prompt, self._shm.name, max_frames
+        )
         self.closed = False
 
     def push_audio(self, samples: np.ndarray) -> None:
@@ -213,8 +218,8 @@ def _handle(engine, sessions: dict, op: str, args: list):
     if op == "memory":
         return torch.cuda.max_memory_allocated(engine.device)
     if op == "open":
-        sid, reference, seed, shm_name, max_frames = args
-        session = engine.new_stream(reference, seed=seed)
+        sid, reference, seed, prompt, shm_name, max_frames = args
+        session = engine.new_stream(reference, seed=seed, prompt=prompt)
         # the server owns and unlinks the buffer (a spawned child shares its resource
         # tracker, so attaching here registers nothing new)
         sessions[sid] = (session, SharedMemory(name=shm_name), max_frames)

@@ -51,7 +51,7 @@ async def _negotiate(service: Service, request: OfferRequest, require_video: boo
     session = PeerSession(
         secrets.token_urlsafe(18),
         pc,
-        lambda seed: service.open_engine_stream(seed, request.photo),
+        lambda seed: service.open_engine_stream(seed, request.photo, request.prompt),
         service.video_size(),
         session_config,
         service.metrics,

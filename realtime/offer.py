@@ -12,14 +12,16 @@ from aiortc import RTCSessionDescription
 from aiortc.codecs import CODECS
 from aiortc.sdp import SessionDescription
 
+from pipeline.families import family_of
 from pipeline.stream import Reference
 from realtime.errors import BadRequest
 from realtime.kvs import KvsConfigError
 from realtime.kvs.options import check_stream_name
 from realtime.security import read_body
-from realtime.service import CONFIG
+from realtime.service import CONFIG, Service
 
-OFFER_OPTIONS = {"sdp", "type", "seed", "kvs_stream", "photo_id", "photo", "face_box"}
+OFFER_OPTIONS = {"sdp", "type", "seed", "kvs_stream", "photo_id", "photo", "face_box", "prompt"}
+PROMPT_CHARS = 2000  # umT5 reads 512 tokens at most; a prompt is a sentence or a paragraph
 
 
 def check_codecs(sdp: str) -> None:
@@ -108,9 +110,20 @@ class OfferRequest:
     photo: Reference | None = (
         None  # the session's own checked photo (realtime/photos.py); None: the server's
     )
+    prompt: str | None = None  # what the video shows, for a model that reads a prompt
 
 
-def parse_offer(body: dict, kvs: bool) -> OfferRequest:
+def prompt_refusal(service: Service) -> str | None:
+    """None when the server's model reads a prompt, else why an offer's is refused."""
+    cfg = service.warm_engine().cfg
+    if family_of(cfg).prompts:
+        return None
+    return f"this server's model ({cfg.name}) reads no prompt; only --model liveavatar does"
+
+
+def parse_offer(body: dict, kvs: bool, prompts: str | None = None) -> OfferRequest:
+    """The offer's fields, checked. `prompts`: None when the server's model reads prompts,
+    else why an offer's "prompt" is refused."""
     unknown = set(body) - OFFER_OPTIONS
     if unknown:
         raise BadRequest(f"unknown fields {sorted(unknown)}; allowed: {sorted(OFFER_OPTIONS)}")
@@ -138,4 +151,10 @@ def parse_offer(body: dict, kvs: bool) -> OfferRequest:
             check_stream_name(stream if isinstance(stream, str) else "")
         except KvsConfigError as exc:
             raise BadRequest(str(exc)) from exc
-    return OfferRequest(RTCSessionDescription(sdp=sdp, type="offer"), seed, stream)
+    prompt = body.get("prompt")
+    if prompt is not None:
+        if prompts is not None:
+            raise BadRequest(f"'prompt' given, but {prompts}")
+        if not isinstance(prompt, str) or not prompt.strip() or len(prompt) > PROMPT_CHARS:
+            raise BadRequest(f"'prompt' must be text of 1 to {PROMPT_CHARS} characters")
+    return OfferRequest(RTCSessionDescription(sdp=sdp, type="offer"), seed, stream, prompt=prompt)

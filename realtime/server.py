@@ -54,7 +54,7 @@ from realtime.kvs import (
 )
 from realtime.metrics import CONTENT_TYPE_LATEST
 from realtime.negotiation import open_session
-from realtime.offer import json_body, parse_offer
+from realtime.offer import json_body, parse_offer, prompt_refusal
 from realtime.photos import offer_photo
 from realtime.photos import upload as upload_photo
 from realtime.security import (
@@ -201,7 +201,7 @@ async def _offer(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     require_engine(service)
     body = await json_body(request)
-    offer = parse_offer(body, kvs=service.config.kvs is not None)
+    offer = parse_offer(body, kvs=service.config.kvs is not None, prompts=prompt_refusal(service))
     offer.photo = await offer_photo(service, body)  # checked before it takes a slot
     session = await open_session(service, offer)
     answer = session.pc.localDescription

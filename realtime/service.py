@@ -125,14 +125,17 @@ class Service:
         video = self.warm_engine().cfg.video
         return int(video.width), int(video.height)
 
-    def open_engine_stream(self, seed: int, photo: Reference | None = None) -> AvatarStream:
-        """An engine stream of the server's reference, or of the offer's own photo."""
+    def open_engine_stream(
+        self, seed: int, photo: Reference | None = None, prompt: str | None = None
+    ) -> AvatarStream:
+        """An engine stream of the server's reference, or of the offer's own photo; with
+        the offer's prompt, for a model that reads one (None: the server's)."""
         engine = self.warm_engine()
         if photo is not None:
-            return engine.new_stream(photo, seed=seed)
+            return engine.new_stream(photo, seed=seed, prompt=prompt)
         if self.reference is None:
             self.reference = load_reference(self.config.reference, engine.cfg, self.config.face_box)
-        return engine.new_stream(self.reference, seed=seed)
+        return engine.new_stream(self.reference, seed=seed, prompt=prompt)
 
     async def on_session_closed(self, session: PeerSession) -> None:
         if self.sessions.pop(session.id, None) is not None:

@@ -114,6 +114,19 @@ def test_prompts_are_encoded_once_and_kept(engine):
     assert engine.models.prompts.device.type == "cpu"  # back in host memory after
 
 
+@pytest.mark.slow  # two streams
+def test_a_sessions_prompt_changes_its_video(engine):
+    audio = speechy(BLOCK / 25 + 0.1)
+    videos = []
+    for prompt in (None, "A sailor on a windy deck, shouting over the storm."):
+        stream = engine.new_stream(np.full((SIZE, SIZE, 3), 90, np.uint8), seed=3, prompt=prompt)
+        stream.push_audio(audio)
+        videos.append(np.concatenate([b.frames for b in stream.generate_ready()]))
+        stream.close()
+    assert videos[0].shape == videos[1].shape == (BLOCK, SIZE, SIZE, 3)
+    assert np.abs(videos[0].astype(int) - videos[1]).mean() > 0.5  # the same seed, other words
+
+
 @pytest.mark.slow
 def test_memory_stays_flat_as_the_cache_rolls(engine):
     stream = engine.new_stream(np.full((SIZE, SIZE, 3), 90, np.uint8), seed=2)
@@ -246,7 +259,10 @@ async def test_serve_a_random_release_to_an_aiortc_client_for_30_seconds(release
             except OSError:
                 await asyncio.sleep(0.2)
         await wait_until_ready(url, timeout=240)
-        client = FacecastClient(url, PcmSource.from_wav(speech.path, loop=True))
+        prompt = {"prompt": "An old sailor tells a story."}  # this session's own words
+        client = FacecastClient(
+            url, PcmSource.from_wav(speech.path, loop=True), offer_options=prompt
+        )
         await client.connect()
         await asyncio.sleep(30)
         async with aiohttp.ClientSession() as http:

@@ -70,6 +70,23 @@ async def test_kvs_stream_option_is_checked():
         assert app[SERVICE].sessions == {}
 
 
+async def test_a_prompt_is_refused_by_a_model_that_reads_none_and_checked():
+    from realtime.errors import BadRequest
+    from realtime.offer import parse_offer
+
+    body = {"sdp": await make_offer(), "type": "offer", "prompt": "A chef in a kitchen."}
+    async with running_server() as (url, app), aiohttp.ClientSession() as http:
+        status, reply = await post(http, f"{url}/offer", body)
+        assert status == 400 and "reads no prompt" in reply["error"], reply
+        assert "only --model liveavatar" in reply["error"]
+        assert app[SERVICE].sessions == {}
+    # a server whose model reads prompts takes text, and nothing else
+    assert parse_offer(body, kvs=False).prompt == "A chef in a kitchen."
+    for bad in ("", "   ", 7, "x" * 2001):
+        with pytest.raises(BadRequest, match="'prompt' must be text of 1 to 2000"):
+            parse_offer({**body, "prompt": bad}, kvs=False)
+
+
 async def test_unknown_sessions_are_404():
     async with running_server() as (url, _app), aiohttp.ClientSession() as http:
         async with http.delete(f"{url}/sessions/nope") as r:

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from pipeline.clock import FPS, MODEL_RATE, MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
 from pipeline.errors import ConfigError
+from pipeline.families import no_prompt
 from pipeline.flashhead.color import ColorMatch
 from pipeline.flashhead.framing import cover_and_crop
 from pipeline.flashhead.weights import load_dit, release_paths
@@ -162,7 +163,9 @@ class FlashHeadEngine:
         reference_rgb,
         seed: int = 0,
         sinks: list[Callable[[FrameBatch], None]] | None = None,
+        prompt: str | None = None,
     ) -> FlashHeadStream:
+        no_prompt(self.cfg, prompt)
         if not isinstance(reference_rgb, np.ndarray):  # a prepared photo: its framed image
             reference_rgb = reference_rgb.framed
         return FlashHeadStream(self, reference_rgb, seed, sinks or [])

@@ -26,6 +26,7 @@ import torch
 
 from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
+from pipeline.families import no_prompt
 from pipeline.module import Module, build_seeded, resolve_weights_dir
 from pipeline.photo.face import FaceGeometry, PreparedPhoto, prepare_photo
 from pipeline.photo.idle import IdleMotion
@@ -64,7 +65,9 @@ class PhotoEngine:
         reference_rgb: np.ndarray | PreparedPhoto,
         seed: int = 0,
         sinks: list[Callable[[FrameBatch], None]] | None = None,
+        prompt: str | None = None,
     ) -> PhotoStream:
+        no_prompt(self.cfg, prompt)
         return PhotoStream(self, reference_rgb, seed, sinks or [])
 
     def warmup(self, seed: int = 0) -> float:

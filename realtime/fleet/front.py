@@ -94,7 +94,12 @@ def worker_config(config: ServerConfig, options: FleetOptions) -> ServerConfig:
 
 async def _offer(request: web.Request) -> web.Response:
     body = await json_body(request)
-    offer = parse_offer(body, kvs=request.app[POOL].worker_config.kvs is not None)
+    offer = parse_offer(
+        body,
+        kvs=request.app[POOL].worker_config.kvs is not None,
+        prompts="a fleet does not pass a session's prompt to its workers yet: start them "
+        "with --prompt",
+    )
     photo = await offer_photo(request, body)  # checked before any worker is asked
     sdp = offer.description.sdp
     answer = await place(request.app, "offer", sdp, offer.seed, offer.kvs_stream, photo)
