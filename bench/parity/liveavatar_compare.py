@@ -115,21 +115,21 @@ def fingerprinted(tensors, prints: list):
         yield name, t
 
 
-def load(out: Path, device: str) -> tuple[S2VTransformer, dict, dict]:
+def load(out: Path, device: str, dtype_name: str | None) -> tuple[S2VTransformer, dict, dict]:
     with safe_open(str(out / "reference.safetensors"), "pt") as f:
         meta = json.loads(f.metadata()["meta"])
     ref = load_file(str(out / "reference.safetensors"))
     raw = json.loads((out / "release" / "config.json").read_text())
     cfg = S2VConfig.from_release(raw)
-    dtype = DTYPES[meta.get("dtype", "float32")]
+    dtype = DTYPES[dtype_name or meta.get("dtype", "float32")]
     weights = out / "release" / "diffusion_pytorch_model.safetensors"
     if weights.exists():  # drawn on the CPU and written by the reference run
         model = S2VTransformer(cfg)
         load_published(model, load_file(str(weights)), weights)
         model.to(device, dtype)
-    else:  # drawn on the GPU there: again here, the same draws straight into the model
+    else:  # drawn on the device there: again here, the same draws straight into the model
         if device != meta["device"]:
-            raise SystemExit(f"the weights were drawn on {meta['device']}: run there")
+            raise SystemExit(f"the weights were drawn on {meta['device']}: compare there")
         with torch.device("meta"):
             model = S2VTransformer(cfg)
         model.to(dtype=dtype).to_empty(device=device)
@@ -152,7 +152,7 @@ def run(args) -> dict:
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32
         torch.backends.cudnn.allow_tf32 = False
-    model, ref, meta = load(out, device)
+    model, ref, meta = load(out, device, args.dtype)
     ins = {k[3:]: v for k, v in ref.items() if k.startswith("in.")}
     distances = ref["ref_distances"].tolist()
     rows: dict[str, dict] = {}
@@ -178,7 +178,7 @@ def run(args) -> dict:
             f"{name:34s} cos {r['cos']:.8f}  max|diff| {r['max_abs']:.3e}"
             f"  (max|ref| {r['ref_abs_max']:.2f})"
         )
-    result = {"meta": meta, "rows": rows}
+    result = {"meta": meta, "facecast_dtype": args.dtype or meta.get("dtype"), "rows": rows}
     if device == "cuda":
         later = times["blocks"][1:] or times["blocks"]
         block_ms = statistics.median(later)
@@ -227,6 +227,11 @@ def main() -> None:
     p.add_argument("--json")
     p.add_argument("--write-fixture")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: where the reference ran")
+    p.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        help="Facecast's dtype; default the reference run's (another: a CPU check of bf16)",
+    )
     run(p.parse_args())
 
 

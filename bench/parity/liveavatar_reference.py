@@ -234,7 +234,7 @@ def build(cm, cfg: S2VConfig, state: dict | None, device: str, dtype: torch.dtyp
     else:
         with torch.device(device):  # built (and their init run) on the GPU, then cast
             model = cm.CausalWanModel_S2V(**kwargs)
-        model.to(dtype)
+    model.to(dtype)  # parameter by parameter: the fp32 copy is never there twice
     if state is not None:
         model.load_state_dict(state, strict=True)  # the published names, every one
         tensors = sorted(state.items())
@@ -289,9 +289,11 @@ def stream(
 
     dev = torch.device(device)
     inputs = {k: v.to(dev, dtype) for k, v in inputs.items()}
+    # their pipeline's autocast: their fp32 regions (`torch.cuda.amp.autocast(float32)`)
+    # need CUDA's, which takes fp32 as a target (the CPU's does not: no bf16 on the CPU)
     autocast = (
         torch.amp.autocast("cuda", dtype=dtype)
-        if dev.type == "cuda" and dtype != torch.float32
+        if dtype != torch.float32
         else contextlib.nullcontext()
     )
 
@@ -425,10 +427,18 @@ def main() -> None:
         help="auto: their cuDNN self-attention where it runs (GPU, bf16), else the stand-in",
     )
     p.add_argument("--compile", action="store_true", help="their torch.compile (for timing)")
+    p.add_argument(
+        "--weights",
+        choices=["auto", "write", "draw"],
+        default="auto",
+        help="write: drawn on the CPU and saved under release/ (auto on the CPU); draw: "
+        "drawn on the device, not saved, drawn again by the compare (auto on a GPU)",
+    )
     a = p.parse_args()
     dtype = DTYPES[a.dtype]
     if a.device == "cpu" and dtype != torch.float32:
-        p.error("the CPU run is fp32 (their bf16 path is the GPU's)")
+        p.error("bf16 needs --device cuda: their fp32 regions need CUDA's autocast")
+    write = a.weights == "write" or (a.weights == "auto" and a.device == "cpu")
     if a.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32
         torch.backends.cudnn.allow_tf32 = False
@@ -441,7 +451,7 @@ def main() -> None:
     (out / "release").mkdir(parents=True, exist_ok=True)
     cfg, hw = SHAPES[a.shape]
     cm = import_model(Path(a.reference_repo).resolve(), cfg.dim, keep_cudnn, a.compile)
-    state = random_published_state(cfg, a.seed) if a.device == "cpu" else None
+    state = random_published_state(cfg, a.seed) if write else None
     t0 = time.perf_counter()
     model, kwargs, prints = build(cm, cfg, state, a.device, dtype, a.seed)
     print(
