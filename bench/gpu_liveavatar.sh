@@ -32,12 +32,12 @@
 # SERVE_FLAGS="--compile --precision=fp8" (serve; default none), LEAN=0 (the full 11 GB umT5).
 #
 # Expected time (one H200). A block forward at 704x384 is 3 latent frames = 3168 tokens against
-# a sink of 3696 and a 12-frame window of 12672: ~120 TFLOP (the matrix products,
+# a sink of 2640 and a 12-frame window of 12672: ~117 TFLOP (the matrix products,
 # liveavatar_block_bench.forward_flops), 4 a block = ~40 TFLOP a video frame.
 #   parity ~6 min: fp32 (no TF32; ~45 TFLOP/s) ~2.7 s a forward, 2 steps x 8 blocks + 2 sink
 #     = 18 forwards ~50 s a side + ~40 s build/draw/import; bf16 (~600 TFLOP/s) ~0.2 s a forward,
 #     4 x 8 + 4 = 36 ~8 s a side + ~40 s. Memory: fp32 66 GB of weights + 27 GB of KV cache a
-#     step (hence STEPS32=2: 4 steps would need 173 GB); bf16 33 + 13.4 x 4 = 87 GB.
+#     step (hence STEPS32=2: 4 steps would need 172 GB); bf16 33 + 13 x 4 = 85 GB.
 #   speed ~7 min: block bench (DiT alone, 10 blocks) ~1.5 min; the random release (transformer
 #     drawn on the GPU, 2-layer umT5: ~38 GB on disk, 47 GB with LEAN=0; the disk is 64 GiB)
 #     ~2-3 min; `facecast bench --seconds 20` (load 33 GB, warm-up, 500 frames at ~15 fps) ~2-3

@@ -45,11 +45,11 @@ latents (in fp32), with the run's settings in its metadata; on a GPU `timing.jso
 the wall time of the sink prefill and of each block (4 steps + scheduler, synchronised),
 and the frames per second that makes (12 video frames a block).
 
-Memory at `--shape full` (d 5120, 40 layers, 704x384 → latents 88x48): weights 66 GB in
-fp32 / 33 GB in bf16, each step's KV cache (their 12-frame window + the 2800-token cond
-cache, 40 layers) 25 GB in fp32 / 13 GB in bf16: fp32 fits an H200 (141 GB) with
-`--steps 2`, bf16 with the release's 4.
-`bench/parity/liveavatar_compare.py` loads the same files through Facecast and compares.
+Memory at `--shape full` (d 5120, 40 layers, 704x384 → latents 88x48; 16.3 B parameters):
+weights 65 GB in fp32 / 33 GB in bf16; their caches: each step's 12-frame window (12672
+tokens, 40 layers) 21 GB in fp32 / 10 GB in bf16, plus one shared 2800-token cond cache (4.6 /
+2.3 GB); Facecast's (compare) 27 / 13 GB a step. fp32 fits an H200 (139 GiB) with `--steps
+2` (about 120 GB on either side), bf16 with the release's 4 (about 85 GB).
 """
 
 from __future__ import annotations
