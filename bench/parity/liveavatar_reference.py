@@ -50,6 +50,7 @@ weights 65 GB in fp32 / 33 GB in bf16; their caches: each step's 12-frame window
 tokens, 40 layers) 21 GB in fp32 / 10 GB in bf16, plus one shared 2800-token cond cache (4.6 /
 2.3 GB); Facecast's (compare) 27 / 13 GB a step. fp32 fits an H200 (139 GiB) with `--steps
 2` (about 120 GB on either side), bf16 with the release's 4 (about 85 GB).
+`bench/parity/liveavatar_compare.py` loads the same files through Facecast and compares.
 """
 
 from __future__ import annotations
