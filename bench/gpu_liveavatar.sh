@@ -18,24 +18,27 @@
 #   .whl/            diffusers 0.42.1 for Facecast's VAE (cp -r /work/main/.whl .): speed, serve
 #   .whlserve/       aiortc, av, ... (../shared/device/serve-wheels.sh's bundle, 51 MB): serve
 #   .gpu/            grace_square.png (the portrait) and speech.wav: serve
-# The carry limit is 64 MiB all told: parity and speed carry .ref .whlref .whl (28 MB), serve
+# The carry limit is 64 MiB all told: parity carries .ref .whlref .whl (28 MB), speed .whl, serve
 # carries .whl .whlserve .gpu (59 MB).
 #
 # The calls (one mode per call; each stays under the 10-minute limit by its own clock, BUDGET=570 s,
 # every step given what is left):
 #   run command="bash bench/gpu_liveavatar.sh parity" carry=[".ref",".whlref",".whl"]
-#   run command="bash bench/gpu_liveavatar.sh speed"  carry=[".ref",".whlref",".whl"]
+#   run command="bash bench/gpu_liveavatar.sh speed"  carry=[".whl"]
 #   run command="bash bench/gpu_liveavatar.sh serve"  carry=[".whl",".whlserve",".gpu"]
-# Options (env): DTYPES="float32 bfloat16" (parity), BLOCKS=8, STEPS32=2, AUTHORS_COMPILE=1 (parity:
-# also time their loop with their torch.compile, if time is left), PRECISIONS="default fp8"
+# Options (env): DTYPES="float32 bfloat16" (parity; DTYPES= runs neither), BLOCKS32=6, STEPS32=2,
+# BLOCKS16=8 (bf16 keeps 4 steps; blocks 3.. are timed: the key window full), AUTHORS_COMPILE=1
+# (parity: also time their loop under their torch.compile if 120 s are left; alone:
+# DTYPES= AUTHORS_COMPILE=1 bash bench/gpu_liveavatar.sh parity), PRECISIONS="default fp8"
 # (speed: `facecast bench --precision`, default "default"), SECONDS_BENCH=20, SECONDS_LIVE=60,
 # SERVE_FLAGS="--compile --precision=fp8" (serve; default none), LEAN=0 (the full 11 GB umT5).
 #
 # Expected time (one H200). A block forward at 704x384 is 3 latent frames = 3168 tokens against
 # a sink of 2640 and a 12-frame window of 12672: ~117 TFLOP (the matrix products,
 # liveavatar_block_bench.forward_flops), 4 a block = ~40 TFLOP a video frame.
-#   parity ~6 min: fp32 (no TF32; ~45 TFLOP/s) ~2.7 s a forward, 2 steps x 8 blocks + 2 sink
-#     = 18 forwards ~50 s a side + ~40 s build/draw/import; bf16 (~600 TFLOP/s) ~0.2 s a forward,
+#   parity ~5-6 min: fp32 (no TF32: GEMMs ~50 TFLOP/s, fp32 attention ~20) ~3 s a forward, 2
+#     steps x 6 blocks + 2 sink = 14 forwards ~45 s a side + ~40 s build/draw/import (each side
+#     gets (570 - 150) / 2 s at most); bf16 (~600 TFLOP/s) ~0.2 s a forward,
 #     4 x 8 + 4 = 36 ~8 s a side + ~40 s. Memory: fp32 66 GB of weights + 27 GB of KV cache a
 #     step (hence STEPS32=2: 4 steps would need 172 GB); bf16 33 + 13 x 4 = 85 GB.
 #   speed ~7 min: block bench (DiT alone, 10 blocks) ~1.5 min; the random release (transformer
@@ -90,14 +93,13 @@ release() {  # a full-shape random release on disk, once per machine
 
 case $mode in
 parity)
-  blocks=${BLOCKS:-8}
-  for dtype in ${DTYPES:-float32 bfloat16}; do
-    steps=4
-    [ "$dtype" = float32 ] && steps=${STEPS32:-2}
+  for dtype in ${DTYPES-float32 bfloat16}; do
+    steps=4 blocks=${BLOCKS16:-8}
+    [ "$dtype" = float32 ] && steps=${STEPS32:-2} blocks=${BLOCKS32:-6}
     d=$work/$dtype
-    # fp32 gets at most 55 % of what is left, so bf16 keeps its turn
+    # fp32 leaves bf16 150 s (its two processes need about 2 x 60)
     limit=$(left)
-    [ "$dtype" = float32 ] && limit=$((limit * 55 / 100))
+    [ "$dtype" = float32 ] && limit=$((limit - 150))
     t0=$SECONDS
     reference $((limit / 2)) --out "$d" --dtype "$dtype" --steps "$steps" --blocks "$blocks" \
       >"$out/reference_$dtype.log" 2>&1 \
@@ -112,7 +114,7 @@ parity)
   done
   if [ -n "${AUTHORS_COMPILE:-}" ] && [ "$(left)" -gt 120 ]; then
     # their loop as they run it: torch.compile on (their ENABLE_COMPILE default), bf16
-    reference "$(left)" --out "$work/compiled" --dtype bfloat16 --blocks "$blocks" --compile \
+    reference "$(left)" --out "$work/compiled" --dtype bfloat16 --blocks "${BLOCKS16:-8}" --compile \
       >"$out/authors_compiled.log" 2>&1 || echo "compiled timing FAILED or cut short"
     tail -1 "$out/authors_compiled.log"
     [ -f "$work/compiled/timing.json" ] && cp "$work/compiled/timing.json" "$out/authors_timing_compiled.json"

@@ -128,8 +128,10 @@ def load(out: Path, device: str, dtype_name: str | None) -> tuple[S2VTransformer
         load_published(model, load_file(str(weights)), weights)
         model.to(device, dtype)
     else:  # drawn on the device there: again here, the same draws straight into the model
-        if device != meta["device"]:
-            raise SystemExit(f"the weights were drawn on {meta['device']}: compare there")
+        if device != meta["device"] or dtype != DTYPES[meta["dtype"]]:
+            raise SystemExit(
+                f"the weights were drawn on {meta['device']} in {meta['dtype']}: compare there, so"
+            )
         with torch.device("meta"):
             model = S2VTransformer(cfg)
         model.to(dtype=dtype).to_empty(device=device)
