@@ -46,8 +46,15 @@
 #     ~2-3 min; `facecast bench --seconds 20` (load 33 GB, warm-up, 500 frames at ~15 fps) ~2-3
 #     min. fp8 as a second call (PRECISIONS=fp8) if the first leaves too little.
 #   serve ~7 min: the release ~2-3 min, server start ~1-2 min, a 60 s live call, a push.
-# Dry run on a CPU (what was checked before the GPU): DEVICE=cpu SHAPE=tiny RELEASE_SHAPE=test
-# SIZE=64x128 LAYERS=1 DTYPES=float32 SKIP_WHEELS=1 PYTHON=... REFSITE=... bash bench/gpu_liveavatar.sh MODE
+# Dry run on a CPU (how this was checked before any GPU; tiny/test shapes, same code paths but
+# the GPU draws and their cuDNN kernel): common="DEVICE=cpu SKIP_WHEELS=1 PYTHON=.venv/bin/python"
+#   $common SHAPE=tiny DTYPES=float32 REFSITE=<a --target install of .whlref + einops> \
+#     bash bench/gpu_liveavatar.sh parity                                         (~25 s)
+#   $common RELEASE_SHAPE=test SIZE=64x64 LAYERS=1 BB_BLOCKS=2 SECONDS_BENCH=1 \
+#     BENCH_FLAGS="--set video.width=64 --set video.height=64 --isolated-reps 1" \
+#     bash bench/gpu_liveavatar.sh speed                                          (~2 min)
+#   $common RELEASE_SHAPE=test SECONDS_LIVE=10 \
+#     SERVE_SET="--set=video.width=64 --set=video.height=64" bash bench/gpu_liveavatar.sh serve
 set -uo pipefail
 mode=${1:?parity|speed|serve}
 dev=${DEVICE:-cuda}
