@@ -1,7 +1,7 @@
 """Time LiveAvatar's S2V transformer block by block on one GPU, at the release's shape.
 
     python bench/liveavatar_block_bench.py [--size 704x384] [--blocks 6] [--steps 4]
-        [--layers 40] [--json OUT]
+        [--layers 40] [--json OUT] [--device cuda|cpu]
 
 Random weights (drawn on the GPU: only the shapes matter here), bf16. It does what a
 stream does: prefill (prompt + sink), then per block (3 latent frames = 12 video frames,
@@ -9,7 +9,8 @@ stream does: prefill (prompt + sink), then per block (3 latent frames = 12 video
 cache, the cache rolling past its 12-frame window after block 4. Prints the prefill time,
 the forward and block latency (median of the blocks after the first), the achieved TFLOP/s
 (matrix products counted), the cache's size and the peak memory, and how far from real
-time one GPU is.
+time one GPU is. `--device cpu` (with a small `--size` and `--layers`) only checks that it
+runs: its times are host times.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import math
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -27,6 +29,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.clock import FPS  # noqa: E402 (wan_s2v samples at the same rate)
 from pipeline.models.wan.s2v import S2VConfig, S2VTransformer  # noqa: E402
+
+
+class HostMark:
+    """`torch.cuda.Event`'s two methods on the host clock (the CPU check)."""
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end: HostMark) -> float:
+        return (end.t - self.t) * 1e3
 
 
 def random_on_device(model: S2VTransformer, seed: int) -> None:
@@ -61,8 +73,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--layers", type=int, default=40)
     p.add_argument("--json")
+    p.add_argument("--device", default="cuda")
     a = p.parse_args()
-    dev = torch.device("cuda")
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
+
+    def mark():
+        return torch.cuda.Event(enable_timing=True) if cuda else HostMark()
+
     height, width = (int(v) for v in a.size.split("x"))
     H, W = height // 8, width // 8
     full = S2VConfig()
@@ -75,7 +93,8 @@ def main() -> None:
     model.to_empty(device=dev)  # allocated in bf16 at once: 33 GB, not 65 then 33
     random_on_device(model, 0)
     model = model.eval().requires_grad_(False)
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     fpb = cfg.frames_per_block
     g = torch.Generator(device=dev).manual_seed(1)
 
@@ -86,15 +105,14 @@ def main() -> None:
     sigmas = torch.linspace(1.0, 0.0, a.steps + 1, device=dev)
     events = []
     with torch.inference_mode():
-        t0 = torch.cuda.Event(enable_timing=True)
-        t1 = torch.cuda.Event(enable_timing=True)
+        t0, t1 = mark(), mark()
         t0.record()
         model.prefill(
             cache, randn(1, 40, cfg.text_dim), randn(1, 16, 1, H, W), randn(1, 16, 19, H, W)
         )
         t1.record()
         for _ in range(a.blocks):
-            marks = [torch.cuda.Event(enable_timing=True) for _ in range(a.steps + 2)]
+            marks = [mark() for _ in range(a.steps + 2)]
             marks[0].record()
             audio = model.encode_audio(randn(1, cfg.audio_layers, cfg.audio_dim, 4 * fpb))
             marks[1].record()
@@ -105,7 +123,8 @@ def main() -> None:
                 marks[i + 2].record()
             cache.advance()
             events.append(marks)
-        torch.cuda.synchronize()  # every event above has completed: read them
+        if cuda:
+            torch.cuda.synchronize()  # every event above has completed: read them
     prefill_ms = t0.elapsed_time(t1)
     fwd = [m[i + 2].elapsed_time(m[i + 3]) for m in events[1:] for i in range(a.steps - 1)]
     fwd += [m[1].elapsed_time(m[2]) for m in events[1:]]
@@ -130,14 +149,14 @@ def main() -> None:
         "video_s_per_block": video_s,
         "realtime_factor": video_s / (block_ms / 1e3),
         "cache_gb": cache.nbytes() / 1e9,
-        "peak_gb": torch.cuda.max_memory_allocated() / 1e9,
-        "gpu": torch.cuda.get_device_name(),
+        "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
+        "gpu": torch.cuda.get_device_name() if cuda else "cpu",
     }
     print(
         f"{a.size} {a.layers} layers, {a.steps} steps: prefill {prefill_ms:.0f} ms, audio "
         f"{audio_ms:.1f} ms, forward {forward_ms:.1f} ms ({tflops:.0f} TFLOP/s), block "
         f"{block_ms:.0f} ms for {video_s:.2f} s of video (x{report['realtime_factor']:.2f} "
-        f"real time), cache {report['cache_gb']:.1f} GB, peak {report['peak_gb']:.1f} GB"
+        f"real time), cache {report['cache_gb']:.1f} GB, peak {report['peak_gb'] or 0:.1f} GB"
     )
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=1))

@@ -22,8 +22,10 @@ from pipeline.errors import CheckpointError
 from pipeline.models.wan.s2v import AudioTokens, S2VConfig, S2VTransformer, euler_sigmas
 from pipeline.models.wan.s2v_weights import (
     load_published,
+    load_published_streamed,
     published_shapes,
     random_published_state,
+    random_published_tensors,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,3 +157,27 @@ def test_the_release_names_load_strictly_and_a_stray_one_is_named():
     missing = {k: v for k, v in state.items() if not k.startswith("frame_packer.proj_2x")}
     with pytest.raises(CheckpointError, match="frame_packer.proj_2x"):
         load_published(S2VTransformer(cfg), missing)
+
+
+def test_weights_streamed_tensor_by_tensor_load_as_the_state_dict_does():
+    """The GPU parity path: drawn one tensor at a time straight into an empty model (the
+    14B never whole twice); the same values as the state dict, the same strictness."""
+    cfg = S2VConfig.tiny()
+    whole = S2VTransformer(cfg)
+    load_published(whole, random_published_state(cfg, 4))
+    with torch.device("meta"):
+        streamed = S2VTransformer(cfg)
+    streamed.to_empty(device="cpu")
+    load_published_streamed(streamed, random_published_tensors(cfg, 4))
+    mine = streamed.state_dict()
+    for name, a in whole.state_dict().items():
+        b = mine[name]
+        assert torch.equal(a, b), name
+    tensors = list(random_published_tensors(cfg, 4))
+    with pytest.raises(CheckpointError, match="stray.weight"):
+        load_published_streamed(streamed, [*tensors, ("stray.weight", tensors[0][1])])
+    with pytest.raises(CheckpointError, match="missing key"):
+        load_published_streamed(streamed, tensors[1:])
+    bad = [(n, t[:1]) if n.endswith("self_attn.k.weight") else (n, t) for n, t in tensors]
+    with pytest.raises(CheckpointError, match="self_attn.k.weight"):
+        load_published_streamed(streamed, bad)

@@ -224,7 +224,7 @@ def published_dit_shapes(cfg: WanDiTConfig) -> dict[str, tuple[int, ...]]:
 def random_value(name: str, shape: tuple[int, ...], gen: torch.Generator) -> Tensor:
     """One random tensor by its name's role: matrices ~ N(0, 1/fan_in), norm gains
     ~ 1 + N(0, 0.1²), other vectors (biases) ~ N(0, 0.02²), modulation tables ~ N(0, 1/dim)."""
-    noise = torch.randn(shape, generator=gen)
+    noise = torch.randn(shape, generator=gen, device=gen.device)  # drawn where gen lives
     if name.endswith("modulation"):
         return noise / math.sqrt(shape[-1])
     if name.endswith("gamma") or (len(shape) == 1 and name.endswith("weight")):

@@ -1,12 +1,19 @@
 """A LiveAvatar release of random weights, laid out as users download it.
 
     python -m pipeline.liveavatar.random_release DIR [--shape full|test] [--seed N]
+        [--device cpu|cuda] [--lean]
 
 writes `DIR/release/` (Wan2.2-S2V-14B's folder: config.json, the sharded transformer, the
 VAE, umT5, its tokenizer, wav2vec2-large) and `DIR/lora/liveavatar.safetensors`, and prints
 the flags that run them. `full` is the real 14B shape (about 33 GB of transformer in bf16,
 for the GPU benchmarks: no download needed to time the real thing); `test` a toy of every
 part, for tests and CPU trials. Nothing in it was trained: the video is noise.
+
+`--device cuda` draws the transformer on the GPU (seconds, not minutes of CPU draws; other
+values than the CPU's for a seed). `--lean` writes a 2-layer umT5 (same widths and
+vocabulary, so the same prompt features' shape): 2.9 GB, not 11.4; umT5 reads the prompt
+once a session, so it changes no timing. The full release is then about 37 GB on disk
+(transformer 33, umT5 2.9, wav2vec2-large 1.3, VAE 0.5, LoRA), not 46.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import torch
 
 from pipeline.liveavatar.weights import RANDOM_PARTS, write_random_release
 from pipeline.models.wan.s2v import S2VConfig
-from pipeline.models.wan.s2v_weights import random_published_state
+from pipeline.models.wan.s2v_weights import random_published_state, random_published_tensors
 
 # The 14B release's behaviour flags (what its config.json says besides the sizes).
 RELEASE_FLAGS = {
@@ -62,12 +69,25 @@ def release_config(cfg: S2VConfig) -> dict:
     return {**raw, **RELEASE_FLAGS}
 
 
-def write(root: str | Path, shape: str = "test", seed: int = 0) -> tuple[Path, Path]:
+LEAN_T5_LAYERS = 2
+
+
+def write(
+    root: str | Path, shape: str = "test", seed: int = 0, device: str = "cpu", lean: bool = False
+) -> tuple[Path, Path]:
     """(the release folder, the LoRA file) under `root`."""
     cfg = transformer_shape(shape)
     dtype = torch.bfloat16 if shape == "full" else torch.float32  # the release is bf16
-    state = random_published_state(cfg, seed, dtype)
-    paths, lora = write_random_release(root, state, release_config(cfg), shape, seed)
+    if device == "cpu":
+        state = random_published_state(cfg, seed, dtype)
+    else:
+        state = {k: v.cpu() for k, v in random_published_tensors(cfg, seed, dtype, device)}
+    parts = RANDOM_PARTS[shape]
+    if lean:
+        parts = dataclasses.replace(
+            parts, t5=dataclasses.replace(parts.t5, num_layers=LEAN_T5_LAYERS)
+        )
+    paths, lora = write_random_release(root, state, release_config(cfg), shape, seed, parts=parts)
     return paths.root, lora
 
 
@@ -76,8 +96,10 @@ def main() -> None:
     p.add_argument("root")
     p.add_argument("--shape", choices=sorted(RANDOM_PARTS), default="test")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="where the transformer is drawn (cuda: fast)")
+    p.add_argument("--lean", action="store_true", help="a 2-layer umT5 (2.9 GB, not 11.4)")
     args = p.parse_args()
-    release, lora = write(args.root, args.shape, args.seed)
+    release, lora = write(args.root, args.shape, args.seed, args.device, args.lean)
     print(f"--weights {release} --lora {lora}")
 
 

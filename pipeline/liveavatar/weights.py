@@ -323,16 +323,18 @@ def write_random_release(
     shape: str = "test",
     seed: int = 0,
     max_shard_bytes: int = 10 * 10**9,
+    parts: RandomParts | None = None,
 ) -> tuple[ReleasePaths, Path]:
     """(the Wan2.2-S2V-14B folder `root/release`, the LoRA file `root/lora/liveavatar.safetensors`)
     of random weights, laid out as users download them: the transformer's state and config
     as given (from its model file's `random_published_state`), sharded like the release
     (10 GB shards there: 4 for the 14B model); umT5 (bf16, as published), the VAE, wav2vec2
     and the LoRA (over every weight `LORA_TARGETS` match) drawn here at `RANDOM_PARTS[shape]`.
-    The tokenizer is always the tiny one (`umt5.write_tokenizer`)."""
+    The tokenizer is always the tiny one (`umt5.write_tokenizer`). `parts` overrides
+    `RANDOM_PARTS[shape]` (a lean umT5, say)."""
     from safetensors.torch import save_file
 
-    parts = RANDOM_PARTS[shape]
+    parts = parts or RANDOM_PARTS[shape]
     release = Path(root) / "release"
     write_sharded(transformer_state, release, max_shard_bytes)
     config = {"_class_name": "WanModel_S2V", "model_type": "s2v", **transformer_config}

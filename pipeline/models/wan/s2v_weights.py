@@ -16,12 +16,14 @@ hide bugs), the same for a seed on every machine: for tests, parity scripts, ben
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from pipeline.checkpoints import load_mapped
+from pipeline.errors import CheckpointError
 from pipeline.flashhead.weights import random_value
 from pipeline.models.wan.s2v import S2VConfig, S2VTransformer
 
@@ -97,19 +99,71 @@ def published_shapes(cfg: S2VConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def random_published_tensors(
+    cfg: S2VConfig,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> Iterator[tuple[str, Tensor]]:
+    """Random weights in the release's layout, one tensor at a time, drawn in name order from
+    a generator on `device` (the 14B drawn on its GPU never passes through host memory):
+    matrices ~ N(0, 1/fan_in), biases ~ N(0, 0.02²), norm gains ~ 1 + N(0, 0.1²),
+    modulation tables ~ N(0, 1/dim); the audio layers' weights ~ 1 + N(0, 0.1²) (their
+    SiLUs are summed and divided by: a sum near zero would blow the features up). Each
+    tensor is cast to `dtype` as it is drawn. The same seed gives the same values on the
+    CPU everywhere, and on one GPU model and torch build in every process."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, shape in sorted(published_shapes(cfg).items()):
+        if name.endswith("audio_encoder.weights"):
+            noise = torch.randn(shape, generator=gen, device=gen.device)
+            yield name, (1.0 + 0.1 * noise).to(dtype)
+        else:
+            yield name, random_value(name, shape, gen).to(dtype)
+
+
 def random_published_state(
     cfg: S2VConfig, seed: int, dtype: torch.dtype = torch.float32
 ) -> dict[str, Tensor]:
-    """Random weights in the release's layout, drawn on the CPU in name order: matrices
-    ~ N(0, 1/fan_in), biases ~ N(0, 0.02²), norm gains ~ 1 + N(0, 0.1²), modulation tables
-    ~ N(0, 1/dim); the audio layers' weights ~ 1 + N(0, 0.1²) (their SiLUs are summed and
-    divided by: a sum near zero would blow the features up). Each tensor is cast to `dtype`
-    as it is drawn (the 14B state is 60 GB in fp32, 30 GB in bf16)."""
-    gen = torch.Generator().manual_seed(seed)
-    state = {}
-    for name, shape in sorted(published_shapes(cfg).items()):
-        if name.endswith("audio_encoder.weights"):
-            state[name] = (1.0 + 0.1 * torch.randn(shape, generator=gen)).to(dtype)
-        else:
-            state[name] = random_value(name, shape, gen).to(dtype)
-    return state
+    """`random_published_tensors` drawn on the CPU, as one state dict (the 14B state is
+    60 GB in fp32, 30 GB in bf16)."""
+    return dict(random_published_tensors(cfg, seed, dtype))
+
+
+def load_published_streamed(
+    model: S2VTransformer, tensors: Iterable[tuple[str, Tensor]], source: str = "stream"
+) -> None:
+    """`load_published` one tensor at a time: each published tensor is copied into its
+    parameter (or its rows of a fused one) as it comes, so a 14B state drawn on the GPU
+    never exists twice. Strict like `load_published`: an unknown or mis-shaped name, or a
+    parameter row left unfilled, is a `CheckpointError` naming `source`."""
+    targets: dict[str, tuple[Tensor, int, int]] = {}  # published name → (param, row0, rows)
+    state = model.state_dict(keep_vars=True)
+    for name, param in state.items():
+        parts = next(
+            (
+                [name[: -len(suffix)] + p for p in srcs]
+                for suffix, srcs in S2V_FUSED.items()
+                if name.endswith(suffix)
+            ),
+            [name],
+        )
+        rows = param.shape[0] // len(parts) if len(parts) > 1 else param.shape[0]
+        for j, p in enumerate(parts):
+            targets[p] = (param, j * rows, rows) if len(parts) > 1 else (param, 0, -1)
+    filled: set[str] = set()
+    with torch.no_grad():
+        for name, tensor in tensors:
+            if name not in targets:
+                raise CheckpointError(f"{source}: key {name!r} does not map onto the model")
+            param, row0, rows = targets[name]
+            dest = param if rows == -1 else param[row0 : row0 + rows]
+            if tuple(dest.shape) != tuple(tensor.shape):
+                raise CheckpointError(
+                    f"{source}: {name!r} has shape {tuple(tensor.shape)}, "
+                    f"the model expects {tuple(dest.shape)}"
+                )
+            dest.copy_(tensor)
+            filled.add(name)
+    missing = sorted(set(targets) - filled)
+    if missing:
+        raise CheckpointError(f"{source}: missing key {missing[0]!r} ({len(missing)} in all)")

@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# LiveAvatar (Wan2.2-S2V-14B + LoRA, block-causal) on the lent H200: parity with the authors'
+# code at the real shape (fp32, then bf16), their streaming loop and Facecast's timed on the
+# same weights, the DiT alone and the whole stream (`facecast bench`), and `facecast serve`.
+# No weights are downloaded: every parameter is random at the real shapes, drawn on the GPU.
+#
+# What travels: the tree (git-tracked files) and, named in `carry` (ignored by git):
+#   .ref/liveavatar  the authors' package: git --git-dir=/work/.mirror/Alibaba-Quark+LiveAvatar/repo
+#                    archive HEAD liveavatar | tar -x -C .ref   (1.5 MB; their 9c2c38d)
+#   .whlref/         their stack as wheels (20 MB; the same bundle as FlashHead's, cp -r
+#                    /work/main/.whlref .): diffusers 0.35.2 (their ModelMixin,
+#                    FlowMatchEulerDiscreteScheduler), transformers 4.57.3, tokenizers 0.22.2,
+#                    huggingface_hub 0.36.2, loguru. Their requirements.txt pins transformers
+#                    <= 4.51.3 and diffusers >= 0.31 for the whole pipeline; the modules the
+#                    reference loads (causal_model_s2v, wan_2_2/modules/{model,attention,s2v},
+#                    causal_motioner, inference_utils) import only torch, einops (on the
+#                    image), diffusers, numpy. flash-attn is not installed there (see parity).
+#   .whl/            diffusers 0.42.1 for Facecast's VAE (cp -r /work/main/.whl .): speed, serve
+#   .whlserve/       aiortc, av, ... (../shared/device/serve-wheels.sh's bundle, 51 MB): serve
+#   .gpu/            grace_square.png (the portrait) and speech.wav: serve
+# The carry limit is 64 MiB all told: parity carries .ref .whlref .whl (28 MB), speed .whl, serve
+# carries .whl .whlserve .gpu (59 MB).
+#
+# The calls (one mode per call; each stays under the 10-minute limit by its own clock, BUDGET=570 s,
+# every step given what is left):
+#   run command="bash bench/gpu_liveavatar.sh parity" carry=[".ref",".whlref",".whl"]
+#   run command="bash bench/gpu_liveavatar.sh speed"  carry=[".whl"]
+#   run command="bash bench/gpu_liveavatar.sh serve"  carry=[".whl",".whlserve",".gpu"]
+# Options (env): DTYPES="float32 bfloat16" (parity; DTYPES= runs neither), BLOCKS32=6, STEPS32=2,
+# BLOCKS16=8 (bf16 keeps 4 steps; blocks 3.. are timed: the key window full), AUTHORS_COMPILE=1
+# (parity: also time their loop under their torch.compile if 120 s are left; alone:
+# DTYPES= AUTHORS_COMPILE=1 bash bench/gpu_liveavatar.sh parity), PRECISIONS="default fp8"
+# (speed: `facecast bench --precision`, default "default"), SECONDS_BENCH=20, SECONDS_LIVE=60,
+# SERVE_FLAGS="--compile --precision=fp8" (serve; default none), LEAN=0 (the full 11 GB umT5).
+#
+# Expected time (one H200). A block forward at 704x384 is 3 latent frames = 3168 tokens against
+# a sink of 2640 and a 12-frame window of 12672: ~117 TFLOP (the matrix products,
+# liveavatar_block_bench.forward_flops), 4 a block = ~40 TFLOP a video frame.
+#   parity ~5-6 min: fp32 (no TF32: GEMMs ~50 TFLOP/s, fp32 attention ~20) ~3 s a forward, 2
+#     steps x 6 blocks + 2 sink = 14 forwards ~45 s a side + ~40 s build/draw/import (each side
+#     gets (570 - 150) / 2 s at most); bf16 (~600 TFLOP/s) ~0.2 s a forward,
+#     4 x 8 + 4 = 36 ~8 s a side + ~40 s. Memory: fp32 66 GB of weights + 27 GB of KV cache a
+#     step (hence STEPS32=2: 4 steps would need 172 GB); bf16 33 + 13 x 4 = 85 GB.
+#   speed ~7 min: block bench (DiT alone, 10 blocks) ~1.5 min; the random release (transformer
+#     drawn on the GPU, 2-layer umT5: ~38 GB on disk, 47 GB with LEAN=0; the disk is 64 GiB)
+#     ~2-3 min; `facecast bench --seconds 20` (load 33 GB, warm-up, 500 frames at ~15 fps) ~2-3
+#     min. fp8 as a second call (PRECISIONS=fp8) if the first leaves too little.
+#   serve ~7 min: the release ~2-3 min, server start ~1-2 min, a 60 s live call, a push.
+# Dry run on a CPU (how this was checked before any GPU; tiny/test shapes, same code paths but
+# the GPU draws and their cuDNN kernel): common="DEVICE=cpu SKIP_WHEELS=1 PYTHON=.venv/bin/python"
+#   $common SHAPE=tiny DTYPES=float32 REFSITE=<a --target install of .whlref + einops> \
+#     bash bench/gpu_liveavatar.sh parity                                         (~25 s)
+#   $common RELEASE_SHAPE=test SIZE=64x64 LAYERS=1 BB_BLOCKS=2 SECONDS_BENCH=1 \
+#     BENCH_FLAGS="--set video.width=64 --set video.height=64 --isolated-reps 1" \
+#     bash bench/gpu_liveavatar.sh speed                                          (~2 min)
+#   $common RELEASE_SHAPE=test SECONDS_LIVE=10 \
+#     SERVE_SET="--set=video.width=64 --set=video.height=64" bash bench/gpu_liveavatar.sh serve
+set -uo pipefail
+mode=${1:?parity|speed|serve}
+dev=${DEVICE:-cuda}
+shape=${SHAPE:-full}
+py=${PYTHON:-python3}
+budget=${BUDGET:-570}
+out=${OUT:-/tmp/out}
+work=${WORK:-/tmp/la}
+mkdir -p "$out" "$work"
+left() { echo $((budget - SECONDS)); }
+if [ -z "${SKIP_WHEELS:-}" ]; then
+  "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=/tmp/site:$PWD/.whl/pure:$PWD PYTHONUNBUFFERED=1
+if [ "$dev" = cuda ]; then nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader; fi
+df -h "$work" | tail -1
+
+reference() {  # SECONDS_LIMIT ARGS...: the authors' code, in its own environment
+  local limit=$1
+  shift
+  local site=${REFSITE:-/tmp/refsite} repo=${REFREPO:-/tmp/laref}
+  [ -d "$site" ] || "$py" -m pip install -q --no-index --no-deps --no-compile \
+    --target "$site" .whlref/*.whl
+  [ -d "$repo/liveavatar" ] || { mkdir -p "$repo" && cp -r .ref/liveavatar "$repo/"; }
+  PYTHONPATH=$site:$PWD timeout "$limit" "$py" bench/parity/liveavatar_reference.py \
+    --reference-repo "$repo" --device "$dev" --shape "$shape" "$@"
+}
+
+release() {  # a full-shape random release on disk, once per machine
+  rel=$work/release
+  if [ ! -f "$rel/release/config.json" ] || [ ! -f "$rel/lora/liveavatar.safetensors" ]; then
+    local lean=--lean
+    [ "${LEAN:-1}" = 0 ] && lean=
+    timeout "$(left)" "$py" -m pipeline.liveavatar.random_release "$rel" \
+      --shape "${RELEASE_SHAPE:-full}" --device "$dev" $lean >"$out/release.log" 2>&1 \
+      || { echo "random release FAILED"; tail -20 "$out/release.log"; exit 1; }
+    echo "release written at ${SECONDS} s: $(du -sh "$rel" | cut -f1)"
+    df -h "$work" | tail -1
+  fi
+  weights=$rel/release
+  lora=$rel/lora/liveavatar.safetensors
+}
+
+case $mode in
+parity)
+  for dtype in ${DTYPES-float32 bfloat16}; do
+    steps=4 blocks=${BLOCKS16:-8}
+    [ "$dtype" = float32 ] && steps=${STEPS32:-2} blocks=${BLOCKS32:-6}
+    d=$work/$dtype
+    # fp32 leaves bf16 150 s (its two processes need about 2 x 60)
+    limit=$(left)
+    [ "$dtype" = float32 ] && limit=$((limit - 150))
+    t0=$SECONDS
+    reference $((limit / 2)) --out "$d" --dtype "$dtype" --steps "$steps" --blocks "$blocks" \
+      >"$out/reference_$dtype.log" 2>&1 \
+      || { echo "reference $dtype FAILED"; tail -30 "$out/reference_$dtype.log"; continue; }
+    grep "^built\|^reference:" "$out/reference_$dtype.log"
+    timeout $((limit - (SECONDS - t0))) "$py" bench/parity/liveavatar_compare.py \
+      --reference-out "$d" --json "$out/parity_${shape}_$dtype.json" 2>&1 \
+      | grep -v "Warning\|warn" | tee "$out/parity_${shape}_$dtype.txt"
+    [ -f "$d/timing.json" ] && cp "$d/timing.json" "$out/authors_timing_$dtype.json"
+    cp "$d/release/config.json" "$out/config_$shape.json"
+    echo "$dtype done at ${SECONDS} s"
+  done
+  if [ -n "${AUTHORS_COMPILE:-}" ] && [ "$(left)" -gt 120 ]; then
+    # their loop as they run it: torch.compile on (their ENABLE_COMPILE default), bf16
+    reference "$(left)" --out "$work/compiled" --dtype bfloat16 --blocks "${BLOCKS16:-8}" --compile \
+      >"$out/authors_compiled.log" 2>&1 || echo "compiled timing FAILED or cut short"
+    tail -1 "$out/authors_compiled.log"
+    [ -f "$work/compiled/timing.json" ] && cp "$work/compiled/timing.json" "$out/authors_timing_compiled.json"
+  fi
+  ;;
+speed)
+  # the DiT alone (Facecast), random weights drawn on the GPU, 10 blocks: the last 6 with the
+  # key window full
+  timeout $(($(left) / 4)) "$py" bench/liveavatar_block_bench.py --device "$dev" \
+    --size "${SIZE:-704x384}" --layers "${LAYERS:-40}" --blocks "${BB_BLOCKS:-10}" \
+    --json "$out/block_bench.json" 2>"$out/block_bench.log" \
+    || { echo "block bench FAILED"; tail -20 "$out/block_bench.log"; }
+  release
+  # the whole stream: audio features, the DiT's 4 steps a block, the VAE decode
+  for precision in ${PRECISIONS:-default}; do
+    name=bench_liveavatar_$precision
+    # shellcheck disable=SC2086
+    timeout "$(left)" "$py" -m facecast bench --model liveavatar --weights "$weights" \
+      --lora "$lora" --device "$dev" --seconds "${SECONDS_BENCH:-20}" --precision "$precision" \
+      ${BENCH_FLAGS:-} --json "$out/$name.json" 2>"$out/$name.log" \
+      || { echo "FAILED bench $precision"; tail -20 "$out/$name.log"; }
+    tail -3 "$out/$name.log"
+  done
+  ;;
+serve)
+  if [ -z "${SKIP_WHEELS:-}" ]; then
+    "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whlserve/*.whl
+  fi
+  export PYTHONPATH=$PYTHONPATH:$PWD/.whlserve/pure
+  release
+  args="--serve-arg=--model=liveavatar --serve-arg=--weights=$weights --serve-arg=--lora=$lora"
+  args+=" --serve-arg=--reference=.gpu/grace_square.png"
+  for flag in ${SERVE_FLAGS:-} ${SERVE_SET:-}; do args+=" --serve-arg=$flag"; done
+  # shellcheck disable=SC2086
+  timeout "$(left)" "$py" bench/serve_bench.py --config liveavatar --device "$dev" $args \
+    --seconds "${SECONDS_LIVE:-60}" --mode live --mode push --wav .gpu/speech.wav \
+    --server-log "$out/serve.log" --json "$out/serve.json" --markdown "$out/serve.md" \
+    || { echo "serve FAILED"; tail -20 "$out/serve.log"; }
+  ;;
+*)
+  echo "unknown mode $mode: parity|speed|serve"
+  exit 2
+  ;;
+esac
+echo "finished at ${SECONDS} s"
+ls -la "$out"
