@@ -39,10 +39,14 @@ def bench_stream(opts: EngineOptions, seconds: float, command: str) -> dict:
         stream.push_audio(audio[stream.timeline.total : need])
         t = time.perf_counter()
         batches = stream.generate_ready()
-        step_s.append(time.perf_counter() - t)
-        step_frames.append(sum(len(b.frames) for b in batches))
-        memory.append(torch.cuda.memory_allocated(device) if cuda else 0)
-        k += 1
+        made = sum(len(b.frames) for b in batches)
+        if made:  # the audio's end can fall short of a step's lookahead: no step ran then
+            step_s.append(time.perf_counter() - t)
+            step_frames.append(made)
+            memory.append(torch.cuda.memory_allocated(device) if cuda else 0)
+            k += 1
+        elif stream.timeline.total < len(audio):
+            raise RuntimeError(f"step {k} had the audio its schedule asks for and made no frame")
     stream.finish()
     stages = dict(stream.times.seconds)
     stream.close()
