@@ -87,6 +87,19 @@ async def test_a_prompt_is_refused_by_a_model_that_reads_none_and_checked():
             parse_offer({**body, "prompt": bad}, kvs=False)
 
 
+def test_a_fleets_front_knows_from_the_config_whether_its_workers_read_prompts():
+    from types import SimpleNamespace
+
+    from pipeline.startup import EngineOptions
+    from realtime.fleet.front import model_prompt_refusal
+
+    demo = SimpleNamespace(engine_options=EngineOptions(config="demo"))
+    assert "reads no prompt" in (model_prompt_refusal(demo) or "")  # type: ignore[arg-type]
+    files = {"weights": "/models/Wan2.2-S2V-14B", "lora": "/models/Live-Avatar"}
+    live = SimpleNamespace(engine_options=EngineOptions(model="liveavatar", **files))
+    assert model_prompt_refusal(live) is None  # type: ignore[arg-type]
+
+
 async def test_unknown_sessions_are_404():
     async with running_server() as (url, _app), aiohttp.ClientSession() as http:
         async with http.delete(f"{url}/sessions/nope") as r:

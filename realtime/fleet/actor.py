@@ -145,13 +145,19 @@ class FleetWorker:
     # ---- sessions --------------------------------------------------------------------
 
     async def offer(
-        self, sdp: str, seed: int = 0, kvs_stream: str | None = None, photo: Any = None
+        self,
+        sdp: str,
+        seed: int = 0,
+        kvs_stream: str | None = None,
+        photo: Any = None,
+        prompt: str | None = None,
     ) -> dict:
         """Negotiate one offer (already checked by the front); the answer and where it runs.
         `photo`: the session's own photo, checked and prepared by the front (a
-        `PreparedPhoto`, fleet/photos.py); None for this worker's reference."""
+        `PreparedPhoto`, fleet/photos.py); None for this worker's reference. `prompt`: the
+        session's own words, for a model that reads them; None for the worker's."""
         description = RTCSessionDescription(sdp=sdp, type="offer")
-        request = OfferRequest(description, seed, kvs_stream, photo)
+        request = OfferRequest(description, seed, kvs_stream, photo, prompt)
         return await self._open(lambda service: open_session(service, request))
 
     async def whip_offer(self, sdp: str) -> dict:

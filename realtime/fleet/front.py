@@ -94,15 +94,15 @@ def worker_config(config: ServerConfig, options: FleetOptions) -> ServerConfig:
 
 async def _offer(request: web.Request) -> web.Response:
     body = await json_body(request)
+    pool = request.app[POOL]
     offer = parse_offer(
-        body,
-        kvs=request.app[POOL].worker_config.kvs is not None,
-        prompts="a fleet does not pass a session's prompt to its workers yet: start them "
-        "with --prompt",
+        body, kvs=pool.worker_config.kvs is not None, prompts=model_prompt_refusal(pool)
     )
     photo = await offer_photo(request, body)  # checked before any worker is asked
     sdp = offer.description.sdp
-    answer = await place(request.app, "offer", sdp, offer.seed, offer.kvs_stream, photo)
+    answer = await place(
+        request.app, "offer", sdp, offer.seed, offer.kvs_stream, photo, offer.prompt
+    )
     keep = ("sdp", "type", "session_id", "worker", "node_id", "node_ip")
     return web.json_response({k: answer[k] for k in keep})
 
@@ -221,6 +221,18 @@ def _check_reachable(address: str, timeout: float) -> None:
             f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}; start one "
             "with `ray start --head` or give the head's address"
         ) from None
+
+
+def model_prompt_refusal(pool: WorkerPool) -> str | None:
+    """None when the workers' model reads a prompt, else why an offer's is refused (the
+    front starts no engine: the config tells)."""
+    from pipeline.config import load_config
+    from pipeline.families import family_of
+
+    cfg = load_config(*pool.engine_options.config_and_overrides())
+    if family_of(cfg).prompts:
+        return None
+    return f"this fleet's model ({cfg.name}) reads no prompt; only --model liveavatar does"
 
 
 def placement_device(engine_device: str) -> str:
