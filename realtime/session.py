@@ -196,8 +196,10 @@ class PeerSession:
     async def _close(self) -> None:
         log.info("session %s: closing (%s)", self.id, self.close_reason)
         self.state = "closed"
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        # Dropped, not kept: a cancelled task holds its traceback, and so this session.
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.cancel()
         # first, so that a listener has it before the tracks end (its cue to finish)
         self.control.send(message("session_closed", reason=self.close_reason))
         for part in self._parts:  # no more input, generation or media
@@ -209,8 +211,8 @@ class PeerSession:
                 except Exception:
                     log.exception("session %s: closing %s failed", self.id, type(part).__name__)
         finally:
-            if self._watchdog is not None:
-                await asyncio.gather(self._watchdog, return_exceptions=True)
+            if watchdog is not None:
+                await asyncio.gather(watchdog, return_exceptions=True)
             await self._on_closed(self)
 
     def _guard(self, fn: Callable[[], object], part: object) -> None:
