@@ -12,6 +12,7 @@
 
 Two buffers join them: the `PlaybackTimeline` (audio in → audio track) and the
 `FrameQueue` (engine feed → video track).
+
 Each part is given the parts it needs, explicitly; a part reaches the session only to end
 it (`close`, `_fail`) or to pass it an interrupt (`interrupt`, `_splice`). An interrupt is
 one `Interrupt` message through the parts in chain order, each doing its own flush.
@@ -129,6 +130,9 @@ class PeerSession:
         timeline = PlaybackTimeline(config.max_input_ahead_s)
         lead = max(1, int(config.lead_s * FPS))
         frames = FrameQueue(lead, capacity=lead + 10 * FPS)
+        # Built so that each part gets the ones it needs. Three needs point at parts built
+        # later (utterance audio → audio in; held audio and silence → audio in; the measured
+        # step → playout): small lambdas, dropped by the part's close like every callback.
         control = self.control = ControlChannel(
             session_id,
             metrics,
