@@ -1,13 +1,22 @@
 """Facecast live: the avatar as a WebRTC service.
 
 `facecast serve` (see `realtime.server`) answers WebRTC offers; each peer gets a
-`realtime.session.PeerSession`:
+`realtime.session.PeerSession`, a short chain of parts, each with its own state and close:
 
-    mic audio (Opus) → InputResampler (PyAV: 48 kHz stereo → mono → 16 kHz)
-        → PlaybackTimeline (48 kHz, for playback) → AvatarAudioTrack ─┐ one PlayoutClock:
-        → VoiceActivityDetector (silero-vad)      → events            │ video n at t0 + n·40 ms,
-        → GenerationWorker (engine thread)        → FrameQueue        │ audio k at t0 + k·20 ms
-                                                  → AvatarVideoTrack ─┘
+    audio in         AudioIn          mic (Opus → 48 kHz mono) and utterances → PlaybackTimeline,
+                     (audio_in)       16 kHz → VadThread (events) and → the engine feed
+    engine feed      EngineFeed       GenerationWorker (engine thread) → FrameQueue
+                     (generation)
+    playout          PlayoutControl   the delay's budget, the PlayoutClock, its control loop
+                     (playout)
+    outgoing tracks  OutgoingTracks   AvatarVideoTrack (frame n at t0 + n·40 ms) and
+                     (tracks)         AvatarAudioTrack (packet k at t0 + k·20 ms), sinks
+    control channel  ControlChannel   events out (data channel, listeners), playback events,
+                     (control)        the agent's utterances
+    peer connection  PeerLink         aiortc's connection, freed at once when closed
+                     (connection)
+
+An interrupt is one `Interrupt` message through the parts (`PeerSession.interrupt`).
 
 Modules, by job:
 
@@ -19,11 +28,14 @@ Modules, by job:
 - signalling: `offer` (an offer's checks), `negotiation` (a session from an offer), `whip`
   (WHIP ingest), `whep/` (WHEP viewers: one encode fanned out), `speech_ws` (the utterance
   channel over a WebSocket);
-- one session: `session` (PeerSession), `audio_in` (decode, resample, timeline), `vad`,
-  `generation` (the engine thread), `playout` (the delay from the latency budget), `tracks`
-  (paced A/V), `events` (data channel, playback), `utterance` (an agent's pushed speech),
-  `teardown` (freeing a closed call), `sinks` (per-session sinks), `kvs/` (mirror to Kinesis
-  Video Streams, attached through `build_app(..., sink_factories=[...])`);
+- one session: `session` (PeerSession: its parts in order, the interrupt path, close),
+  `audio_in` (decode, resample, timeline, VAD feed), `vad`, `generation` (the engine thread
+  and feed), `playout` (the delay from the latency budget, the clock, its control loop),
+  `tracks` (paced A/V, sinks, speech-to-lips), `control` (events out, the interrupt
+  message), `events` (event messages, playback), `utterance` (an agent's pushed speech),
+  `connection` (the peer connection, freed at close), `sinks` (per-session sink
+  factories), `kvs/` (mirror to Kinesis Video Streams, attached through `build_app(...,
+  sink_factories=[...])`);
 - clients and beyond one server: `client` (aiortc client library), `call` (a call from the
   command line, and its A/V analysis), `fleet/` (`serve --cluster ray`), `integrations/`
   (Pipecat).

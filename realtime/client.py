@@ -44,7 +44,7 @@ from pipeline.clock import (
     VIDEO_TICKS_PER_FRAME,
 )
 from pipeline.media import Mp4Writer, read_audio, resample, to_pcm16
-from realtime.teardown import release_peer_connection
+from realtime.connection import release_peer_connection
 
 log = logging.getLogger(__name__)
 
@@ -488,7 +488,7 @@ class FacecastClient:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        # Free the call without waiting for the garbage collector (realtime.teardown).
+        # Free the call without waiting for the garbage collector (realtime.connection).
         self._channel.remove_all_listeners()
         release_peer_connection(self.pc)
         if self._writer:

@@ -30,7 +30,9 @@ import numpy as np
 from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME
 from pipeline.schedule import StreamStep
 from pipeline.stream import AvatarStream
-from realtime.playout import PlayoutClock
+from realtime.control import Interrupt
+from realtime.metrics import RealtimeMetrics
+from realtime.playout import PlayoutClock, PlayoutControl
 from realtime.tracks import FrameQueue
 
 log = logging.getLogger(__name__)
@@ -281,3 +283,98 @@ class GenerationWorker:
             self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the loop closed (process exiting): nobody is listening
             pass
+
+
+class EngineFeed:
+    """A session's engine part: the worker thread, the frames it queues and their counts.
+
+    Audio comes in through `push`; frames leave through the `FrameQueue` the video track
+    reads. The first frames start the playout clock (`PlayoutControl.start`). An error in
+    the thread ends the session through `fail`.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        open_engine_stream: Callable[[], AvatarStream],
+        frames: FrameQueue,
+        playout: PlayoutControl,
+        metrics: RealtimeMetrics,
+        fail: Callable[[BaseException], None],
+        margin_s: float,
+        engine_lock: threading.Lock | None = None,
+    ) -> None:
+        timing = playout.timing
+        self._sid = session_id
+        self.frames = frames
+        self._playout = playout
+        self._metrics = metrics
+        self._fail = fail
+        self.generated = 0  # frames made
+        self.first_step_s: float | None = None  # wall time of the engine's first step
+        self.worker = GenerationWorker(
+            open_engine_stream,
+            frames,
+            playout.clock,
+            asyncio.get_running_loop(),
+            self._on_chunk,
+            self._on_error,
+            session_id,
+            step=playout.steady_step,
+            step_seconds=timing.steady_seconds,
+            margin_s=margin_s + timing.spread * timing.steady_seconds,
+            engine_lock=engine_lock,
+        )
+
+    def start(self) -> None:
+        self.worker.start()
+
+    def push(self, pcm16: np.ndarray) -> None:
+        self.worker.push(pcm16)
+
+    @property
+    def step_seconds(self) -> float:
+        return self.worker.step_seconds
+
+    def _on_chunk(self, stats: ChunkStats) -> None:
+        if self._playout.clock.t0 is None:
+            self.first_step_s = stats.seconds
+            self._playout.start()
+        duration = stats.frames / FPS
+        self.generated += stats.frames
+        self._metrics.frames_generated.inc(stats.frames)
+        self._metrics.chunk_generation.observe(stats.seconds)
+        self._metrics.chunk_duration.observe(duration)
+        self._metrics.realtime_factor.observe(stats.seconds / duration)
+        if stats.skipped:
+            self._metrics.frames_skipped.inc(stats.skipped)
+
+    def _on_error(self, exc: BaseException) -> None:
+        self._fail(exc)
+
+    def interrupt(self, cut: Interrupt) -> None:
+        """Frames from one chunk past the frame due now are dropped (at most `cut.tail` of
+        the flushed speech is still shown); the engine's next frames are shown from the cut,
+        and new audio starts right after the audio the engine already holds."""
+        cut.cut = max(cut.now, min(cut.now + cut.tail, self.worker.next_index()))
+        self.frames.truncate(cut.cut)
+        cut.new_audio = self.worker.rebase(cut.cut)
+
+    def stop(self) -> None:
+        """Tell the thread to stop after its step (it may be inside `generate_ready()`)."""
+        self.worker.stop()
+
+    async def close(self) -> None:
+        """Wait for the thread to end, then drop the callbacks into this part's owner."""
+        self.worker.stop()
+        if not await self.worker.wait_exited(30.0):
+            log.error("session %s: generation thread did not stop", self._sid)
+        self.worker.release()
+        self._fail = _ignore
+
+    def stats(self) -> dict:
+        return {
+            "frames_generated": self.generated,
+            "frames_skipped": self.worker.skipped_frames_total,
+            "frames_queued": self.frames.depth(),  # made, not yet due
+        }

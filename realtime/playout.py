@@ -36,6 +36,7 @@ from pipeline.schedule import StreamStep
 from realtime.events import message
 
 if TYPE_CHECKING:
+    from realtime.control import Interrupt
     from realtime.metrics import RealtimeMetrics
     from realtime.tracks import FrameQueue
 
@@ -195,12 +196,16 @@ class PlayoutControl:
         timing: EngineTiming,
         frames: FrameQueue,
         metrics: RealtimeMetrics,
-        ingest: Callable[[np.ndarray, float | None], int | None],
         send: Callable[[str], None],
+        ingest: Callable[[np.ndarray, float | None], int | None],
         step_seconds: Callable[[], float],
         margin_s: float,
         fixed_delay_s: float | None = None,
+        interrupt_tail_s: float = 0.48,
     ) -> None:
+        """`send` tells the peer (the control channel), `ingest` puts silence and held audio
+        on the timeline (the audio-in part), `step_seconds` is the engine's step as measured
+        in this session (the engine feed)."""
         self.clock = PlayoutClock()
         self.timing = timing
         self.steady_step = timing.step(1)
@@ -208,9 +213,11 @@ class PlayoutControl:
         self._metrics = metrics
         self._ingest = ingest
         self._send = send
-        self._step_seconds = step_seconds  # the engine's steps as measured in this session
+        self._step_seconds = step_seconds
         self._margin_s = margin_s
         self._fixed_delay_s = fixed_delay_s
+        self._tail_frames = math.ceil(interrupt_tail_s * FPS)
+        self.first_audio: float | None = None  # when the first input arrived (monotonic)
         self.budget: PlayoutBudget | None = None
         self.delay_s: float | None = None  # audio arrival → its frame, as started
         self.planned: float | None = None  # decided after the first PROBE_S of audio
@@ -270,11 +277,11 @@ class PlayoutControl:
             placed(self._ingest(pcm48, arrived))
         self._held = []
 
-    def start(self, first_audio: float | None) -> None:
+    def start(self) -> None:
         """The first frames exist: start the clock so that audio meets its frame at the
         planned delay (never in the past)."""
         now = time.monotonic()
-        first_audio = first_audio if first_audio is not None else now
+        first_audio = self.first_audio if self.first_audio is not None else now
         planned = self.planned if self.planned is not None else 0.0
         t0 = max(first_audio + planned, now)
         self.delay_s = t0 - first_audio + self.preroll_s
@@ -323,9 +330,24 @@ class PlayoutControl:
             )
         )
 
-    def detach(self) -> None:
-        """The session closed: drop its callbacks (they hold it: a reference cycle that
-        would keep the closed call in memory until a full garbage collection)."""
+    def tick(self) -> None:
+        """The control loop, about every 0.1 s (before `grow`): plan once the probe has
+        passed, when the input went quiet during it."""
+        if self.planned is None and self.first_audio is not None:
+            if time.monotonic() - self.first_audio >= PROBE_S:
+                self.decide_start(self.first_audio)
+
+    def interrupt(self, cut: Interrupt) -> None:
+        """The frame due now, and how much of the flushed speech may still be shown."""
+        cut.now = self.clock.frame_now()
+        cut.tail = self._tail_frames
+
+    def stop(self) -> None:
+        pass  # the clock stops with the tracks that read it
+
+    async def close(self) -> None:
+        """The session closed: drop the other parts' callbacks (a reference cycle through
+        them would keep the closed call in memory until a full garbage collection)."""
         self._ingest = lambda pcm48, arrived: None
         self._send = lambda text: None
         steady = self._step_seconds()

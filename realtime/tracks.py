@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import fractions
+import inspect
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import av
 import numpy as np
@@ -31,6 +32,7 @@ from pipeline.clock import (
     FPS,
     FRAME_SECONDS,
     OUTPUT_RATE,
+    OUTPUT_SAMPLES_PER_FRAME,
     OUTPUT_SAMPLES_PER_PACKET,
     VIDEO_CLOCK,
     VIDEO_TICKS_PER_FRAME,
@@ -38,6 +40,10 @@ from pipeline.clock import (
 from realtime.audio_in import PlaybackTimeline
 from realtime.metrics import RealtimeMetrics
 from realtime.playout import PlayoutClock
+
+if TYPE_CHECKING:
+    from realtime.control import ControlChannel, Interrupt
+    from realtime.playout import PlayoutControl
 
 MAX_CATCHUP_FRAMES = 5  # a stall up to 200 ms is sent as a burst; longer ones skip
 log = logging.getLogger(__name__)
@@ -253,6 +259,109 @@ class AvatarAudioTrack(_PacedTrack):
             _safe(self._sid, sink.put_audio, pcm, start)
         _safe(self._sid, self._on_played, self.position)
         return frame
+
+
+class OutgoingTracks:
+    """A session's output part: the paced video and audio tracks, the sinks that get what
+    they send, and what the viewer waited (first frame; speech to lips).
+
+    The audio track's position goes to the control channel (`played`), which turns it into
+    playback events. Speech-to-lips is measured from each input sample's arrival, which the
+    audio-in part reports as it appends (`arrived`), to the fresh frame that shows it.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        playout: PlayoutControl,
+        frames: FrameQueue,
+        timeline: PlaybackTimeline,
+        control: ControlChannel,
+        video_size: tuple[int, int],
+        metrics: RealtimeMetrics,
+    ) -> None:
+        self._sid = session_id
+        self._playout = playout
+        self._metrics = metrics
+        self.sinks: list[MediaSink] = []  # attach mirrors here before media flows
+        self.ttff_s: float | None = None
+        # (timeline head after an append, its arrival time or None for inserted silence):
+        # what speech-to-lips is measured from; trimmed as frames are sent
+        self._arrivals: deque[tuple[int, float | None]] = deque()
+        self.speech_to_lips: deque[float] = deque(maxlen=3000)  # seconds, recent frames
+        clock = playout.clock
+        self.video = AvatarVideoTrack(
+            clock, frames, video_size, metrics, self.sinks, session_id, on_sent=self._on_sent
+        )
+        self.audio = AvatarAudioTrack(clock, timeline, self.sinks, session_id, control.played)
+
+    def arrived(self, head: int, at: float | None) -> None:
+        """The timeline grew to `head` with audio that arrived at `at` (None: silence)."""
+        self._arrivals.append((head, at))
+
+    def _on_sent(self, index: int, fresh: bool) -> None:
+        now = time.monotonic()
+        first_audio = self._playout.first_audio
+        if self.ttff_s is None and first_audio is not None:
+            self.ttff_s = now - first_audio
+            self._metrics.ttff.observe(self.ttff_s)
+        # the frame shows timeline audio [index, index + 1) frames; its middle sample's
+        # arrival starts the frame's speech-to-lips latency
+        middle = index * OUTPUT_SAMPLES_PER_FRAME + OUTPUT_SAMPLES_PER_FRAME // 2
+        while len(self._arrivals) > 1 and self._arrivals[0][0] <= middle:
+            self._arrivals.popleft()
+        if not fresh or not self._arrivals:
+            return
+        head, arrived = self._arrivals[0]
+        if head > middle and arrived is not None:
+            latency = now - arrived
+            self.speech_to_lips.append(latency)
+            self._metrics.speech_to_lips.observe(latency)
+
+    def interrupt(self, cut: Interrupt) -> None:
+        """Audio that is gone does not count: speech-to-lips follows what is kept."""
+        while self._arrivals and self._arrivals[-1][0] > cut.head:
+            self._arrivals.pop()
+        self._arrivals.append((cut.head, None))
+
+    def stop(self) -> None:
+        """End both tracks (their senders stop; `ended` reaches whoever listens)."""
+        self.video.stop()
+        self.audio.stop()
+
+    async def close(self) -> None:
+        """Sinks with a `close()` (sync or async, e.g. a KVS mirror flushing) are closed."""
+        for sink in self.sinks:
+            close = getattr(sink, "close", None)
+            if close is None:
+                continue
+            try:
+                result = close()
+                if inspect.isawaitable(result):
+                    await asyncio.wait_for(result, 15.0)
+            except Exception:
+                log.exception("session %s: closing sink %r failed", self._sid, sink)
+
+    def stats(self) -> dict:
+        video = self.video
+        sent, fresh = video.sent, video.sent - video.repeated
+        due = sent + video.missed  # a skipped deadline is a frame the viewer never got
+        lips = sorted(self.speech_to_lips)
+        return {
+            "frames_sent": sent,
+            "frames_fresh": fresh,
+            "frames_repeated": video.repeated,
+            "frames_dropped": video.dropped,
+            "frames_missed": video.missed,
+            "fresh_share": round(fresh / due, 4) if due else None,
+            "ttff_ms": ms(self.ttff_s),
+            "speech_to_lips_p50_ms": ms(lips[len(lips) // 2]) if lips else None,
+            "speech_to_lips_p95_ms": ms(lips[int(len(lips) * 0.95)]) if lips else None,
+        }
+
+
+def ms(seconds: float | None) -> int | None:
+    return None if seconds is None else round(seconds * 1000)
 
 
 def _ignore(*args: object) -> None:

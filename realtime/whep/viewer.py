@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiortc import RTCPeerConnection
 
-from realtime.teardown import release_peer_connection
+from realtime.connection import release_peer_connection
 
 if TYPE_CHECKING:
     from realtime.whep.encoder import SharedVideoEncoder
