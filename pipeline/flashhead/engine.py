@@ -23,7 +23,6 @@ H, W pixels.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -44,8 +43,8 @@ from pipeline.models.wan.vae import WanVAE, load_wan_vae
 from pipeline.models.wav2vec2 import SpeechFeatures
 from pipeline.module import DTYPES
 from pipeline.schedule import Chunk, ChunkPlan, StreamStep
-from pipeline.stream import FrameBatch, StageTimes
-from pipeline.timeline import AudioTimeline
+from pipeline.stream import FrameBatch
+from pipeline.windowed_stream import WindowedStream, to_uint8_frames
 
 
 def model_dtype(cfg: FacecastConfig, device: torch.device) -> torch.dtype:
@@ -209,7 +208,7 @@ class FlashHeadEngine:
         return len(blocks)
 
 
-class FlashHeadStream:
+class FlashHeadStream(WindowedStream):
     """One open-ended stream of one reference: push audio, collect frames in order."""
 
     def __init__(
@@ -219,14 +218,9 @@ class FlashHeadStream:
         seed: int,
         sinks: list[Callable[[FrameBatch], None]],
     ) -> None:
+        fh = engine.cfg.flashhead
+        super().__init__(engine.cfg, fh.audio_window_seconds * MODEL_RATE, sinks)
         self.engine = engine
-        self.cfg = engine.cfg
-        fh = self.cfg.flashhead
-        self.sinks = sinks
-        self.plan = ChunkPlan(self.cfg.schedule)
-        self.times = StageTimes()
-        self.timeline = AudioTimeline()
-        self.window = fh.audio_window_seconds * MODEL_RATE
         self.generator = torch.Generator(device=engine.device).manual_seed(seed)
         t = time.perf_counter()
         v, dev, dtype = self.cfg.video, engine.device, engine.dtype
@@ -238,53 +232,14 @@ class FlashHeadStream:
             self.ref_lat: Tensor | None = self._encode(ref.repeat(1, 1, fh.chunk_frames, 1, 1))[0]
             self.motion: Tensor | None = self.ref_lat[:, :1].clone()
         self.times.add("init", time.perf_counter() - t)
-        self.next_n = 0
-        self.frames_emitted = 0
-        self.total_frames: int | None = None
-        self.chunk_log: deque[Chunk] = deque(maxlen=64)
-        self.closed = False
 
-    # -- streaming API (pipeline.stream.AvatarStream) --------------------------------------
-    def push_audio(self, samples: np.ndarray) -> None:
-        if self.total_frames is not None:
-            raise RuntimeError("push_audio after finish(): the stream has ended")
-        self.timeline.append(samples)
-
-    def samples_needed(self) -> int:
-        if self.total_frames is not None:
-            return 0
-        return max(0, self._chunk_end(self.next_n) - self.timeline.total)
-
-    def generate_ready(self) -> list[FrameBatch]:
-        out: list[FrameBatch] = []
-        while self.total_frames is None and self.timeline.total >= self._chunk_end(self.next_n):
-            out.append(self._advance())
-        return out
-
-    def finish(self) -> list[FrameBatch]:
-        """End of audio: the chunks that cover it (silence after it), frames trimmed."""
-        if self.total_frames is not None:
-            return []
-        self.total_frames = round(self.timeline.total / MODEL_SAMPLES_PER_FRAME)
-        out: list[FrameBatch] = []
-        while self.frames_emitted < self.total_frames:
-            out.append(self._advance())
-        self._release()
-        return out
-
-    def close(self) -> None:
-        self._release()
-        self.closed = True
-
-    # -- internals ---------------------------------------------------------------------
-    def _chunk_end(self, k: int) -> int:
-        """The model-rate sample chunk k's audio ends at."""
+    def audio_end(self, k: int) -> int:
+        """Chunk k's audio ends with its last frame (no lookahead)."""
         return self.plan.n_end(k) * MODEL_SAMPLES_PER_FRAME
 
     def _audio(self, k: int) -> Tensor:
         """(1, F, 5, layers, width): the chunk's frames' feature windows."""
-        end = self._chunk_end(k)
-        audio = self.timeline.read(end - self.window, end)
+        audio, _ = self.window_audio(k)
         window_frames = self.window * FPS // MODEL_RATE
         feats = self.engine.models.speech.frames(audio, window_frames)
         idx = window_indices(self.cfg.flashhead.chunk_frames, window_frames).to(feats.device)
@@ -298,13 +253,11 @@ class FlashHeadStream:
             return vae.encode(video_B3FHW, sample=True, generator=self.generator)
         return vae.encode(video_B3FHW)
 
-    def _advance(self) -> FrameBatch:
+    def make_chunk(self, k: int, chunk: Chunk) -> np.ndarray:
         if self.ref_lat is None or self.motion is None:
             raise RuntimeError("the stream is closed")
-        engine, k = self.engine, self.next_n
+        engine = self.engine
         models, dev, dtype = engine.models, engine.device, engine.dtype
-        chunk = self.plan.n_chunk(k)
-        self.chunk_log.append(chunk)
         t = time.perf_counter()
         with torch.inference_mode():
             audio = self._audio(k).to(dev)
@@ -323,21 +276,8 @@ class FlashHeadStream:
             t = time.perf_counter()
             self.motion = self._encode(video[:, :, -engine.motion_frames :])[0]
             self.times.add("encode", time.perf_counter() - t)
-            new = video[0, :, engine.motion_frames :].float()
-            # [-1, 1] → 0..255, truncated as the authors' writer does (astype(uint8))
-            frames = (((new + 1) / 2).clamp(0, 1) * 255).permute(1, 2, 3, 0).to(torch.uint8)
-            frames_np = frames.cpu().numpy()
-        self.next_n += 1
-        self.timeline.drop_before(self._chunk_end(self.next_n) - self.window)
-        start = chunk.start
-        if self.total_frames is not None:
-            frames_np = frames_np[: max(0, self.total_frames - start)]
-        batch = FrameBatch(start, frames_np)
-        self.frames_emitted = start + len(frames_np)
-        for sink in self.sinks:
-            sink(batch)
-        return batch
+            return to_uint8_frames(video[0, :, engine.motion_frames :])
 
-    def _release(self) -> None:
+    def release(self) -> None:
         self.ref_lat = None
         self.motion = None

@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,8 +57,8 @@ from pipeline.models.wan.s2v_weights import load_published
 from pipeline.models.wan.vae import WanDecodeStream, WanVAE, load_wan_vae
 from pipeline.module import DTYPES
 from pipeline.schedule import Chunk, ChunkPlan, StreamStep
-from pipeline.stream import FrameBatch, StageTimes
-from pipeline.timeline import AudioTimeline
+from pipeline.stream import FrameBatch
+from pipeline.windowed_stream import WindowedStream, to_uint8_frames
 
 log = logging.getLogger("facecast.liveavatar")
 
@@ -224,7 +224,7 @@ def load_transformer(
     return model.eval().requires_grad_(False)
 
 
-class LiveAvatarStream:
+class LiveAvatarStream(WindowedStream):
     """One open-ended stream of one reference: push audio, collect frames in order."""
 
     def __init__(
@@ -235,14 +235,9 @@ class LiveAvatarStream:
         sinks: list[Callable[[FrameBatch], None]],
         prompt_features: Tensor,
     ) -> None:
+        la = engine.cfg.liveavatar
+        super().__init__(engine.cfg, round(la.audio_window_seconds * MODEL_RATE), sinks)
         self.engine = engine
-        self.cfg = engine.cfg
-        la = self.cfg.liveavatar
-        self.sinks = sinks
-        self.plan = ChunkPlan(self.cfg.schedule)
-        self.times = StageTimes()
-        self.timeline = AudioTimeline()
-        self.window = round(la.audio_window_seconds * MODEL_RATE)
         self.lookahead = self.cfg.lookahead_frames * MODEL_SAMPLES_PER_FRAME
         self.generator = torch.Generator(device=engine.device).manual_seed(seed)
         t = time.perf_counter()
@@ -265,70 +260,28 @@ class LiveAvatarStream:
             self.decoder.decode(motion)
         self.latent_hw = (h, w)
         self.times.add("init", time.perf_counter() - t)
-        self.next_n = 0
-        self.frames_emitted = 0
-        self.total_frames: int | None = None
-        self.chunk_log: deque[Chunk] = deque(maxlen=64)
-        self.closed = False
 
-    # -- streaming API (pipeline.stream.AvatarStream) --------------------------------------
-    def push_audio(self, samples: np.ndarray) -> None:
-        if self.total_frames is not None:
-            raise RuntimeError("push_audio after finish(): the stream has ended")
-        self.timeline.append(samples)
-
-    def samples_needed(self) -> int:
-        if self.total_frames is not None:
-            return 0
-        return max(0, self._audio_end(self.next_n) - self.timeline.total)
-
-    def generate_ready(self) -> list[FrameBatch]:
-        out: list[FrameBatch] = []
-        while self.total_frames is None and self.timeline.total >= self._audio_end(self.next_n):
-            out.append(self._advance())
-        return out
-
-    def finish(self) -> list[FrameBatch]:
-        """End of audio: the blocks that cover it (silence after it), frames trimmed."""
-        if self.total_frames is not None:
-            return []
-        self.total_frames = round(self.timeline.total / MODEL_SAMPLES_PER_FRAME)
-        out: list[FrameBatch] = []
-        while self.frames_emitted < self.total_frames:
-            out.append(self._advance())
-        self._release()
-        return out
-
-    def close(self) -> None:
-        self._release()
-        self.closed = True
-
-    # -- internals ---------------------------------------------------------------------
-    def _audio_end(self, k: int) -> int:
-        """The model-rate sample block k's audio window ends at (its lookahead included)."""
+    def audio_end(self, k: int) -> int:
+        """Block k's window ends `audio_lookahead_frames` after its last frame."""
         return self.plan.n_end(k) * MODEL_SAMPLES_PER_FRAME + self.lookahead
 
     def _audio(self, k: int, chunk: Chunk) -> Tensor:
         """(1, S, A, frames): the block's frames' wav2vec2 hidden states."""
-        end = self._audio_end(k)
-        audio = self.timeline.read(end - self.window, end)
+        audio, first_sample = self.window_audio(k)
         speech = self.engine.models.speech
-        first_frame = (end - self.window) // MODEL_SAMPLES_PER_FRAME
-        window_frames = self.window // MODEL_SAMPLES_PER_FRAME
+        first_frame = first_sample // MODEL_SAMPLES_PER_FRAME
         states = to_feature_rate(speech.hidden_states(audio))
-        feats_FSA = to_video_frames(states, FPS, window_frames)
+        feats_FSA = to_video_frames(states, FPS, self.window // MODEL_SAMPLES_PER_FRAME)
         lo = chunk.start - first_frame
         block = feats_FSA[lo : lo + chunk.length]
         return block.permute(1, 2, 0)[None].to(self.engine.device, self.engine.dtype)
 
-    def _advance(self) -> FrameBatch:
+    def make_chunk(self, k: int, chunk: Chunk) -> np.ndarray:
         if self.cache is None or self.decoder is None:
             raise RuntimeError("the stream is closed")
-        engine, k = self.engine, self.next_n
+        engine = self.engine
         models, dev, dtype = engine.models, engine.device, engine.dtype
         transformer, la = models.transformer, self.cfg.liveavatar
-        chunk = self.plan.n_chunk(k)
-        self.chunk_log.append(chunk)
         t = time.perf_counter()
         with torch.inference_mode():
             feats = self._audio(k, chunk)
@@ -351,20 +304,8 @@ class LiveAvatarStream:
             t = time.perf_counter()
             video = self.decoder.decode(x)  # (1, 3, 12, H, W) in [-1, 1]
             self.times.add("decode", time.perf_counter() - t)
-            # [-1, 1] → 0..255, truncated as the authors' writer does (astype(uint8))
-            frames = (((video[0].float() + 1) / 2).clamp(0, 1) * 255).permute(1, 2, 3, 0)
-            frames_np = frames.to(torch.uint8).cpu().numpy()
-        self.next_n += 1
-        self.timeline.drop_before(self._audio_end(self.next_n) - self.window)
-        start = chunk.start
-        if self.total_frames is not None:
-            frames_np = frames_np[: max(0, self.total_frames - start)]
-        batch = FrameBatch(start, frames_np)
-        self.frames_emitted = start + len(frames_np)
-        for sink in self.sinks:
-            sink(batch)
-        return batch
+            return to_uint8_frames(video[0])
 
-    def _release(self) -> None:
+    def release(self) -> None:
         self.cache = None
         self.decoder = None

@@ -1,0 +1,123 @@
+"""The audio side of a real model's stream, written once: chunks made in order, each as soon
+as the audio it reads has arrived, each reading a window of the audio that ends with it.
+
+FlashHead (`pipeline.flashhead.engine`) and LiveAvatar (`pipeline.liveavatar.engine`) make
+their frames a chunk at a time (28 frames, or a 12-frame block) from the last few seconds of
+audio. What they share lives here: the audio timeline and how much of it is kept (one window
+back from the next chunk's end), when a chunk can run, the end of the audio (the chunks that
+cover it, the last one trimmed), frames handed to the sinks, in order, each once. A model's
+stream says where chunk k's audio ends (`audio_end`) and makes its frames (`make_chunk`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pipeline.clock import MODEL_SAMPLES_PER_FRAME
+from pipeline.config import FacecastConfig
+from pipeline.schedule import Chunk, ChunkPlan
+from pipeline.stream import FrameBatch, StageTimes
+from pipeline.timeline import AudioTimeline
+
+
+class WindowedStream:
+    """`pipeline.stream.AvatarStream` for a model whose chunk k reads the `window` samples
+    of audio before `audio_end(k)`. Subclasses implement `audio_end`, `make_chunk` and
+    `release` (drop what the stream holds on the device)."""
+
+    def __init__(
+        self,
+        cfg: FacecastConfig,
+        window: int,
+        sinks: list[Callable[[FrameBatch], None]],
+    ) -> None:
+        self.cfg = cfg
+        self.window = window  # model-rate samples a chunk reads, ending at its audio_end
+        self.sinks = sinks
+        self.plan = ChunkPlan(cfg.schedule)
+        self.times = StageTimes()
+        self.timeline = AudioTimeline()
+        self.next_n = 0
+        self.frames_emitted = 0
+        self.total_frames: int | None = None
+        self.chunk_log: deque[Chunk] = deque(maxlen=64)
+        self.closed = False
+
+    # -- what a model's stream says ----------------------------------------------------------
+    def audio_end(self, k: int) -> int:
+        """The model-rate sample chunk k waits for (its window ends there)."""
+        raise NotImplementedError
+
+    def make_chunk(self, k: int, chunk: Chunk) -> np.ndarray:
+        """Chunk k's frames, uint8 (N, H, W, 3), from the window ending at `audio_end(k)`."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Free what the stream holds (it makes no more chunks after)."""
+        raise NotImplementedError
+
+    # -- streaming API (pipeline.stream.AvatarStream) --------------------------------------
+    def push_audio(self, samples: np.ndarray) -> None:
+        if self.total_frames is not None:
+            raise RuntimeError("push_audio after finish(): the stream has ended")
+        self.timeline.append(samples)
+
+    def samples_needed(self) -> int:
+        if self.total_frames is not None:
+            return 0
+        return max(0, self.audio_end(self.next_n) - self.timeline.total)
+
+    def generate_ready(self) -> list[FrameBatch]:
+        out: list[FrameBatch] = []
+        while self.total_frames is None and self.timeline.total >= self.audio_end(self.next_n):
+            out.append(self._advance())
+        return out
+
+    def finish(self) -> list[FrameBatch]:
+        """End of audio: the chunks that cover it (silence after it), frames trimmed."""
+        if self.total_frames is not None:
+            return []
+        self.total_frames = round(self.timeline.total / MODEL_SAMPLES_PER_FRAME)
+        out: list[FrameBatch] = []
+        while self.frames_emitted < self.total_frames:
+            out.append(self._advance())
+        self.release()
+        return out
+
+    def close(self) -> None:
+        self.release()
+        self.closed = True
+
+    def window_audio(self, k: int) -> tuple[np.ndarray, int]:
+        """Chunk k's window of audio (zeros before the stream began) and the sample it
+        starts at."""
+        end = self.audio_end(k)
+        return self.timeline.read(end - self.window, end), end - self.window
+
+    def _advance(self) -> FrameBatch:
+        k = self.next_n
+        chunk = self.plan.n_chunk(k)
+        self.chunk_log.append(chunk)
+        frames = self.make_chunk(k, chunk)
+        self.next_n += 1
+        self.timeline.drop_before(self.audio_end(self.next_n) - self.window)
+        start = chunk.start
+        if self.total_frames is not None:
+            frames = frames[: max(0, self.total_frames - start)]
+        batch = FrameBatch(start, frames)
+        self.frames_emitted = start + len(frames)
+        for sink in self.sinks:
+            sink(batch)
+        return batch
+
+
+def to_uint8_frames(video_3FHW: Tensor) -> np.ndarray:
+    """[-1, 1] pixels → uint8 (F, H, W, 3) on the host, truncated as the authors' writers do
+    (`astype(uint8)`), for every stream here."""
+    frames = (((video_3FHW.float() + 1) / 2).clamp(0, 1) * 255).permute(1, 2, 3, 0)
+    return frames.to(torch.uint8).cpu().numpy()
