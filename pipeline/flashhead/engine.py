@@ -38,7 +38,7 @@ from pipeline.flashhead.color import ColorMatch
 from pipeline.flashhead.framing import cover_and_crop
 from pipeline.flashhead.weights import load_dit, release_paths
 from pipeline.models.ltx.vae import LtxVae, load_ltx_vae
-from pipeline.models.wan.dit import WanAudioDiT
+from pipeline.models.wan.dit import WanAudioDiT, wan_fp8_targets
 from pipeline.models.wan.vae import WanVAE, load_wan_vae
 from pipeline.models.wav2vec2 import SpeechFeatures
 from pipeline.module import DTYPES
@@ -185,13 +185,7 @@ class FlashHeadEngine:
 
     def fp8_targets(self, scaling: str) -> list[tuple[torch.nn.Module, str]]:
         """(parent, attribute) of the linears FP8 replaces: the blocks' token-wise ones."""
-        out: list[tuple[torch.nn.Module, str]] = []
-        for block in self.models.dit.audio_blocks():
-            out += [(block.self_attn, "qkv"), (block.cross_attn, "q")]
-            if scaling == "row":
-                out += [(block.self_attn, "o"), (block.cross_attn, "o")]
-            out += [(block.ffn, "0"), (block.ffn, "2")]
-        return out
+        return wan_fp8_targets(self.models.dit.audio_blocks(), scaling)
 
     def compile(self, mode: str | None = None) -> int:
         """torch.compile each DiT block and, on a GPU, the VAE's decoder (its norms, SiLUs,

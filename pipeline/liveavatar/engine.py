@@ -51,6 +51,7 @@ from pipeline.flashhead.framing import cover_and_crop
 from pipeline.liveavatar.weights import read_merged_state, read_transformer_config, release_paths
 from pipeline.models.s2v_speech import S2VSpeechFeatures, to_feature_rate, to_video_frames
 from pipeline.models.umt5 import PromptEncoder
+from pipeline.models.wan.dit import wan_fp8_targets
 from pipeline.models.wan.s2v import S2VConfig, S2VTransformer, euler_sigmas
 from pipeline.models.wan.s2v_cache import S2VCache
 from pipeline.models.wan.s2v_weights import load_published
@@ -191,13 +192,7 @@ class LiveAvatarEngine:
 
     def fp8_targets(self, scaling: str) -> list[tuple[torch.nn.Module, str]]:
         """(parent, attribute) of the linears FP8 replaces: each layer's token-wise ones."""
-        out: list[tuple[torch.nn.Module, str]] = []
-        for block in self.models.transformer.layers():
-            out += [(block.self_attn, "qkv"), (block.cross_attn, "q")]
-            if scaling == "row":
-                out += [(block.self_attn, "o"), (block.cross_attn, "o")]
-            out += [(block.ffn, "0"), (block.ffn, "2")]
-        return out
+        return wan_fp8_targets(self.models.transformer.layers(), scaling)
 
 
 def prompt_dtype(device: torch.device) -> torch.dtype:

@@ -21,6 +21,7 @@ per latent frame, D model width, N heads, H head dim.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -279,3 +280,19 @@ class WanAudioDiT(nn.Module):
         return x.permute(0, 7, 1, 4, 2, 5, 3, 6).reshape(
             x_BLK.shape[0], self.cfg.out_dim, T * pt, h * ph, w * pw
         )
+
+
+def wan_fp8_targets(blocks: Sequence[nn.Module], scaling: str) -> list[tuple[nn.Module, str]]:
+    """(parent, attribute) of the linears FP8 replaces in Wan-style blocks (FlashHead's,
+    S2V's): self-attention's fused q/k/v, the cross-attention's q and the FFN's two, all
+    token-wise; with per-row scales also the two output projections."""
+    out: list[tuple[nn.Module, str]] = []
+    for block in blocks:
+        self_attn, cross_attn, ffn = block.self_attn, block.cross_attn, block.ffn
+        assert isinstance(self_attn, nn.Module) and isinstance(cross_attn, nn.Module)
+        assert isinstance(ffn, nn.Module)
+        out += [(self_attn, "qkv"), (cross_attn, "q")]
+        if scaling == "row":
+            out += [(self_attn, "o"), (cross_attn, "o")]
+        out += [(ffn, "0"), (ffn, "2")]
+    return out
