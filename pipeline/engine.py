@@ -25,7 +25,6 @@ from torch import Tensor, nn
 from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
 from pipeline.errors import ConfigError
-from pipeline.families import no_prompt
 from pipeline.models.build import build_models, module_dtype
 from pipeline.models.vae import Cache
 from pipeline.module import Module, resolve_weights_dir
@@ -37,7 +36,7 @@ from pipeline.stages.context import ContextStage
 from pipeline.stages.decode import DecodeStage
 from pipeline.stages.init import InitStage, ReferenceCond
 from pipeline.stages.sr import SRStage
-from pipeline.stream import FrameBatch, StageTimes
+from pipeline.stream import FrameBatch, StageTimes, no_prompt
 from pipeline.timeline import AudioTimeline
 
 if TYPE_CHECKING:

@@ -97,15 +97,6 @@ FAMILIES = (
 )
 
 
-def no_prompt(cfg: FacecastConfig, prompt: str | None) -> None:
-    """The one refusal of a prompt by an engine whose model reads none."""
-    if prompt is not None:
-        raise ConfigError(
-            f"config {cfg.name!r} ({family_of(cfg).summary}) reads no prompt; "
-            "only --model liveavatar does"
-        )
-
-
 @dataclass(frozen=True)
 class RealModel:
     """A real open model users download: its preset in `configs/` (same name), the config

@@ -89,3 +89,11 @@ class StreamingEngine(Protocol):
         """A stream of `reference_rgb`. `prompt`: what the video shows, in words, for a model
         that reads one (`pipeline.families.Family.prompts`); the others refuse one."""
         ...
+
+
+def no_prompt(cfg: FacecastConfig, prompt: str | None) -> None:
+    """The one refusal of a prompt by an engine whose model reads none."""
+    if prompt is not None:
+        from pipeline.errors import ConfigError
+
+        raise ConfigError(f"config {cfg.name!r} reads no prompt; only --model liveavatar does")

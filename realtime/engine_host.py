@@ -69,6 +69,8 @@ class InProcessEngine:
     def new_stream(
         self, reference_rgb: Reference, seed: int = 0, prompt: str | None = None
     ) -> AvatarStream:
+        if prompt is None:  # the keyword only when given: engines of integrations may lack it
+            return self.engine.new_stream(reference_rgb, seed=seed)
         return self.engine.new_stream(reference_rgb, seed=seed, prompt=prompt)
 
     def gpu_memory_peak(self) -> int | None:

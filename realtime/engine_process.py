@@ -219,7 +219,11 @@ def _handle(engine, sessions: dict, op: str, args: list):
         return torch.cuda.max_memory_allocated(engine.device)
     if op == "open":
         sid, reference, seed, prompt, shm_name, max_frames = args
-        session = engine.new_stream(reference, seed=seed, prompt=prompt)
+        session = (
+            engine.new_stream(reference, seed=seed)
+            if prompt is None
+            else engine.new_stream(reference, seed=seed, prompt=prompt)
+        )
         # the server owns and unlinks the buffer (a spawned child shares its resource
         # tracker, so attaching here registers nothing new)
         sessions[sid] = (session, SharedMemory(name=shm_name), max_frames)

@@ -201,7 +201,8 @@ async def _offer(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     require_engine(service)
     body = await json_body(request)
-    offer = parse_offer(body, kvs=service.config.kvs is not None, prompts=prompt_refusal(service))
+    refusal = prompt_refusal(service) if "prompt" in body else None
+    offer = parse_offer(body, kvs=service.config.kvs is not None, prompts=refusal)
     offer.photo = await offer_photo(service, body)  # checked before it takes a slot
     session = await open_session(service, offer)
     answer = session.pc.localDescription

@@ -131,11 +131,13 @@ class Service:
         """An engine stream of the server's reference, or of the offer's own photo; with
         the offer's prompt, for a model that reads one (None: the server's)."""
         engine = self.warm_engine()
-        if photo is not None:
-            return engine.new_stream(photo, seed=seed, prompt=prompt)
-        if self.reference is None:
+        if photo is None and self.reference is None:
             self.reference = load_reference(self.config.reference, engine.cfg, self.config.face_box)
-        return engine.new_stream(self.reference, seed=seed, prompt=prompt)
+        reference = photo if photo is not None else self.reference
+        assert reference is not None
+        if prompt is None:  # the keyword only when given: engines of integrations may lack it
+            return engine.new_stream(reference, seed=seed)
+        return engine.new_stream(reference, seed=seed, prompt=prompt)
 
     async def on_session_closed(self, session: PeerSession) -> None:
         if self.sessions.pop(session.id, None) is not None:

@@ -33,7 +33,6 @@ from torch import Tensor, nn
 from pipeline.clock import FPS, MODEL_RATE, MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
 from pipeline.errors import ConfigError
-from pipeline.families import no_prompt
 from pipeline.flashhead.color import ColorMatch
 from pipeline.flashhead.framing import cover_and_crop
 from pipeline.flashhead.weights import load_dit, release_paths
@@ -43,7 +42,7 @@ from pipeline.models.wan.vae import WanVAE, load_wan_vae
 from pipeline.models.wav2vec2 import SpeechFeatures
 from pipeline.module import DTYPES
 from pipeline.schedule import Chunk, ChunkPlan, StreamStep
-from pipeline.stream import FrameBatch
+from pipeline.stream import FrameBatch, no_prompt
 from pipeline.windowed_stream import WindowedStream, to_uint8_frames
 
 

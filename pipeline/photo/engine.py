@@ -26,14 +26,13 @@ import torch
 
 from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
-from pipeline.families import no_prompt
 from pipeline.module import Module, build_seeded, resolve_weights_dir
 from pipeline.photo.face import FaceGeometry, PreparedPhoto, prepare_photo
 from pipeline.photo.idle import IdleMotion
 from pipeline.photo.motion import MotionNet, window_frames
 from pipeline.photo.warp import WarpDecoder
 from pipeline.schedule import Chunk, ChunkPlan, StreamStep
-from pipeline.stream import FrameBatch, StageTimes
+from pipeline.stream import FrameBatch, StageTimes, no_prompt
 from pipeline.timeline import AudioTimeline
 
 
