@@ -151,9 +151,9 @@ async def test_three_viewers_watch_one_generation_and_one_leaving_changes_nothin
         opened = []
         open_engine_stream = service.open_engine_stream
 
-        def counting(seed: int, photo=None):  # every engine session the server opens
+        def counting(seed: int, photo=None, prompt=None):  # every engine session it opens
             opened.append(seed)
-            return open_engine_stream(seed, photo)
+            return open_engine_stream(seed, photo, prompt)
 
         service.open_engine_stream = counting
         source = PcmSource.from_wav(speech.path, loop=True)  # it keeps talking
