@@ -321,48 +321,28 @@ def test_render_a_random_release_of_pro_and_lite_through_the_command_line(releas
 @pytest.mark.timeout(300)
 async def test_serve_a_random_release_to_an_aiortc_client_for_30_seconds(release, tmp_path):
     import asyncio
-    import socket
-    import time
 
-    from support.realtime import make_speech_wav
+    import aiohttp
+    from support.realtime import make_speech_wav, served
 
-    from realtime.client import FacecastClient, PcmSource, wait_until_ready
+    from realtime.client import FacecastClient, PcmSource
 
     weights, wav2vec = release
     speech = make_speech_wav(tmp_path / "speech.wav", [0.5, "Hello, I am a real model now.", 1.0])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once; the server runs beside the loop
-        [sys.executable, "-m", "facecast", "serve", "--port", str(port), "--device", "cpu",
-         "--model", "flashhead-pro", "--weights", str(weights), "--wav2vec", str(wav2vec),
-         "--reference", str(PORTRAIT), "--set", "video.width=16", "--set", "video.height=16"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                await asyncio.sleep(0.2)
-        await wait_until_ready(url, timeout=180)
+    async with served(
+        "--device", "cpu", "--model", "flashhead-pro", "--weights", str(weights),
+        "--wav2vec", str(wav2vec), "--reference", str(PORTRAIT),
+        "--set", "video.width=16", "--set", "video.height=16", ready_timeout=180,
+    ) as url:  # fmt: skip
         client = FacecastClient(url, PcmSource.from_wav(speech.path, loop=True))
         await client.connect()
         await asyncio.sleep(30)
-        import aiohttp
-
         async with aiohttp.ClientSession() as http:
             listed = (await (await http.get(f"{url}/sessions")).json())["sessions"]
         await client.close()
         stats = next(s for s in listed if s["id"] == client.session_id)
         assert stats["frames_sent"] >= 25 * 30 - 75, stats
         assert stats["fresh_share"] >= 0.98, stats
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def test_serve_refuses_a_broken_release_before_it_listens(release, tmp_path):

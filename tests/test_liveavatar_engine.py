@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import av
@@ -233,32 +231,17 @@ async def test_serve_a_random_release_to_an_aiortc_client_for_30_seconds(release
     """Slower than real time on a CPU: every frame it makes reaches the client, in sync
     (the playout shows a slow engine's frames rather than dropping them as late)."""
     import aiohttp
-    from support.realtime import make_speech_wav
+    from support.realtime import make_speech_wav, served
 
-    from realtime.client import FacecastClient, PcmSource, wait_until_ready
+    from realtime.client import FacecastClient, PcmSource
 
     weights, lora = release
     speech = make_speech_wav(tmp_path / "speech.wav", [0.5, "Hello, I am a big model.", 1.0])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once; the server runs beside the loop
-        [sys.executable, "-m", "facecast", "serve", "--port", str(port), "--device", "cpu",
-         "--model", "liveavatar", "--weights", str(weights), "--lora", str(lora),
-         "--reference", str(PORTRAIT), "--set", f"video.width={SIZE}",
-         "--set", f"video.height={SIZE}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                await asyncio.sleep(0.2)
-        await wait_until_ready(url, timeout=240)
+    async with served(
+        "--device", "cpu", "--model", "liveavatar", "--weights", str(weights), "--lora",
+        str(lora), "--reference", str(PORTRAIT), "--set", f"video.width={SIZE}",
+        "--set", f"video.height={SIZE}",
+    ) as url:  # fmt: skip
         prompt = {"prompt": "An old sailor tells a story."}  # this session's own words
         client = FacecastClient(
             url, PcmSource.from_wav(speech.path, loop=True), offer_options=prompt
@@ -278,6 +261,3 @@ async def test_serve_a_random_release_to_an_aiortc_client_for_30_seconds(release
         assert stats["frames_dropped"] <= 0.1 * made, stats
         assert stats["frames_fresh"] >= 0.9 * (made - stats["frames_queued"]), stats
         assert stats["ttff_ms"] is not None, stats
-    finally:
-        proc.terminate()
-        proc.wait(30)

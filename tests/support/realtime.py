@@ -124,6 +124,49 @@ async def running_server(
         await runner.cleanup()
 
 
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.asynccontextmanager
+async def served(*args: str, ready_timeout: float = 240) -> AsyncIterator[str]:
+    """`facecast serve ARGS` in its own process on a free loopback port, as a user starts
+    it; yields its URL once it says it is ready, and stops it after. Its log goes to a
+    file (a pipe nobody reads would stall it), whose tail is printed if the block fails."""
+    import socket
+    import sys
+    import tempfile
+
+    from realtime.client import wait_until_ready
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - closed below, after the process
+    proc = subprocess.Popen(  # noqa: ASYNC220 - returns at once; the server runs beside the loop
+        [sys.executable, "-m", "facecast", "serve", "--port", str(port), *args],
+        stdout=subprocess.DEVNULL, stderr=log, cwd=PROJECT_ROOT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                await asyncio.sleep(0.2)
+        await wait_until_ready(url, timeout=ready_timeout)
+        yield url
+    except BaseException:
+        log.seek(0)
+        print(log.read()[-3000:].decode(errors="replace"), file=sys.stderr)
+        raise
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+
+
 async def wait_until(predicate, timeout: float, interval: float = 0.1) -> float:
     """Poll `predicate` until true; returns seconds waited (AssertionError on timeout)."""
     loop = asyncio.get_running_loop()
