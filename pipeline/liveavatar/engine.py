@@ -100,7 +100,6 @@ class LiveAvatarEngine:
         la = cfg.liveavatar
         timesteps, sigmas = euler_sigmas(la.steps, la.shift)
         self.timesteps, self.sigmas = timesteps.to(device), sigmas.to(device)
-        self.block_frames = models.transformer.cfg.frames_per_block * cfg.vae_temporal_stride
         self._prompt_features: OrderedDict[str, Tensor] = OrderedDict()
 
     @classmethod
@@ -115,14 +114,12 @@ class LiveAvatarEngine:
         dtype = model_dtype(cfg, dev)
         paths = release_paths(la.weights)
         transformer = load_transformer(paths.root, la.lora, dev, dtype)
-        v, block = cfg.video, transformer.cfg.frames_per_block * cfg.vae_temporal_stride
+        block = transformer.cfg.frames_per_block * cfg.vae_temporal_stride
         if block != cfg.schedule.chunk_latents:
             raise ConfigError(
                 f"{paths.config}: blocks of {transformer.cfg.frames_per_block} latent frames "
                 f"make {block} video frames, the config's schedule {cfg.schedule.chunk_latents}"
             )
-        if (v.height // 8) % 8 or (v.width // 8) % 8:
-            raise ConfigError(f"video {v.width}x{v.height}: LiveAvatar needs multiples of 64")
         vae = load_wan_vae(paths.vae, dev, dtype, config=None)
         speech = S2VSpeechFeatures(la.wav2vec or paths.wav2vec, dev, dtype)
         s2v = transformer.cfg

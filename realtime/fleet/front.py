@@ -95,7 +95,8 @@ def worker_config(config: ServerConfig, options: FleetOptions) -> ServerConfig:
 async def _offer(request: web.Request) -> web.Response:
     body = await json_body(request)
     pool = request.app[POOL]
-    refusal = model_prompt_refusal(pool) if "prompt" in body else None
+    # the workers' config is read from disk: off the event loop
+    refusal = await asyncio.to_thread(model_prompt_refusal, pool) if "prompt" in body else None
     offer = parse_offer(body, kvs=pool.worker_config.kvs is not None, prompts=refusal)
     photo = await offer_photo(request, body)  # checked before any worker is asked
     sdp = offer.description.sdp
