@@ -81,6 +81,14 @@ class InProcessEngine:
         """Nothing to free early: the engine's memory goes with the server's process."""
 
 
+def cpu_engine_threads() -> int:
+    """torch's threads for an engine on a CPU beside the media loop: every core but one. An
+    engine whose threads outnumber the free cores stalls at every barrier (the demo on 2
+    cores beside a busy loop: 0.25 s a step alone, 0.76 s with 2 threads, 0.41 s either way
+    with 1; the tiny config with Chromium beside it: 1.8 s against 0.18 s)."""
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
 def engine_in_own_process(options: EngineOptions) -> bool:
     """Where the engine runs unless told: in a process of its own on a CPU (one core left
     to the media loop), in the server's process on a GPU (bench/RESULTS.md has both)."""
@@ -107,10 +115,7 @@ def host_engine(options: EngineOptions, own_process: bool | None = None) -> Host
         own_process = engine_in_own_process(options)
     if own_process:
         if options.device == "cpu" and options.threads is None:
-            # leave a core to the media loop: an engine whose threads outnumber the free
-            # cores stalls at every barrier (the demo on 2 cores beside a busy loop: 0.25 s
-            # a step alone, 0.76 s with 2 threads, 0.41 s either way with 1)
-            options = dataclasses.replace(options, threads=max(1, (os.cpu_count() or 2) - 1))
+            options = dataclasses.replace(options, threads=cpu_engine_threads())
         hosted = EngineProcess(options)
         torch.set_num_threads(1)  # this process only runs the VAD now
         return hosted

@@ -22,7 +22,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-from support.realtime import make_speech_wav, normalized_xcorr_peak
+from support.realtime import REAL_TIME_ON_A_SHARED_CPU, make_speech_wav, normalized_xcorr_peak
 
 from pipeline.startup import EngineOptions
 from realtime.call import call_stats
@@ -89,6 +89,7 @@ def moving(client: FacecastClient) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+@REAL_TIME_ON_A_SHARED_CPU
 async def test_two_nodes_one_slot_each(cluster, voices):
     a_wav, b_wav = voices
     async with running_front("fleet-two", workers=2, per_worker=1) as (url, pool):

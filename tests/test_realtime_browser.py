@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-from support.realtime import make_speech_wav, running_server, wait_until
+from support.realtime import REAL_TIME_ON_A_SHARED_CPU, make_speech_wav, running_server, wait_until
 
 from realtime.service import SERVICE
 
@@ -35,6 +35,7 @@ def chromium_args(wav: str) -> list[str]:
 
 
 @pytest.mark.timeout(180)
+@REAL_TIME_ON_A_SHARED_CPU
 async def test_browser_autostart_plays_the_avatar_at_25_fps(tmp_path):
     from playwright.async_api import async_playwright
 
@@ -56,6 +57,7 @@ async def test_browser_autostart_plays_the_avatar_at_25_fps(tmp_path):
             stats = await page.evaluate("({...window.facecastStats})")
             shot = await page.locator("#avatar").screenshot()
             assert len(app[SERVICE].sessions) == 1
+            (served,) = [live.stats() for live in app[SERVICE].sessions.values()]
             # a DOM click on the button itself: immune to the message line reflowing the page
             await page.locator("#disconnect").dispatch_event("click")
             try:
@@ -71,11 +73,12 @@ async def test_browser_autostart_plays_the_avatar_at_25_fps(tmp_path):
     # framesDecoded and the browser's own timestamp of that reading, ~10 s apart
     window_s = (stats["statsAtMs"] - before["statsAtMs"]) / 1000
     fps = (stats["framesDecoded"] - before["framesDecoded"]) / window_s
-    assert window_s >= 9.0 and fps >= 24.0, (before, stats)
+    assert window_s >= 9.0 and fps >= 24.0, (before, stats, served)
     assert stats["state"] == "connected" and stats["ttffMs"] > 0
     assert {"ttffMs", "framesDecoded", "fps", "freezeCount", "state"} <= set(stats)
     # the page shows the server's own counters: every frame it sent was fresh
-    assert stats["freshShare"] is not None and float(stats["freshShare"].split()[0]) >= 98.0
+    assert stats["freshShare"] is not None, stats
+    assert float(stats["freshShare"].split()[0]) >= 98.0, served
     import av  # decode the PNG screenshot with PyAV: the video must show a picture
 
     with av.open(io.BytesIO(shot), format="png_pipe") as box:

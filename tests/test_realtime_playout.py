@@ -7,7 +7,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from support.realtime import ScriptedEngine, running_server
+from support.realtime import REAL_TIME_ON_A_SHARED_CPU, ScriptedEngine, running_server
 
 from realtime.client import FacecastClient, PcmSource
 from realtime.playout import PROBE_S, plan_playout, required_delay
@@ -133,6 +133,7 @@ async def test_engine_that_keeps_up_in_bursts_has_every_frame_fresh_and_on_its_b
 
 @pytest.mark.slow  # a served call for seconds
 @pytest.mark.timeout(60)
+@REAL_TIME_ON_A_SHARED_CPU
 async def test_engine_slower_than_real_time_shows_every_frame_it_makes_in_sync():
     engine = ScriptedEngine(rtf=1.25)  # 20 fps of frames, in 16-frame bursts
     seconds = 10.0
@@ -140,9 +141,11 @@ async def test_engine_slower_than_real_time_shows_every_frame_it_makes_in_sync()
     made = stats["frames_generated"]
     fresh = stats["frames_fresh"]
     assert stats["frames_skipped"] > 0  # audio it could never turn into frames in time
-    # fresh fps equals engine fps: what it makes is shown, not dropped as late
+    # fresh fps equals engine fps: what it makes is shown, not dropped as late. The frames
+    # of the last burst wait in the queue for their time when the counters are read (up to
+    # a step's 16): made, not yet due, and not lost
     assert stats["frames_dropped"] <= 0.05 * made, stats
-    assert fresh >= 0.95 * made, stats
+    assert fresh + stats["frames_queued"] >= 0.95 * made, stats
     shown = [i for i, _rgb, new in sink.video if new]
     span = (shown[-1] - shown[0]) / 25
     assert 18.0 <= len(shown) / span <= 21.0, len(shown) / span  # the engine's 20 fps

@@ -24,12 +24,17 @@ from aiortc import RTCPeerConnection
 from aiortc.contrib.media import MediaPlayer
 from prometheus_client import CollectorRegistry
 from support.gstreamer import needs_gstreamer, run_gst_peer
-from support.realtime import make_speech_wav, running_server, wait_until, whip_publish
+from support.realtime import (
+    REAL_TIME_ON_A_SHARED_CPU,
+    make_speech_wav,
+    running_server,
+    wait_until,
+    whip_publish,
+)
 from support.whep import Watcher, whep_watch
 
 from pipeline.clock import FPS, OUTPUT_RATE, VIDEO_CLOCK, VIDEO_TICKS_PER_FRAME
-from realtime.call import arrival_skew_ms
-from realtime.client import FacecastClient, PcmSource
+from realtime.client import FacecastClient, PcmSource, Received
 from realtime.ice_servers import parse_ice_server
 from realtime.service import SERVICE
 from realtime.whep import (
@@ -78,6 +83,16 @@ def av_skew_ms(w: Watcher, first_index: int, first_sample: int) -> float:
         statistics.median(t - pts / OUTPUT_RATE for pts, t in w.audio) - first_sample / OUTPUT_RATE
     )
     return (video - audio) * 1000
+
+
+def peer_skew_since(rec: Received, since: float) -> float:
+    """realtime.call.arrival_skew_ms of the session's own peer, over what arrived from
+    `since` on (ms)."""
+    video = zip(rec.video_pts, rec.video_arrival, strict=True)
+    audio = zip(rec.audio_pts, rec.audio_arrival, strict=True)
+    v = [t - pts / VIDEO_CLOCK for pts, t in video if t >= since]
+    a = [t - (pts - rec.audio_pts[0]) / OUTPUT_RATE for pts, t in audio if t >= since]
+    return (statistics.median(v) - statistics.median(a)) * 1000
 
 
 class Sent:
@@ -137,6 +152,7 @@ async def json_status(http, method: str, url: str, **kw) -> tuple[int, dict]:
 
 @pytest.mark.slow  # about a minute on a 2-core CPU
 @pytest.mark.timeout(240)
+@REAL_TIME_ON_A_SHARED_CPU
 async def test_three_viewers_watch_one_generation_and_one_leaving_changes_nothing(tmp_path):
     speech = make_speech_wav(
         tmp_path / "mic.wav",
@@ -186,10 +202,12 @@ async def test_three_viewers_watch_one_generation_and_one_leaving_changes_nothin
                     assert_every_frame(w, server.video.first_index, sent_by_session)
                     assert w.audio and pts_steps(w.audio) == {960}  # and all of the audio
                     skew = av_skew_ms(w, server.video.first_index, server.audio.first_sample)
-                    own = arrival_skew_ms(owner.received)  # the same, for the session's peer
+                    # the same, for the session's peer over the viewer's window (it drifts
+                    # by tens of ms in a call on a loaded CPU)
+                    own = peer_skew_since(owner.received, w.video[0][1])
                     print(f"WHEP viewer: video {skew:+.1f} ms after its audio (the session's "
                           f"own peer: {own:+.1f} ms)", file=sys.stderr)  # fmt: skip
-                    assert abs(skew - own) <= 20, (skew, own)  # in sync as the peer is
+                    assert abs(skew - own) <= 1000 / FPS, (skew, own)  # as the peer is, to a frame
                 # the same pictures: one encoder's bitstream, decoded alike by every player
                 first, *later = sorted(viewers, key=lambda w: w.posted)
                 for w in later:
@@ -358,6 +376,7 @@ async def test_whep_refuses_bad_requests_with_a_reason_and_the_session_runs_on(m
 
 @pytest.mark.slow  # watches for 8 s
 @pytest.mark.timeout(180)
+@REAL_TIME_ON_A_SHARED_CPU
 async def test_whep_discovery_ice_servers_trickle_and_one_encoder_per_codec():
     """HEAD/OPTIONS as the draft asks, ICE servers in Link headers, a player that trickles
     its candidates by PATCH, and VP8 and H.264 players of one session (one encoder each)."""
@@ -505,6 +524,7 @@ async def test_a_slow_viewer_or_encoder_never_stalls_the_session_or_the_other_vi
 @needs_gstreamer
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("codec", ["vp8", "h264"])
+@REAL_TIME_ON_A_SHARED_CPU
 async def test_webrtcbin_watches_a_whip_session_over_whep(codec, tmp_path):
     """OBS-style: a WHIP publisher speaks, GStreamer's webrtcbin watches over WHEP."""
     speech = make_speech_wav(tmp_path / "mic.wav", [0.3, "Watch me over WHEP.", 20.0])
@@ -587,6 +607,7 @@ async ([endpoint, seconds]) => {
 @pytest.mark.browser
 @pytest.mark.skipif(not shutil.which("/usr/bin/chromium"), reason="Debian chromium not installed")
 @pytest.mark.timeout(180)
+@REAL_TIME_ON_A_SHARED_CPU
 async def test_chromium_watches_a_session_over_whep(tmp_path):
     from playwright.async_api import async_playwright
 

@@ -21,10 +21,13 @@ from urllib.parse import urljoin, urlsplit
 import aiohttp
 import av
 import numpy as np
+import pytest
+import torch
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import AudioStreamTrack
 
 from pipeline.media import write_wav
+from realtime.engine_host import cpu_engine_threads
 
 RATE = 48_000
 
@@ -88,6 +91,14 @@ def tone_wav(path: Path, seconds: float, freq: float, amp: float = 0.3) -> np.nd
 _ENGINE = None
 
 
+# Rates and fresh-frame shares measured live on a shared 2-core machine: while Chromium, the
+# CPU engine and the encoders run, the hypervisor took 17-33 % of the CPU (vmstat's `st`,
+# 2026-12-02) and the tiny engine's steps went from 0.2 s to 1.5 s; a CI run failed three
+# such tests at once. A test whose threshold is a rate or a share runs again on an
+# AssertionError, twice at most: a regression fails every attempt.
+REAL_TIME_ON_A_SHARED_CPU = pytest.mark.flaky(reruns=2, only_rerun=["AssertionError"])
+
+
 def load_test_engine():
     """The real engine on CPU with the `tiny` config, started (warmed up) as `facecast
     serve` starts it, once per test process."""
@@ -111,7 +122,12 @@ async def running_server(
     from realtime.service import ServerConfig
 
     config = ServerConfig(port=0, **overrides)
-    engine = engine or await asyncio.to_thread(load_test_engine)
+    threads = torch.get_num_threads()
+    if engine is None:
+        # `facecast serve` on a CPU gives its engine every core but one (its own process);
+        # here it shares the test's process, so the process gets that count while serving
+        torch.set_num_threads(cpu_engine_threads())
+        engine = await asyncio.to_thread(load_test_engine)
     app = build_app(config, engine=engine, sink_factories=sink_factories)
     runner = FacecastRunner(app, handle_signals=False)
     await runner.setup()
@@ -122,6 +138,7 @@ async def running_server(
         yield f"http://127.0.0.1:{port}", app
     finally:
         await runner.cleanup()
+        torch.set_num_threads(threads)
 
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
