@@ -24,10 +24,11 @@ sysdeps:
 test: setup sysdeps
 	$(PY) -m pytest -q $(ARGS)
 
-# Everything but the `slow` and `browser` tests: the loop while editing. On a 2-core CPU
-# it took 75 s alone and 85-93 s beside other jobs. `make test` runs the slow tests too.
+# Everything but the `slow` and `browser` tests: the loop while editing, one worker a core,
+# each with one torch thread (two threads a worker on two cores stall at every barrier).
+# `make test` runs the slow tests too, in one process.
 test-fast: setup sysdeps
-	$(PY) -m pytest -q -m "not slow and not browser" $(ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --dist worksteal -m "not slow and not browser" $(ARGS)
 
 typecheck: setup
 	$(VENV)/bin/mypy

@@ -36,6 +36,7 @@ def test_bench_on_tiny_reports_every_field(tmp_path):
     assert "a2v->sr" in res["switch"]["idle_gap_seconds"]
 
 
+@pytest.mark.slow  # the bench command end to end
 def test_bench_command_writes_json_and_its_own_markdown_section(tmp_path):
     md = tmp_path / "RESULTS.md"
     md.write_text("# Facecast benchmark results\n\n## Kernels\n\nother helper's table\n")

@@ -126,6 +126,7 @@ def test_lip_sync_holds_across_identities(world, seed):
     assert s.lip_sync > 0.9
 
 
+@pytest.mark.slow  # runs the command line in a process of its own
 def test_cli_on_mp4_at_another_size(world, tmp_path):
     n = 250
     big = render_frames(world.ident, world.motion.slice(0, n), 256)

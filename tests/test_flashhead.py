@@ -205,6 +205,7 @@ def test_a_bad_config_json_and_a_missing_wav2vec_folder_are_one_line(release, tm
         start_engine(EngineOptions(model="flashhead-pro", device="cpu"))
 
 
+@pytest.mark.slow  # runs the command line in a process of its own
 def test_the_command_line_says_what_is_wrong_in_one_line_and_writes_nothing(release, tmp_path):
     weights, wav2vec = release
     out = tmp_path / "talk.mp4"
@@ -345,6 +346,7 @@ async def test_serve_a_random_release_to_an_aiortc_client_for_30_seconds(release
         assert stats["fresh_share"] >= 0.98, stats
 
 
+@pytest.mark.slow  # runs the command line in a process of its own
 def test_serve_refuses_a_broken_release_before_it_listens(release, tmp_path):
     weights, wav2vec = release
     broken = tmp_path / "broken"

@@ -6,6 +6,8 @@ import io
 import tokenize
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("pipeline", "realtime", "facecast")
 CLOCK = ROOT / "pipeline" / "clock.py"
@@ -166,6 +168,7 @@ def test_no_import_cycle():
     assert not cycles, cycles
 
 
+@pytest.mark.slow  # runs the command line in a process of its own
 def test_every_bench_script_starts():
     """Benchmarks run on the GPU machine, far from CI: each must at least import and parse
     its arguments here, so that a rename in the code is not found there."""

@@ -170,6 +170,7 @@ def test_render_and_score_a_random_release_through_the_command_line(release, tmp
     assert scores["n_seams"] == (len(frames) - 1) // BLOCK, scores  # a seam every block
 
 
+@pytest.mark.slow  # runs the command line in a process of its own
 def test_missing_lora_or_prompt_without_the_model_is_one_line(release, tmp_path):
     weights, lora = release
     with pytest.raises(ConfigError, match="--model liveavatar needs --lora"):
@@ -186,6 +187,7 @@ def test_missing_lora_or_prompt_without_the_model_is_one_line(release, tmp_path)
     assert "--prompt go with --model NAME" in run.stderr and not out.exists()
 
 
+@pytest.mark.slow  # runs the command line in a process of its own
 def test_an_incomplete_download_is_one_line_naming_the_file(release, tmp_path):
     """Each missing part is named at start-up (in-process here); through `render`, the
     same line, exit 2 and no output file."""
@@ -211,6 +213,7 @@ def test_an_incomplete_download_is_one_line_naming_the_file(release, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow  # runs the command line in a process of its own
 def test_serve_refuses_a_broken_release_before_it_listens(release, tmp_path):
     weights, lora = release
     broken = tmp_path / "broken"

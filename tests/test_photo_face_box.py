@@ -46,6 +46,7 @@ def photo_engine():
     return load_engine(load_config("photo"), "cpu")
 
 
+@pytest.mark.slow  # every identity the detector misses, rendered and scored
 def test_every_face_the_detector_misses_lip_syncs_through_a_drawn_box(photo_engine):
     """Each held-out synthetic identity the detector misses as a plain photo, animated
     through the box a person would drag around it, lip-syncs (ground-truth metric, 3 s) no

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from support.realtime import make_speech_wav
 
 from realtime.audio_in import InputResampler
@@ -48,6 +49,7 @@ def test_vad_state_is_per_session_and_survives_garbage(tmp_path):
     assert quiet.feed(garbage) is not None  # no exception, whatever it decides
 
 
+@pytest.mark.slow  # runs the command line in a process of its own
 def test_loading_the_vad_leaves_torch_threads_alone():
     """silero-vad's import pins torch to one thread; the engine shares the process."""
     import subprocess

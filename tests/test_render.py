@@ -176,6 +176,7 @@ def test_bad_input_is_one_clear_line(case, tmp_path, assets, capsys):
     assert not out.parent.exists() or not any(out.parent.iterdir())  # no partial file
 
 
+@pytest.mark.slow  # runs the command line in a process of its own
 def test_cli_user_error_has_no_traceback(tmp_path):
     proc = subprocess.run(
         [

@@ -118,7 +118,7 @@ def test_rolling_memory_is_bounded(tiny_engine):
     """Latents and audio kept by a session do not grow with the stream's length."""
     session = tiny_engine.new_stream(np.full((32, 32, 3), 100, np.uint8))
     sizes = []
-    for _ in range(30):
+    for _ in range(16):  # 8 s: many chunks past the first
         session.push_audio(np.zeros(16000 // 2, np.float32))
         session.generate_ready()
         sizes.append((len(session.latents), session.timeline.retained))
@@ -128,4 +128,4 @@ def test_rolling_memory_is_bounded(tiny_engine):
     bound = 16000 // 2 + window * 640  # one push plus one chunk's audio window
     assert all(n_lat <= max(sch.boundary_latents, sch.seam_latents + 1) for n_lat, _ in sizes)
     assert all(kept <= bound for _, kept in sizes)
-    assert session.frames_emitted > 300
+    assert session.frames_emitted > 160
