@@ -30,7 +30,9 @@
 # BLOCKS16=8 (bf16 keeps 4 steps; blocks 3.. are timed: the key window full), AUTHORS_COMPILE=1
 # (parity: also time their loop under their torch.compile if 120 s are left; alone:
 # DTYPES= AUTHORS_COMPILE=1 bash bench/gpu_liveavatar.sh parity), PRECISIONS="default fp8"
-# (speed: `facecast bench --precision`, default "default"), SECONDS_BENCH=20, SECONDS_LIVE=60,
+# (speed: `facecast bench --precision`, default "default"), BENCH_FLAGS="--compile" (speed:
+# each layer's dense work compiled, the cache and attention eager; not yet run on a GPU: allow
+# a few minutes more for the graphs), SECONDS_BENCH=20, SECONDS_LIVE=60,
 # SERVE_FLAGS="--compile --precision=fp8" (serve; default none), LEAN=0 (the full 11 GB umT5).
 #
 # Expected time (one H200). A block forward at 704x384 is 3 latent frames = 3168 tokens against

@@ -304,11 +304,12 @@ def cmd_gate(args: argparse.Namespace) -> int:
     elif args.compile:  # a real model's family compiles its own parts
         from pipeline.families import family_of
         from pipeline.flashhead.engine import FlashHeadEngine
+        from pipeline.liveavatar.engine import LiveAvatarEngine
 
         family = family_of(engine.cfg)
         if not family.compiles:
             raise FacecastError(f"--compile does not apply to {family.summary}")
-        assert isinstance(engine, FlashHeadEngine), "the one real model that compiles"
+        assert isinstance(engine, FlashHeadEngine | LiveAvatarEngine), "the real models compile"
         engine.compile()
     report = gate.check(engine, args.baseline, args.tolerance_db)
     if args.precision != "default":

@@ -88,7 +88,7 @@ FAMILIES = (
         "liveavatar",
         "LiveAvatar (Wan2.2-S2V-14B + its LoRA) from its published checkpoint",
         _liveavatar,
-        compiles=False,  # not yet: its blocks take the cache's step and slot as arguments
+        compiles=True,
         offloads=False,
         fp8=True,
         picks_sdpa=False,

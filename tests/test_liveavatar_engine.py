@@ -145,6 +145,37 @@ def test_memory_stays_flat_as_the_cache_rolls(engine):
     assert stream.cache is None and stream.decoder is None  # the 51 GB a real one holds, freed
 
 
+@pytest.mark.slow  # torch.compile on a CPU: about a minute
+def test_compiled_layers_make_the_eager_frames_and_no_block_recompiles(release, engine):
+    import torch._dynamo
+
+    weights, lora = release
+    opts = EngineOptions(
+        model="liveavatar", weights=str(weights), lora=str(lora), device="cpu", warmup=False,
+        compile=True, overrides={"video.width": SIZE, "video.height": SIZE},
+    )  # fmt: skip
+    torch._dynamo.reset()
+    compiled, report = start_engine(opts)
+    assert report.prepare["compiled_blocks"] == len(compiled.models.transformer.layers())
+    graphs = torch._dynamo.utils.counters["stats"]
+    videos, after_two = [], 0
+    for eng in (engine, compiled):
+        stream = eng.new_stream(np.full((SIZE, SIZE, 3), 90, np.uint8), seed=4)
+        frames = []
+        for k in range(6):  # past the 4 slots of the 12-latent-frame window
+            stream.push_audio(speechy(BLOCK / 25, seed=k))
+            frames += stream.generate_ready()
+            if eng is compiled and k == 1:
+                after_two = graphs["unique_graphs"]
+        videos.append(np.concatenate([b.frames for b in frames]).astype(np.int16))
+        stream.close()
+    assert after_two > 0 and graphs["unique_graphs"] == after_two  # later blocks reuse them
+    eager, fused = videos
+    assert eager.shape == fused.shape and eager.shape[0] >= 5 * BLOCK
+    # fused kernels round differently in fp32: pixels at most a level or two apart
+    assert np.abs(eager - fused).max() <= 2 and np.abs(eager - fused).mean() < 0.05
+
+
 @pytest.mark.slow
 def test_render_and_score_a_random_release_through_the_command_line(release, tmp_path):
     weights, lora = release

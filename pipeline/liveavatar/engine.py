@@ -191,6 +191,27 @@ class LiveAvatarEngine:
         """(parent, attribute) of the linears FP8 replaces: each layer's token-wise ones."""
         return wan_fp8_targets(self.models.transformer.layers(), scaling)
 
+    def compile(self, mode: str | None = None) -> int:
+        """torch.compile each layer's dense work before and after its KV cache and, on a
+        GPU, the VAE's decoder; returns how many layers were compiled. The cache's slot and
+        length change from block to block as Python numbers: they stay outside the graphs,
+        with the attention (the project's backend, not traced), so the graphs are made at
+        the sink's shape and at a block's, once for every layer, and no later block
+        recompiles (tests/test_liveavatar_engine.py counts them)."""
+        layers = self.models.transformer.layers()
+        for layer in layers:
+            layer.before_attention = torch.compile(  # type: ignore[method-assign]
+                layer.before_attention, mode=mode, dynamic=False
+            )
+            layer.after_attention = torch.compile(  # type: ignore[method-assign]
+                layer.after_attention, mode=mode, dynamic=False
+            )
+        if self.device.type == "cuda":
+            decoder = self.models.vae.net.decoder
+            decoder.forward = torch.compile(decoder.forward, mode=mode)
+        self.compiled = True
+        return len(layers)
+
 
 def prompt_dtype(device: torch.device) -> torch.dtype:
     """umT5 runs in bf16 on a GPU (as published), fp32 on a CPU."""

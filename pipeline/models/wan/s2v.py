@@ -77,6 +77,7 @@ from pipeline.models.wan.s2v_audio import (
     linear32,
 )
 from pipeline.models.wan.s2v_cache import (
+    Attended,
     BlockCausalMask,
     CachedStep,
     KeyValues,
@@ -191,19 +192,22 @@ class CausalSelfAttention(nn.Module):
         self.norm_k = RMSNorm(dim, eps)
         self.attend = Attention("sdpa")
 
-    def forward(self, x_BLD: Tensor, rope: Rope, kv: KeyValues, layer: int) -> Tensor:
-        B, L, D = x_BLD.shape
+    def project(self, x_BLD: Tensor, rope: Rope) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Queries (B, N, L, K) rotated; keys (B, L, N, K) normed, un-rotated and rotated;
+        values (B, L, N, K)."""
+        B, L, _ = x_BLD.shape
         q, k, v = self.qkv(x_BLD).chunk(3, dim=-1)
         q_BLNK = apply_rope(self.norm_q(q).view(B, L, self.heads, -1), *rope)
         k_BLNK = self.norm_k(k).view(B, L, self.heads, -1)
         v_BLNK = v.view(B, L, self.heads, -1)
-        k_all, v_all, mask = kv(layer, k_BLNK, apply_rope(k_BLNK, *rope), v_BLNK)
-        q_BNLK = q_BLNK.transpose(1, 2)
+        return q_BLNK.transpose(1, 2), k_BLNK, apply_rope(k_BLNK, *rope), v_BLNK
+
+    def attend_to(self, q_BNLK: Tensor, kv: Attended) -> Tensor:
+        k_all, v_all, mask = kv
         if mask is None:
-            o_BNLK = self.attend(q_BNLK, k_all, v_all)
-        else:  # the full-sequence reference path only
-            o_BNLK = F.scaled_dot_product_attention(q_BNLK, k_all, v_all, attn_mask=mask)
-        return self.o(o_BNLK.transpose(1, 2).reshape(B, L, D))
+            return self.attend(q_BNLK, k_all, v_all)
+        # the full-sequence reference path only
+        return F.scaled_dot_product_attention(q_BNLK, k_all, v_all, attn_mask=mask)
 
 
 class TextCrossAttention(nn.Module):
@@ -254,28 +258,51 @@ class S2VBlock(nn.Module):
         kv: KeyValues,
         layer: int,
     ) -> Tensor:
-        """One layer; `mod_BT6D` (fp32) modulates each of the T groups of L/T tokens."""
+        """One layer; `mod_BT6D` (fp32) modulates each of the T groups of L/T tokens. The
+        dense work before and after the cache is in two methods of fixed shapes, which
+        `compile` compiles; the cache's reads and writes (Python offsets that change from
+        block to block) and the attention stay outside them."""
+        mod_BT6D = self.modulation.float()[:, None] + mod_BT6D
+        q_BNLK, k_BLNK, k_rot, v_BLNK = self.before_attention(x_BLD, mod_BT6D, rope)
+        o_BNLK = self.self_attn.attend_to(q_BNLK, kv(layer, k_BLNK, k_rot, v_BLNK))
+        return self.after_attention(x_BLD, o_BNLK, mod_BT6D, text_kv)
+
+    def before_attention(
+        self, x_BLD: Tensor, mod_BT6D: Tensor, rope: Rope
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        shift, scale = mod_BT6D[:, :, 0, None], mod_BT6D[:, :, 1, None]
+        h_BLD = modulate(layer_norm(x_BLD, self.eps), shift, scale, x_BLD.dtype)
+        return self.self_attn.project(h_BLD, rope)
+
+    def after_attention(
+        self, x_BLD: Tensor, o_BNLK: Tensor, mod_BT6D: Tensor, text_kv: tuple[Tensor, Tensor]
+    ) -> Tensor:
         B, L, D = x_BLD.shape
-        T = mod_BT6D.shape[1]
         dtype = x_BLD.dtype
-        mod = (self.modulation.float()[:, None] + mod_BT6D).unbind(2)  # 6 x (B, T, D)
-        shift1, scale1, gate1, shift2, scale2, gate2 = (m[:, :, None] for m in mod)
-
-        def modulate(h_BLD: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
-            h = h_BLD.float().view(B, T, L // T, D) * (1 + scale) + shift
-            return h.view(B, L, D).to(dtype)
-
-        def gated(y_BLD: Tensor, gate: Tensor) -> Tensor:
-            return (y_BLD.float().view(B, T, L // T, D) * gate).view(B, L, D)
-
-        y = self.self_attn(modulate(layer_norm(x_BLD, self.eps), shift1, scale1), rope, kv, layer)
+        gate1, shift2, scale2, gate2 = (mod_BT6D[:, :, i, None] for i in range(2, 6))
+        y = self.self_attn.o(o_BNLK.transpose(1, 2).reshape(B, L, D))
         # the residual stream stays fp32 inside a layer and is rounded at its end (authors')
         x = x_BLD.float() + gated(y, gate1)
         # the authors' layer hands norm3 its input rounded to bf16, in any dtype
         h = self.norm3(x.to(torch.bfloat16)).to(dtype)
         x = x + self.cross_attn(h, text_kv).float()
-        y = self.ffn(modulate(layer_norm(x, self.eps), shift2, scale2))
+        y = self.ffn(modulate(layer_norm(x, self.eps), shift2, scale2, dtype))
         return (x + gated(y, gate2)).to(dtype)
+
+
+def modulate(h_BLD: Tensor, shift_BT1D: Tensor, scale_BT1D: Tensor, dtype: torch.dtype) -> Tensor:
+    """(1 + scale) h + shift in fp32, each of the T groups of L/T tokens by its own row."""
+    B, L, D = h_BLD.shape
+    T = shift_BT1D.shape[1]
+    h = h_BLD.float().view(B, T, L // T, D) * (1 + scale_BT1D) + shift_BT1D
+    return h.view(B, L, D).to(dtype)
+
+
+def gated(y_BLD: Tensor, gate_BT1D: Tensor) -> Tensor:
+    """gate y in fp32, each of the T groups of L/T tokens by its own row."""
+    B, L, D = y_BLD.shape
+    T = gate_BT1D.shape[1]
+    return (y_BLD.float().view(B, T, L // T, D) * gate_BT1D).view(B, L, D)
 
 
 class FrameHead(nn.Module):
