@@ -29,6 +29,7 @@ Modules, by job:
   (WHIP ingest), `whep/` (WHEP viewers: one encode fanned out), `speech_ws` (the utterance
   channel over a WebSocket);
 - one session: `session` (PeerSession: its parts in order, the interrupt path, close),
+  `session_config` (how a session behaves: margins, timeouts, silence fill),
   `audio_in` (decode, resample, timeline, VAD feed), `vad`, `generation` (the engine thread
   and feed), `playout` (the delay from the latency budget, the clock, its control loop),
   `tracks` (paced A/V, sinks, speech-to-lips), `control` (events out, the interrupt

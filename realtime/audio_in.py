@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from realtime.generation import EngineFeed
     from realtime.metrics import RealtimeMetrics
     from realtime.playout import PlayoutControl
-    from realtime.session import SessionConfig
+    from realtime.session_config import SessionConfig
     from realtime.tracks import OutgoingTracks
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ from realtime.errors import BadRequest, ServerFull
 from realtime.offer import OfferRequest, check_answer, check_codecs, reason_of
 from realtime.playout import EngineTiming
 from realtime.service import Service
-from realtime.session import PeerSession, SessionConfig
+from realtime.session import PeerSession
+from realtime.session_config import SessionConfig
 from realtime.vad import VoiceActivityDetector
 
 log = logging.getLogger(__name__)

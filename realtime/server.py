@@ -72,7 +72,7 @@ from realtime.service import (
     require_engine,
     session_from_request,
 )
-from realtime.session import SessionConfig
+from realtime.session_config import SessionConfig
 from realtime.sinks import SinkFactory, kvs_sink_factory
 from realtime.speech_ws import add_speech_routes
 from realtime.whep import add_whep_routes

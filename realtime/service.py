@@ -27,7 +27,8 @@ from realtime.metrics import RealtimeMetrics
 from realtime.photos import PhotoStore
 from realtime.reference import load_reference
 from realtime.security import SecurityConfig
-from realtime.session import PeerSession, SessionConfig
+from realtime.session import PeerSession
+from realtime.session_config import SessionConfig
 from realtime.sinks import SinkFactory
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from support.realtime import make_speech_wav, running_server, wait_until
 
 from realtime.client import FacecastClient, PcmSource
 from realtime.service import SERVICE
-from realtime.session import SessionConfig
+from realtime.session_config import SessionConfig
 
 CALLS = 30
 

@@ -21,7 +21,8 @@ from pipeline.clock import OUTPUT_RATE, OUTPUT_SAMPLES_PER_FRAME
 from realtime.control import Interrupt
 from realtime.metrics import RealtimeMetrics
 from realtime.playout import EngineTiming
-from realtime.session import PeerSession, SessionConfig
+from realtime.session import PeerSession
+from realtime.session_config import SessionConfig
 from realtime.vad import VoiceActivityDetector
 
 

@@ -24,7 +24,7 @@ from pipeline.clock import OUTPUT_SAMPLES_PER_PACKET
 from realtime.client import FacecastClient, PcmSource, SpeechSocket
 from realtime.errors import BadRequest
 from realtime.service import SERVICE
-from realtime.session import SessionConfig
+from realtime.session_config import SessionConfig
 from realtime.utterance import UtteranceChannel
 
 PHRASES = [

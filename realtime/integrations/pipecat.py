@@ -143,7 +143,8 @@ class _LocalLink:
         from realtime.metrics import RealtimeMetrics
         from realtime.playout import EngineTiming
         from realtime.reference import load_reference
-        from realtime.session import PeerSession, SessionConfig
+        from realtime.session import PeerSession
+        from realtime.session_config import SessionConfig
         from realtime.vad import VoiceActivityDetector
 
         video = self.engine.cfg.video
@@ -221,7 +222,7 @@ class FacecastVideoService(AIService):
         **kwargs,
     ) -> None:
         """`url` (and `token`) of a `facecast serve`, or a started `engine` to run here
-        (with an optional `reference` RGB image and `realtime.session.SessionConfig`)."""
+        (with an optional `reference` RGB image and `realtime.session_config.SessionConfig`)."""
         if (url is None) == (engine is None):
             raise ValueError("FacecastVideoService needs url= (remote) or engine= (in-process)")
         super().__init__(**kwargs)
