@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -138,13 +139,16 @@ def _best_lag(got: np.ndarray, ref: np.ndarray, max_lag: int) -> int:
     return int(lags[int(np.argmax(values))])
 
 
-def arrival_skew_ms(rec: Received) -> float | None:
-    """Median (arrival − pts time) of video minus that of audio: how far apart they arrive."""
-    if not rec.video_pts or not rec.audio_pts:
+def arrival_skew_ms(rec: Received, since: float = -math.inf) -> float | None:
+    """Median (arrival − pts time) of video minus that of audio: how far apart they arrive,
+    over what arrived from `since` (time.monotonic) on."""
+    v_arrival, a_arrival = np.array(rec.video_arrival), np.array(rec.audio_arrival)
+    v_kept, a_kept = v_arrival >= since, a_arrival >= since
+    if not v_kept.any() or not a_kept.any():
         return None
-    v = np.median(np.array(rec.video_arrival) - np.array(rec.video_pts) / VIDEO_CLOCK)
+    v = np.median((v_arrival - np.array(rec.video_pts) / VIDEO_CLOCK)[v_kept])
     a0 = rec.audio_pts[0]
-    a = np.median(np.array(rec.audio_arrival) - (np.array(rec.audio_pts) - a0) / OUTPUT_RATE)
+    a = np.median((a_arrival - (np.array(rec.audio_pts) - a0) / OUTPUT_RATE)[a_kept])
     return round(float(v - a) * 1000, 1)
 
 
