@@ -47,8 +47,9 @@ decode)  # the Wan VAE's decode schedules and layouts, one chunk
     || { echo "decode bench FAILED"; tail -20 "$out/wan_decode.log"; }
   ;;
 speed)  # MODELS="flashhead-pro flashhead-lite", FLAGS_LIST a ;-separated list of flag sets
-  [ -d "$work/float32/release/Model_Lite" ] \
-    || python3 -m pipeline.flashhead.random_release "$work/float32" --shape full --lite
+  lite=; case "${MODELS:-}" in *lite*) lite=--lite;; esac
+  [ -d "$work/float32/release/Model_Lite" ] || [ -d "$work/float32/release" -a -z "$lite" ] \
+    || python3 -m pipeline.flashhead.random_release "$work/float32" --shape full $lite
   IFS=';' read -ra flag_sets <<< "${FLAGS_LIST:-;--compile;--compile --precision fp8}"
   for model in ${MODELS:-flashhead-pro}; do
     w="--model $model --weights $work/float32/release --wav2vec $work/float32/wav2vec"

@@ -1,18 +1,20 @@
-"""GPU benchmark of the Wan 2.1 VAE decode of one FlashHead chunk (9 latent frames → 33 frames).
+"""GPU benchmark of the Wan 2.1 VAE decode of one FlashHead Pro chunk (9 latent frames → 33 frames).
 
-The decode was more than half of a FlashHead chunk on the H200 (0.55 s of 0.81 s, 134
-TFLOP/s on 73.9 TFLOP), run one latent frame at a time as the authors run it. The decoder's
-convolutions in time are causal and read their look-back from the cache, so after the
-stream's first latent frame (which the temporal upsamplers treat apart) the other eight can
-go through in one wide pass. This times, on random weights of the published shapes:
+The decode was 62 % of a Pro chunk on the H200 (0.399 s of 0.639 s, compiled, ~190 TFLOP/s
+on 74 TFLOP). This times, on random weights of the published shapes, one process, one GPU:
 
-- `per-frame`: one pass per latent frame (the authors' schedule);
-- `wide`: the first latent frame, then the other eight in one pass;
-- each in channels-first (`ncdhw`) and channels-last-3D (`ndhwc`) layout, eager and under
-  torch.compile, cuDNN's autotuner on;
+- `reference`: diffusers' forward with the release's caches (what ran before
+  `pipeline/models/wan/vae_decode.py`), eager and compiled as `FlashHeadEngine.compile` did;
+- `causal`: `CausalDecoder` (channels-last, the look-back as state), eager and compiled;
+- each with cuDNN's autotuner off and on;
+- `causal` split as a stream that sends its first new frames early: passes of 1, 2 and 6
+  latent frames (the first new frames of a Pro chunk are latent frame 2's), with the time
+  until each pass's frames exist;
 
-and reports ms per chunk, TFLOP/s (FLOPs counted by torch's FlopCounterMode on the wide
-pass) and each variant's largest difference from the per-frame eager pixels.
+and reports ms per chunk (median of CUDA-event timings), TFLOP/s over FLOPs counted by
+torch's FlopCounterMode, each variant's distance from an fp32 decode (max difference, PSNR
+on [-1, 1] pixels) beside the bf16 reference's own, and the profiler's kernel time by kind
+for the reference and the fastest variant.
 
     python bench/wan_decode_bench.py --json bench/results/flashhead/wan_decode_h200.json
 """
@@ -21,107 +23,192 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline.models.wan.vae import WAN21_VAE, WanVAE, checkpoint_layout, random_checkpoint  # noqa: E402
+from pipeline.models.wan.vae import (  # noqa: E402
+    WanVAE,
+    WanVAEConfig,
+    checkpoint_layout,
+    random_checkpoint,
+)
 
 
-def build(device: str, dtype: torch.dtype, channels_last: bool) -> WanVAE:
-    vae = WanVAE(WAN21_VAE)
-    layout = checkpoint_layout(WAN21_VAE)
-    state = {layout[k]: v for k, v in random_checkpoint(WAN21_VAE, seed=0).items()}
-    vae.load_state_dict(state, strict=True)
-    vae = vae.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    if channels_last:
-        vae = vae.to(memory_format=torch.channels_last_3d)
-    return vae
+def build(device: str, dtype: torch.dtype, config: WanVAEConfig) -> WanVAE:
+    vae = WanVAE(config)
+    layout = checkpoint_layout(config)
+    vae.load_state_dict({layout[k]: v for k, v in random_checkpoint(config).items()})
+    return vae.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
-def decode(vae: WanVAE, lat: torch.Tensor, per_pass: int | None) -> torch.Tensor:
-    return vae.stream().decode(lat, latents_per_pass=per_pass)
+class Mark:
+    """A point in the GPU's stream (a CUDA event), or the host clock on a CPU (dry runs)."""
+
+    def __init__(self) -> None:
+        self.cuda = torch.cuda.is_available()
+        if self.cuda:
+            self.event = torch.cuda.Event(enable_timing=True)
+            self.event.record()
+        else:
+            self.t = time.perf_counter()
+
+    def ms_since(self, start: Mark) -> float:
+        if self.cuda:
+            return start.event.elapsed_time(self.event)
+        return (self.t - start.t) * 1000
 
 
-def timed(vae: WanVAE, lat: torch.Tensor, per_pass: int | None, repeats: int) -> float:
-    decode(vae, lat, per_pass)  # twice: compile, then cuDNN's autotuner
-    decode(vae, lat, per_pass)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def decode(vae: WanVAE, lat: torch.Tensor, reference: bool, split: list[int] | None = None):
+    """The chunk's pixels; with `split`, passes of those many latent frames, and the CUDA
+    events recorded after each."""
+    stream = vae.stream(reference=reference)
+    if split is None:
+        return stream.decode(lat), []
+    parts, events, t = [], [], 0
+    for n in split:
+        parts.append(stream.decode(lat[:, :, t : t + n]))
+        events.append(Mark())
+        t += n
+    return torch.cat(parts, dim=2), events
+
+
+def timed(vae, lat, reference, split=None, repeats=7) -> tuple[float, list[float]]:
+    """Median ms of a chunk's decode, and the median ms until each pass's frames exist."""
+    for _ in range(2):  # compile, cuDNN's autotuner
+        decode(vae, lat, reference, split)
+    totals, marks = [], []
     for _ in range(repeats):
-        decode(vae, lat, per_pass)
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / repeats
+        start = Mark()
+        _, events = decode(vae, lat, reference, split)
+        end = Mark()
+        sync()
+        totals.append(end.ms_since(start))
+        marks.append([e.ms_since(start) for e in events])
+    per_pass = (
+        [statistics.median(m[i] for m in marks) for i in range(len(marks[0]))] if split else []
+    )
+    return statistics.median(totals), per_pass
 
 
-def main() -> None:
+def kernel_table(vae, lat, reference: bool, top: int = 14) -> list[dict]:
+    """Kernel time of one decode, by kernel name, largest first."""
+    cuda = torch.cuda.is_available()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        decode(vae, lat, reference)
+        sync()
+    by_name: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for e in prof.key_averages():
+        us = e.device_time_total if cuda else e.self_cpu_time_total
+        if us and e.key and (not cuda or not e.key.startswith("aten::")) and "Memcpy" not in e.key:
+            by_name[e.key[:90]] += us / 1000
+            counts[e.key[:90]] += e.count
+    rows = sorted(by_name.items(), key=lambda kv: -kv[1])
+    return [{"kernel": k, "ms": round(v, 2), "calls": counts[k]} for k, v in rows[:top]]
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    mse = (a.float() - b.float()).pow(2).mean().item()
+    return float("inf") if mse == 0 else 10 * math.log10(4.0 / mse)  # range [-1, 1]: peak 2
+
+
+def main() -> None:  # noqa: C901 - a flat list of variants, each timed and checked
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size", type=int, default=512, help="square frame side in pixels")
     p.add_argument("--latent-frames", type=int, default=9)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--json", type=Path)
+    p.add_argument("--device", default="cuda", help="cpu: a dry run of the script (tiny sizes)")
+    p.add_argument("--base-dim", type=int, default=96, help="the VAE's width (96 as released)")
     args = p.parse_args()
-    torch.backends.cudnn.benchmark = True
-    dev, dtype = "cuda", torch.bfloat16
+    dev, dtype = args.device, torch.bfloat16
+    config = WanVAEConfig(base_dim=args.base_dim)
     h = args.size // 8
     gen = torch.Generator(device=dev).manual_seed(0)
-    lat = torch.randn((1, 16, args.latent_frames, h, h), generator=gen, device=dev, dtype=dtype)
+    lat = torch.randn((1, 16, args.latent_frames, h, h), generator=gen, device=dev)
 
-    rows: list[dict] = []
-    baseline: torch.Tensor | None = None
-    flops = 0
+    result: dict = {"gpu": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "torch": torch.__version__,
+                    "size": args.size, "latent_frames": args.latent_frames,
+                    "video_frames": 1 + 4 * (args.latent_frames - 1), "rows": []}  # fmt: skip
     with torch.inference_mode():
-        for layout in ("ncdhw", "ndhwc"):
-            vae = build(dev, dtype, channels_last=layout == "ndhwc")
-            x = lat.to(memory_format=torch.channels_last_3d) if layout == "ndhwc" else lat
-            if not flops:
-                with FlopCounterMode(display=False) as counter:
-                    decode(vae, x, None)
-                flops = counter.get_total_flops()
-            for compiled in (False, True):
-                if compiled:
-                    vae.net.decoder.forward = torch.compile(vae.net.decoder.forward)  # type: ignore[method-assign]
-                for name, per_pass in (("per-frame", 1), ("wide", None)):
-                    label = f"{name} {layout}{' compile' if compiled else ''}"
-                    torch.cuda.reset_peak_memory_stats()
-                    try:
-                        seconds = timed(vae, x, per_pass, args.repeats)
-                        out = decode(vae, x, per_pass).float()
-                    except Exception as e:  # one variant failing must not hide the others
-                        print(f"{label}: FAILED {type(e).__name__}: {e}", flush=True)
-                        rows.append({"variant": label, "error": f"{type(e).__name__}: {e}"})
-                        continue
-                    if baseline is None:
-                        baseline = out
-                    diff = (out - baseline).abs()
-                    row = {
-                        "variant": label,
-                        "ms": round(seconds * 1000, 1),
-                        "tflops": round(flops / seconds / 1e12, 1),
-                        "max_diff": round(diff.max().item(), 4),
-                        "mean_diff": round(diff.mean().item(), 6),
-                        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
-                    }
-                    rows.append(row)
-                    print(row, flush=True)
-            torch.cuda.empty_cache()
-    result = {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "size": args.size,
-        "latent_frames": args.latent_frames,
-        "video_frames": 1 + 4 * (args.latent_frames - 1),
-        "tflop_per_chunk": round(flops / 1e12, 2),
-        "rows": rows,
-    }
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        exact = (
+            build(dev, torch.float32, config).stream(reference=True).decode(lat)
+        )  # the yardstick
+        torch.cuda.empty_cache()
+        ref_vae, fast_vae = build(dev, dtype, config), build(dev, dtype, config)
+        lat_b = lat.to(dtype)
+        with FlopCounterMode(display=False) as counter:
+            decode(ref_vae, lat_b, True)
+        flops = counter.get_total_flops()
+        result["tflop_per_chunk"] = round(flops / 1e12, 2)
+        result["peak_gib_fp32_reference"] = (
+            round(torch.cuda.max_memory_allocated() / 2**30, 2) if dev == "cuda" else None
+        )
+        print(f"{flops / 1e12:.1f} TFLOP a chunk", flush=True)
+        ref_out = decode(ref_vae, lat_b, True)[0]
+        result["reference_bf16_vs_fp32"] = {"psnr_db": round(psnr(ref_out, exact), 2),
+                                            "max_diff": round((ref_out.float() - exact).abs().max().item(), 4)}  # fmt: skip
+
+        def run(label: str, vae: WanVAE, reference: bool, split=None) -> None:
+            if dev == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            try:
+                ms, marks = timed(vae, lat_b, reference, split, args.repeats)
+                out = decode(vae, lat_b, reference, split)[0]
+            except Exception as e:  # one variant failing must not hide the others
+                print(f"{label}: FAILED {type(e).__name__}: {e}", flush=True)
+                result["rows"].append({"variant": label, "error": f"{type(e).__name__}: {e}"})
+                return
+            row = {"variant": label, "ms": round(ms, 1), "tflops": round(flops / ms / 1e9, 1),
+                   "psnr_vs_fp32_db": round(psnr(out, exact), 2),
+                   "psnr_vs_reference_bf16_db": round(psnr(out, ref_out), 2),
+                   "max_diff_vs_reference_bf16": round((out.float() - ref_out.float()).abs().max().item(), 4),
+                   "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if dev == "cuda" else None}  # fmt: skip
+            if split:
+                row["split"], row["pass_done_ms"] = split, [round(m, 1) for m in marks]
+            result["rows"].append(row)
+            print(row, flush=True)
+
+        for bench_mode in (False, True):
+            torch.backends.cudnn.benchmark = bench_mode
+            tag = " cudnn-benchmark" if bench_mode else ""
+            run(f"reference eager{tag}", ref_vae, True)
+            run(f"causal eager{tag}", fast_vae, False)
+        result["kernels_reference_eager"] = kernel_table(ref_vae, lat_b, True)
+        ref_vae.net.decoder.forward = torch.compile(ref_vae.net.decoder.forward)  # type: ignore[method-assign]
+        fast_vae.causal_decoder.compile()
+        run("reference compiled cudnn-benchmark", ref_vae, True)
+        run("causal compiled cudnn-benchmark", fast_vae, False)
+        run("causal compiled, passes 1+2+6", fast_vae, False, [1, 2, args.latent_frames - 3])
+        run("causal compiled, passes 1+8", fast_vae, False, [1, args.latent_frames - 1])
+        result["kernels_causal_compiled"] = kernel_table(fast_vae, lat_b, False)
+        for row in result["kernels_causal_compiled"][:8]:
+            print(row, flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print("\n| variant | ms | TFLOP/s | PSNR vs fp32 | vs ref bf16 (max diff) |")
+    for r in result["rows"]:
+        if "ms" in r:
+            print(f"| {r['variant']} | {r['ms']} | {r['tflops']} | {r['psnr_vs_fp32_db']} | "
+                  f"{r['psnr_vs_reference_bf16_db']} ({r['max_diff_vs_reference_bf16']}) |")  # fmt: skip
+    print("reference bf16 vs fp32:", result["reference_bf16_vs_fp32"])
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from pipeline.clock import FPS, MODEL_RATE, MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
@@ -187,16 +187,18 @@ class FlashHeadEngine:
         return wan_fp8_targets(self.models.dit.audio_blocks(), scaling)
 
     def compile(self, mode: str | None = None) -> int:
-        """torch.compile each DiT block and, on a GPU, the VAE's decoder (its norms, SiLUs,
-        upsampling and cache concatenations fused around cuDNN's convolutions); returns
-        how many blocks were compiled."""
+        """torch.compile each DiT block and, on a GPU, the VAE's decoder (Pro: the causal
+        decoder's norms, SiLUs and look-backs fused in front of cuDNN's convolutions);
+        returns how many blocks were compiled."""
         blocks = self.models.dit.audio_blocks()
         for block in blocks:
             block.forward = torch.compile(block.forward, mode=mode)  # type: ignore[method-assign]
         if self.device.type == "cuda":
             vae = self.models.vae
-            decoder: nn.Module = vae.net.decoder if isinstance(vae, WanVAE) else vae.network.decoder
-            decoder.forward = torch.compile(decoder.forward, mode=mode)
+            if isinstance(vae, WanVAE):
+                vae.causal_decoder.compile(mode)
+            else:
+                vae.network.decoder.forward = torch.compile(vae.network.decoder.forward, mode=mode)
         self.compiled = True
         return len(blocks)
 

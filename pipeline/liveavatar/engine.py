@@ -207,8 +207,7 @@ class LiveAvatarEngine:
                 layer.after_attention, mode=mode, dynamic=False
             )
         if self.device.type == "cuda":
-            decoder = self.models.vae.net.decoder
-            decoder.forward = torch.compile(decoder.forward, mode=mode)
+            self.models.vae.causal_decoder.compile(mode)
         self.compiled = True
         return len(layers)
 

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from pipeline.checkpoints import read_state_dict
 from pipeline.errors import CheckpointError
+from pipeline.models.wan.vae_decode import CausalDecoder, LookBack
 
 # Per-channel statistics of Wan 2.1 latents (published with the model).
 LATENTS_MEAN = (
@@ -112,6 +113,15 @@ class WanVAE(nn.Module):
         count = lambda m: sum(isinstance(c, WanCausalConv3d) for c in m.modules())  # noqa: E731
         self.encoder_cache_size = count(self.net.encoder)
         self.decoder_cache_size = count(self.net.decoder)
+        self._causal_decoder: CausalDecoder | None = None
+
+    @property
+    def causal_decoder(self) -> CausalDecoder:
+        """The decoder's weights run channels-last, pass by pass (`vae_decode`); made on
+        first use, once the weights are loaded and placed."""
+        if self._causal_decoder is None:
+            self._causal_decoder = CausalDecoder(self.net.decoder)
+        return self._causal_decoder
 
     def encode(self, video_BCFHW: Tensor) -> Tensor:
         """Pixels in [-1, 1] with F = 1 + 4k frames → normalised latent means (B, C, 1 + k, h, w)."""
@@ -133,9 +143,10 @@ class WanVAE(nn.Module):
         mu_BCThw = self.net.quant_conv(torch.cat(parts, dim=2))[:, : self.config.z_dim]
         return (mu_BCThw - _per_channel(self.latent_mean)) * _per_channel(self.latent_inv_std)
 
-    def stream(self) -> WanDecodeStream:
-        """A fresh decode of one chunk: feed it its latent frames in order, in any split."""
-        return WanDecodeStream(self)
+    def stream(self, reference: bool = False) -> WanDecodeStream:
+        """A fresh decode of one chunk: feed it its latent frames in order, in any split.
+        `reference`: through diffusers' own forward and caches (the gate's baseline)."""
+        return WanDecodeStream(self, reference)
 
     def decode(self, lat_BCThw: Tensor) -> Tensor:
         """A whole chunk of normalised latents → pixels (B, 3, 1 + 4 (T - 1), H, W) in [-1, 1]."""
@@ -150,9 +161,11 @@ class WanDecodeStream:
     over k latent frames gives the pixels of k passes over one (the same sums, in another
     order: equal to float rounding), and every split of a chunk gives the same pixels."""
 
-    def __init__(self, vae: WanVAE) -> None:
+    def __init__(self, vae: WanVAE, reference: bool = False) -> None:
         self.vae = vae
-        self.cache: FeatCache = [None] * vae.decoder_cache_size
+        self.reference = reference
+        self.cache: FeatCache = [None] * vae.decoder_cache_size  # diffusers' (reference)
+        self.look_back = LookBack()  # the causal decoder's
         self.latent_frames = 0
 
     def frames(self, lat_BCThw: Tensor, latents_per_pass: int | None = None) -> Iterator[Tensor]:
@@ -171,7 +184,10 @@ class WanDecodeStream:
             first = self.latent_frames == 0
             n = 1 if first else min(latents_per_pass or T, T - t)
             x_BCnhw = net.post_quant_conv(z_BCThw[:, :, t : t + n])
-            out = net.decoder(x_BCnhw, feat_cache=self.cache, feat_idx=[0], first_chunk=first)
+            if self.reference:
+                out = net.decoder(x_BCnhw, feat_cache=self.cache, feat_idx=[0], first_chunk=first)
+            else:
+                out = self.vae.causal_decoder(x_BCnhw, self.look_back)
             self.latent_frames += n
             t += n
             yield out.clamp_(-1.0, 1.0)
