@@ -69,12 +69,21 @@ class CausalDecoder:
     Build it once per VAE (it stores the convolution weights channels-last, in place: the
     diffusers forward still runs on them), call it with each stream's own `LookBack`."""
 
-    def __init__(self, net: WanDecoder3d) -> None:
+    def __init__(
+        self, net: WanDecoder3d, subpixel_upsample: bool = True, stack_time_below: int = 0
+    ) -> None:
+        """`subpixel_upsample`: each 2x nearest upsampling and the 3x3 convolution after it
+        as one convolution of the small image into the four output phases (the same sums,
+        the weights pre-added: no 4x-sized intermediate). `stack_time_below`: causal 3x3x3
+        convolutions of fewer input channels than this run as 2-D convolutions of the three
+        frames stacked along channels (cuDNN's 2-D kernels against its 3-D ones)."""
         if getattr(net, "is_residual", False) or any(
             not hasattr(block, "upsamplers") for block in net.up_blocks
         ):
             raise ValueError("CausalDecoder runs the Wan 2.1 decoder (not 2.2's residual one)")
         self.net = net
+        self.subpixel_upsample = subpixel_upsample
+        self.stack_time_below = stack_time_below
         for module in net.modules():  # the layout cuDNN's fast kernels read
             if isinstance(module, nn.Conv3d):
                 module.weight.data = module.weight.data.contiguous(memory_format=CL3D)
@@ -82,11 +91,15 @@ class CausalDecoder:
                 module.weight.data = module.weight.data.contiguous(
                     memory_format=torch.channels_last
                 )
+        self._phase_weights: dict[nn.Conv2d, tuple[Tensor, Tensor | None]] = {}
+        self._stacked_weights: dict[nn.Conv3d, Tensor] = {}
         self.norm_silu_after: Callable[[Tensor, Tensor, Tensor], Tensor] = norm_silu_after
 
     def compile(self, mode: str | None = None) -> None:
         """Fuse each norm, SiLU and look-back concatenation into one kernel (the
-        convolutions stay cuDNN's)."""
+        convolutions stay cuDNN's). Each level and pass length is its own static graph:
+        about 20 for a stream, past dynamo's default limit of 8 per function."""
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         self.norm_silu_after = torch.compile(norm_silu_after, mode=mode, dynamic=False)
 
     def __call__(self, x_BCThw: Tensor, state: LookBack) -> Tensor:
@@ -130,8 +143,24 @@ class CausalDecoder:
     ) -> Tensor:
         """Convolve an input that starts with its look-back; keep its last frames as the next."""
         state.frames[slot] = xin_BCTHW[:, :, -LOOK_BACK:].clone()
-        pad = (0, conv.kernel_size[1] // 2, conv.kernel_size[2] // 2)
-        return F.conv3d(xin_BCTHW, conv.weight, conv.bias, padding=pad)
+        kt, kh, kw = conv.kernel_size
+        if (kt, kh, kw) == (3, 3, 3) and conv.in_channels < self.stack_time_below:
+            return self._stacked_conv(conv, xin_BCTHW)
+        return F.conv3d(xin_BCTHW, conv.weight, conv.bias, padding=(0, kh // 2, kw // 2))
+
+    def _stacked_conv(self, conv: nn.Conv3d, xin_BCTHW: Tensor) -> Tensor:
+        """A causal 3x3x3 convolution as a 2-D one over [frame t-2, t-1, t] along channels."""
+        if conv not in self._stacked_weights:
+            w = conv.weight.permute(0, 2, 1, 3, 4).reshape(conv.out_channels, -1, 3, 3)
+            self._stacked_weights[conv] = w.contiguous(memory_format=torch.channels_last)
+        B, C, Tin, H, W = xin_BCTHW.shape
+        T = Tin - LOOK_BACK
+        stacked = xin_BCTHW.new_empty((B, 3 * C, T, H, W)).contiguous(memory_format=CL3D)
+        for k in range(1 + LOOK_BACK):
+            stacked[:, k * C : (k + 1) * C].copy_(xin_BCTHW[:, :, k : k + T])
+        frames = stacked.permute(0, 2, 1, 3, 4).reshape(B * T, 3 * C, H, W)
+        out = F.conv2d(frames, self._stacked_weights[conv], conv.bias, padding=1)
+        return out.view(B, T, -1, H, W).permute(0, 2, 1, 3, 4)
 
     def _after(self, state: LookBack, slot: int, x_BCTHW: Tensor) -> Tensor:
         """[look-back ; x] along time: the input of a causal convolution with no norm in front."""
@@ -158,12 +187,48 @@ class CausalDecoder:
             raise ValueError(f"CausalDecoder: no decoder resampler {up.mode!r}")
         B, C, T, H, W = x.shape
         frames = x.permute(0, 2, 1, 3, 4).reshape(B * T, C, H, W)  # a view: channels-last 2-D
+        conv = up.resample[1]
+        if self.subpixel_upsample:
+            weight, bias = self._phase_weight(conv)
+            return _phases_to_frames(F.conv2d(frames, weight, bias, padding=1), B, T)
         # nearest-exact x2 copies values: exact in bf16 (the release upsamples in float32)
         frames = F.interpolate(frames, scale_factor=2.0, mode="nearest-exact")
-        conv = up.resample[1]
         frames = F.conv2d(frames, conv.weight, conv.bias, padding=1)
         _, C2, H2, W2 = frames.shape
         return frames.view(B, T, C2, H2, W2).permute(0, 2, 1, 3, 4)
+
+    def _phase_weight(self, conv: nn.Conv2d) -> tuple[Tensor, Tensor | None]:
+        """The 3x3 convolution after a 2x nearest upsampling, as four 3x3 convolutions of the
+        small image, one per output phase (row parity a, column parity b): a small-image
+        tap at offset r gathers the large-image taps that read the same source pixel,
+        `_PHASE_TAPS[a][r]` (the weights added in float32, then cast back)."""
+        if conv not in self._phase_weights:
+            taps = torch.tensor(_PHASE_TAPS, dtype=torch.float32, device=conv.weight.device)
+            w = torch.einsum("aru,bsv,ocuv->abocrs", taps, taps, conv.weight.float())
+            w = w.reshape(-1, *w.shape[3:]).to(conv.weight.dtype)
+            bias = None if conv.bias is None else conv.bias.repeat(4)
+            self._phase_weights[conv] = (w.contiguous(memory_format=torch.channels_last), bias)
+        return self._phase_weights[conv]
+
+
+# For output row parity a, which large-image taps u (of the 3x3 after upsampling) land on
+# small-image offset r = -1, 0, +1: row 2i + a + u - 1 reads source row i + (a + u - 1) // 2.
+_PHASE_TAPS = (
+    ((1, 0, 0), (0, 1, 1), (0, 0, 0)),  # a = 0: r=-1 ← u=0; r=0 ← u=1, 2
+    ((0, 0, 0), (1, 1, 0), (0, 0, 1)),  # a = 1: r=0 ← u=0, 1; r=+1 ← u=2
+)
+
+
+def _phases_to_frames(y_N4CHW: Tensor, B: int, T: int) -> Tensor:
+    """(B*T, [a, b, C], H, W) phase outputs → (B, C, T, 2H, 2W) channels-last pixels, pixel
+    (2i + a, 2j + b) from phase (a, b) at (i, j): one copy."""
+    N, C4, H, W = y_N4CHW.shape
+    C = C4 // 4
+    out = y_N4CHW.new_empty((B, C, T, 2 * H, 2 * W)).contiguous(memory_format=CL3D)
+    dst = out.permute(0, 2, 3, 4, 1).view(N, H, 2, W, 2, C)
+    src = y_N4CHW.permute(0, 2, 3, 1).view(N, H, W, 2, 2, C)
+    dst.copy_(src.permute(0, 1, 3, 2, 4, 5))
+    return out
 
 
 def _gamma(norm: WanRMS_norm) -> Tensor:
