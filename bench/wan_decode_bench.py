@@ -211,6 +211,7 @@ def main() -> None:  # noqa: C901 - a flat list of variants, each timed and chec
         n = args.latent_frames
         run(f"causal compiled, {best}, passes 1+2+{n - 3}", fast_vae, False, [1, 2, n - 3])
         run(f"causal compiled, {best}, passes 1+8", fast_vae, False, [1, n - 1])
+        run(f"causal compiled, {best}, passes 1+2+2+2+2", fast_vae, False, [1, 2, 2, 2, 2])
         result["kernels_causal_compiled"] = kernel_table(fast_vae, lat_b, False)
         for row in result["kernels_causal_compiled"][:10]:
             print(row, flush=True)

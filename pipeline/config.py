@@ -207,9 +207,13 @@ class FlashHeadConfig:
     # false: the reference is already a face-centred square (scaled and centre-cropped only)
     frame_reference: bool = True
     dtype: str = "auto"  # auto: bfloat16 on a GPU (as the authors run it), float32 on a CPU
+    # Pro decodes a chunk's latent frames this many at a time after the first new one, whose
+    # frames leave on their own as soon as they exist; 0: the chunk in one wide pass
+    decode_pass_latents: int = 2
 
     def validate(self) -> None:
         _check(self.variant in ("pro", "lite"), "flashhead.variant", "must be pro or lite")
+        _check(self.decode_pass_latents >= 0, "flashhead.decode_pass_latents", "must be >= 0")
         _check(self.chunk_frames >= 9, "flashhead.chunk_frames", "must be >= 9")
         _check(self.motion_latents >= 1, "flashhead.motion_latents", "must be >= 1")
         _check(1 <= self.steps <= 50, "flashhead.steps", "must be in [1, 50]")

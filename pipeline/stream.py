@@ -11,6 +11,7 @@ child-process `realtime.engine_process` proxy satisfy them; the type checker hol
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, Union
 
@@ -55,7 +56,9 @@ class AvatarStream(Protocol):
         ...
 
     def generate_ready(self) -> list[FrameBatch]:
-        """Run every step whose audio has arrived; frames in order, each once."""
+        """Run every step whose audio has arrived; frames in order, each once. A stream
+        that makes a step's frames in pieces also offers `iter_ready()`, the same batches
+        each as soon as it exists (`ready_pieces`)."""
         ...
 
     def finish(self) -> list[FrameBatch]:
@@ -89,6 +92,14 @@ class StreamingEngine(Protocol):
         """A stream of `reference_rgb`. `prompt`: what the video shows, in words, for a model
         that reads one (`pipeline.families.Family.prompts`); the others refuse one."""
         ...
+
+
+def ready_pieces(stream: AvatarStream) -> Iterator[FrameBatch]:
+    """What `generate_ready()` returns, batch by batch as each exists where the stream can
+    (`iter_ready`: FlashHead Pro sends a chunk's first new frames before the rest are
+    decoded), else all at the end of the step."""
+    pieces = getattr(stream, "iter_ready", None)
+    return pieces() if pieces is not None else iter(stream.generate_ready())
 
 
 def no_prompt(cfg: FacecastConfig, prompt: str | None) -> None:

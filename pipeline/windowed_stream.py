@@ -12,7 +12,7 @@ stream says where chunk k's audio ends (`audio_end`) and makes its frames (`make
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -53,8 +53,9 @@ class WindowedStream:
         """The model-rate sample chunk k waits for (its window ends there)."""
         raise NotImplementedError
 
-    def make_chunk(self, k: int, chunk: Chunk) -> np.ndarray:
-        """Chunk k's frames, uint8 (N, H, W, 3), from the window ending at `audio_end(k)`."""
+    def make_chunk(self, k: int, chunk: Chunk) -> Iterator[np.ndarray]:
+        """Chunk k's frames, uint8 (N, H, W, 3) pieces in order, from the window ending at
+        `audio_end(k)`: one piece, or several that leave as soon as each exists."""
         raise NotImplementedError
 
     def release(self) -> None:
@@ -73,10 +74,13 @@ class WindowedStream:
         return max(0, self.audio_end(self.next_n) - self.timeline.total)
 
     def generate_ready(self) -> list[FrameBatch]:
-        out: list[FrameBatch] = []
+        return list(self.iter_ready())
+
+    def iter_ready(self) -> Iterator[FrameBatch]:
+        """`generate_ready`, piece by piece: each batch as soon as its frames exist (a
+        consumer must take them all before calling the stream again)."""
         while self.total_frames is None and self.timeline.total >= self.audio_end(self.next_n):
-            out.append(self._advance())
-        return out
+            yield from self._advance()
 
     def finish(self) -> list[FrameBatch]:
         """End of audio: the chunks that cover it (silence after it), frames trimmed."""
@@ -85,7 +89,7 @@ class WindowedStream:
         self.total_frames = round(self.timeline.total / MODEL_SAMPLES_PER_FRAME)
         out: list[FrameBatch] = []
         while self.frames_emitted < self.total_frames:
-            out.append(self._advance())
+            out += self._advance()
         self.release()
         return out
 
@@ -99,21 +103,26 @@ class WindowedStream:
         end = self.audio_end(k)
         return self.timeline.read(end - self.window, end), end - self.window
 
-    def _advance(self) -> FrameBatch:
+    def _advance(self) -> Iterator[FrameBatch]:
+        """Chunk k's frames, piece by piece, to the sinks and the caller; then the next k."""
         k = self.next_n
         chunk = self.plan.n_chunk(k)
         self.chunk_log.append(chunk)
-        frames = self.make_chunk(k, chunk)
+        start = chunk.start
+        for frames in self.make_chunk(k, chunk):
+            if self.total_frames is not None:
+                frames = frames[: max(0, self.total_frames - start)]
+            if len(frames) == 0:
+                continue
+            batch = FrameBatch(start, frames)
+            start += len(frames)
+            self.frames_emitted = start
+            for sink in self.sinks:
+                sink(batch)
+            yield batch
+        self.frames_emitted = max(self.frames_emitted, chunk.start)
         self.next_n += 1
         self.timeline.drop_before(self.audio_end(self.next_n) - self.window)
-        start = chunk.start
-        if self.total_frames is not None:
-            frames = frames[: max(0, self.total_frames - start)]
-        batch = FrameBatch(start, frames)
-        self.frames_emitted = start + len(frames)
-        for sink in self.sinks:
-            sink(batch)
-        return batch
 
 
 def to_uint8_frames(video_3FHW: Tensor) -> np.ndarray:

@@ -29,7 +29,7 @@ import numpy as np
 
 from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME
 from pipeline.schedule import StreamStep
-from pipeline.stream import AvatarStream
+from pipeline.stream import AvatarStream, FrameBatch, ready_pieces
 from realtime.control import Interrupt
 from realtime.metrics import RealtimeMetrics
 from realtime.playout import PlayoutClock, PlayoutControl
@@ -63,7 +63,10 @@ class GenerationWorker:
         step_seconds: float = 0.0,
         margin_s: float = 0.1,
         engine_lock: threading.Lock | None = None,
+        on_first_frames: Callable[[float], None] = _ignore,
     ) -> None:
+        """`on_first_frames(seconds)`: the stream's first frames are queued, `seconds` after
+        its first step began (before the step ends, where the engine makes them in pieces)."""
         self._open = open_engine_stream
         self._engine: AvatarStream | None = None
         self._frames = frames
@@ -71,6 +74,7 @@ class GenerationWorker:
         self._loop = loop
         self._on_chunk = on_chunk
         self._on_error = on_error
+        self._on_first_frames = on_first_frames
         self._sid = session_id
         # A steady step emits `step.frames` frames at once; the audio it reads beyond them
         # (lookahead, the seam the next step redoes) is already in the engine when the next
@@ -133,7 +137,7 @@ class GenerationWorker:
         so the owner and this worker do not keep each other alive in a reference cycle."""
         if self._thread.ident is not None and not self.exited.is_set():
             return  # still inside generate_ready(): it may report when it ends
-        self._on_chunk = self._on_error = _ignore
+        self._on_chunk = self._on_error = self._on_first_frames = _ignore
 
     async def wait_exited(self, timeout: float) -> bool:
         """Wait (on the loop, holding no pool thread) until the thread has finished."""
@@ -249,21 +253,13 @@ class GenerationWorker:
 
     def _generate(self, stream: AvatarStream) -> None:
         t = time.perf_counter()
-        with self._engine_lock:
-            batches = stream.generate_ready()
-        seconds = time.perf_counter() - t
         count = 0
-        for batch in batches:
-            frames = np.asarray(batch.frames)
-            start = int(batch.start)
-            if start != self.generated:
-                log.warning(
-                    "session %s: batch starts at %d, expected %d", self._sid, start, self.generated
-                )
-            indices = [self._timeline_index(start + i) for i in range(len(frames))]
-            self._frames.put(indices, frames)
-            self.generated = start + len(frames)
-            count += len(frames)
+        with self._engine_lock:
+            for batch in ready_pieces(stream):  # each piece queued as soon as it exists
+                if self.generated == 0 and count == 0:
+                    self._call_soon(self._on_first_frames, time.perf_counter() - t)
+                count += self._queue(batch)
+        seconds = time.perf_counter() - t
         # Breaks before the last generated frame are folded into one.
         while (
             len(self._breaks) > 1 and self._breaks[1][0] <= self.generated * MODEL_SAMPLES_PER_FRAME
@@ -277,6 +273,19 @@ class GenerationWorker:
         if count:
             skipped, self._unreported_skips = self._unreported_skips, 0
             self._call_soon(self._on_chunk, ChunkStats(count, seconds, skipped))
+
+    def _queue(self, batch: FrameBatch) -> int:
+        """Put a batch's frames on the queue at their timeline places; returns how many."""
+        frames = np.asarray(batch.frames)
+        start = int(batch.start)
+        if start != self.generated:
+            log.warning(
+                "session %s: batch starts at %d, expected %d", self._sid, start, self.generated
+            )
+        indices = [self._timeline_index(start + i) for i in range(len(frames))]
+        self._frames.put(indices, frames)
+        self.generated = start + len(frames)
+        return len(frames)
 
     def _call_soon(self, fn: Callable, *args: object) -> None:
         try:
@@ -312,6 +321,7 @@ class EngineFeed:
         self._fail = fail
         self.generated = 0  # frames made
         self.first_step_s: float | None = None  # wall time of the engine's first step
+        self.first_frames_s: float | None = None  # from that step's start to its first frames
         self.worker = GenerationWorker(
             open_engine_stream,
             frames,
@@ -324,6 +334,7 @@ class EngineFeed:
             step_seconds=timing.steady_seconds,
             margin_s=margin_s + timing.spread * timing.steady_seconds,
             engine_lock=engine_lock,
+            on_first_frames=self._on_first_frames,
         )
 
     def start(self) -> None:
@@ -336,9 +347,17 @@ class EngineFeed:
     def step_seconds(self) -> float:
         return self.worker.step_seconds
 
-    def _on_chunk(self, stats: ChunkStats) -> None:
+    def _on_first_frames(self, seconds: float) -> None:
+        """The first frames exist: the playout clock starts (the rest of the step may still
+        be on its way; the plan counted on that)."""
+        self.first_frames_s = seconds
         if self._playout.clock.t0 is None:
+            self._playout.start()
+
+    def _on_chunk(self, stats: ChunkStats) -> None:
+        if self.first_step_s is None:
             self.first_step_s = stats.seconds
+        if self._playout.clock.t0 is None:
             self._playout.start()
         duration = stats.frames / FPS
         self.generated += stats.frames

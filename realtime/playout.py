@@ -69,16 +69,29 @@ def required_delay(
     margin_s: float = 0.0,
     preroll_s: float = 0.0,
     start_s: float = 0.0,
+    first_frames: tuple[float, float] | None = None,
 ) -> float:
     """The smallest t0 - A0 (plus margin) that has every step's frames ready on time, when
     timeline second t arrives at max(start_s, (t - preroll_s) / rate) after A0: a pre-roll
-    of silence is there at `start_s`, the input follows at `rate` times real time."""
+    of silence is there at `start_s`, the input follows at `rate` times real time.
+
+    A step's frames all exist when it ends, or, for an engine that sends them in pieces,
+    its first frames `first_frames` (step 0's, a later step's) after it starts and the
+    rest, no slower than the video plays, by its end: then its first frame's deadline and
+    its last frame's bound the step."""
+    early = first_frames or (first_seconds, steady_seconds)
     done, worst = 0.0, 0.0
     for step in steps:
         arrived = max(start_s, (step.audio_frames / FPS - preroll_s) / rate)
-        seconds = first_seconds if step.index == 0 else steady_seconds
-        done = max(arrived, done) + seconds
-        worst = max(worst, done - step.first_frame / FPS)
+        seconds, first = (
+            (first_seconds, early[0]) if step.index == 0 else (steady_seconds, early[1])
+        )
+        began, done = max(arrived, done), max(arrived, done) + seconds
+        worst = max(
+            worst,
+            began + min(first, seconds) - step.first_frame / FPS,
+            done - (step.end_frame - 1) / FPS,
+        )
     return worst + margin_s
 
 
@@ -90,6 +103,7 @@ def plan_playout(
     margin_s: float = 0.1,
     start_s: float = 0.0,
     preroll_step_s: float = FRAME_SECONDS,
+    first_frames: tuple[float, float] | None = None,
 ) -> PlayoutBudget:
     """The budget for a schedule (`step(k)`, e.g. `Engine.stream_step`), measured step times
     and an input at `rate` (1: a microphone) whose first audio is held until `start_s`.
@@ -97,13 +111,15 @@ def plan_playout(
     A microphone gets the pre-roll that makes the first frame as early as the engine's
     speed allows (working through the pre-roll is compute-bound) while speech keeps the
     live bound; pushed audio needs none. A slow engine is planned over two steps: beyond
-    that the worker's skips keep the slack the second step had (`realtime.generation`)."""
+    that the worker's skips keep the slack the second step had (`realtime.generation`).
+    `first_frames`: when a step's first frames exist, for an engine that sends them early
+    (`required_delay`): the first chunk of a call is then planned for its earliest frame."""
     keeps_up = steady_seconds < step(1).frames / FPS
     steps = [step(k) for k in range(HORIZON_STEPS if keeps_up else 2)]
 
     def bound(preroll: float, at_rate: float = 1.0) -> float:
         return required_delay(
-            steps, first_seconds, steady_seconds, at_rate, margin_s, preroll, start_s
+            steps, first_seconds, steady_seconds, at_rate, margin_s, preroll, start_s, first_frames
         )
 
     if rate > 1.0:
@@ -131,6 +147,9 @@ class EngineTiming:
     first_seconds: float  # wall time of step 0 in serve (warm)
     steady_seconds: float  # and of a later step
     spread: float = 0.0  # how much steps vary, as a fraction of one (added to the margin)
+    # from a step's start to its first frames, for an engine that sends them in pieces
+    first_frames_first: float | None = None  # step 0
+    first_frames_steady: float | None = None  # a later step
 
     @classmethod
     def of(cls, engine, own_process: bool = False) -> EngineTiming:
@@ -141,7 +160,23 @@ class EngineTiming:
         kind = getattr(getattr(engine, "device", None), "type", "cpu")
         slow = SERVE_SLOWDOWN.get((kind, own_process), 1.0)
         first, steady = times["first"] * slow, times["steady"] * slow
-        return cls(engine.stream_step, first, steady, STEP_SPREAD.get(kind, 0.0))
+        early_first, early_steady = times.get("first_frames"), times.get("steady_first_frames")
+        return cls(
+            engine.stream_step,
+            first,
+            steady,
+            STEP_SPREAD.get(kind, 0.0),
+            None if early_first is None else early_first * slow,
+            None if early_steady is None else early_steady * slow,
+        )
+
+    def first_frames(self, steady_seconds: float) -> tuple[float, float] | None:
+        """(step 0, a later step) seconds to their first frames, a later step's shifted by
+        what it took beyond the plan (a wait for the GPU delays its first frames as much)."""
+        if self.first_frames_first is None or self.first_frames_steady is None:
+            return None
+        late = max(0.0, steady_seconds - self.steady_seconds)
+        return self.first_frames_first, self.first_frames_steady + late
 
 
 class PlayoutClock:
@@ -240,6 +275,7 @@ class PlayoutControl:
             margin,
             start_s=PROBE_S,
             preroll_step_s=INSERT_STEP / OUTPUT_RATE,
+            first_frames=self.timing.first_frames(steady),
         )
 
     def probe(

@@ -23,7 +23,7 @@ H, W pixels.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,6 +100,20 @@ def window_indices(frames: int, end: int) -> Tensor:
     return centre.clamp(0, end - 1)
 
 
+def decode_passes(chunk_frames: int, stride: int, motion_latents: int, per_pass: int) -> list[int]:
+    """Latent frames per decode pass after a chunk's first (which the VAE takes alone): up
+    to the first latent frame with new video frames, then `per_pass` at a time (0: all the
+    rest in one pass)."""
+    rest = (chunk_frames - 1) // stride  # latent frames after the first
+    if per_pass == 0:
+        return [rest]
+    first = min(rest, motion_latents)
+    passes = [first]
+    while sum(passes) < rest:
+        passes.append(min(per_pass, rest - sum(passes)))
+    return passes
+
+
 @dataclass
 class FlashHeadModels:
     dit: WanAudioDiT
@@ -127,6 +141,9 @@ class FlashHeadEngine:
         self.stride = cfg.vae_temporal_stride
         self.motion_frames = (fh.motion_latents - 1) * self.stride + 1
         self.new_frames = cfg.flashhead_new_frames
+        self.decode_passes = decode_passes(
+            fh.chunk_frames, self.stride, fh.motion_latents, fh.decode_pass_latents
+        )
 
     @classmethod
     def load(cls, cfg: FacecastConfig, device: str = "cpu") -> FlashHeadEngine:
@@ -248,30 +265,69 @@ class FlashHeadStream(WindowedStream):
             return vae.encode(video_B3FHW, sample=True, generator=self.generator)
         return vae.encode(video_B3FHW)
 
-    def make_chunk(self, k: int, chunk: Chunk) -> np.ndarray:
+    def make_chunk(self, k: int, chunk: Chunk) -> Iterator[np.ndarray]:
+        """The chunk's new frames: Pro's in pieces, each as soon as its latent frames are
+        decoded (the first new ones after a short pass), Lite's at once."""
         if self.ref_lat is None or self.motion is None:
             raise RuntimeError("the stream is closed")
+        lat = self._sample(k)
+        vae, engine = self.engine.models.vae, self.engine
+        if isinstance(vae, LtxVae):
+            yield self._finish_chunk(vae.decode(lat[None]))
+            return
+        t = time.perf_counter()
+        with torch.inference_mode():
+            passes = vae.stream().frames(lat[None], passes=engine.decode_passes)
+        seen, tail = 0, list[Tensor]()  # video frames decoded so far; the last ones, for the motion
+        while True:
+            with torch.inference_mode():
+                pixels = next(passes, None)
+                if pixels is None:
+                    break
+                video = self.color(pixels)  # (1, 3, n, H, W) in [-1, 1]
+                lo = max(0, engine.motion_frames - seen)
+                seen += video.shape[2]
+                tail = [*tail, video][-2:]  # a pass gives 4+ frames: two hold the motion's 5
+                frames = to_uint8_frames(video[0, :, lo:]) if lo < video.shape[2] else None
+            if frames is not None:
+                self.times.add("decode", time.perf_counter() - t)
+                yield frames
+                t = time.perf_counter()
+        self.times.add("decode", time.perf_counter() - t)
+        t = time.perf_counter()
+        with torch.inference_mode():
+            self.motion = self._encode(torch.cat(tail, dim=2)[:, :, -engine.motion_frames :])[0]
+        self.times.add("encode", time.perf_counter() - t)
+
+    @torch.inference_mode()
+    def _sample(self, k: int) -> Tensor:
+        """Chunk k's latents (C, T, h, w): its audio's features, then the DiT's steps."""
+        assert self.ref_lat is not None and self.motion is not None
         engine = self.engine
         models, dev, dtype = engine.models, engine.device, engine.dtype
         t = time.perf_counter()
-        with torch.inference_mode():
-            audio = self._audio(k).to(dev)
-            self.times.add("audio", time.perf_counter() - t)
-            t = time.perf_counter()
-            ctx = models.dit.project_audio(audio)
-            C, T, h, w = self.ref_lat.shape
-            noise = torch.randn((C, T, h, w), dtype=dtype, device=dev, generator=self.generator)
-            lat = sample_chunk(
-                models.dit, noise, self.motion, self.ref_lat, ctx, engine.timesteps, self.generator
-            )
-            self.times.add("dit", time.perf_counter() - t)
-            t = time.perf_counter()
-            video = self.color(models.vae.decode(lat[None]))  # (1, 3, F, H, W) in [-1, 1]
-            self.times.add("decode", time.perf_counter() - t)
-            t = time.perf_counter()
-            self.motion = self._encode(video[:, :, -engine.motion_frames :])[0]
-            self.times.add("encode", time.perf_counter() - t)
-            return to_uint8_frames(video[0, :, engine.motion_frames :])
+        audio = self._audio(k).to(dev)
+        self.times.add("audio", time.perf_counter() - t)
+        t = time.perf_counter()
+        ctx = models.dit.project_audio(audio)
+        C, T, h, w = self.ref_lat.shape
+        noise = torch.randn((C, T, h, w), dtype=dtype, device=dev, generator=self.generator)
+        lat = sample_chunk(
+            models.dit, noise, self.motion, self.ref_lat, ctx, engine.timesteps, self.generator
+        )
+        self.times.add("dit", time.perf_counter() - t)
+        return lat
+
+    @torch.inference_mode()
+    def _finish_chunk(self, decoded_B3FHW: Tensor) -> np.ndarray:
+        """A whole chunk's pixels: colour, the motion for the next chunk, the new frames."""
+        t = time.perf_counter()
+        video = self.color(decoded_B3FHW)
+        self.times.add("decode", time.perf_counter() - t)
+        t = time.perf_counter()
+        self.motion = self._encode(video[:, :, -self.engine.motion_frames :])[0]
+        self.times.add("encode", time.perf_counter() - t)
+        return to_uint8_frames(video[0, :, self.engine.motion_frames :])
 
     def release(self) -> None:
         self.ref_lat = None

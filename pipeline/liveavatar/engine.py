@@ -36,7 +36,7 @@ import dataclasses
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -288,7 +288,10 @@ class LiveAvatarStream(WindowedStream):
         block = feats_FSA[lo : lo + chunk.length]
         return block.permute(1, 2, 0)[None].to(self.engine.device, self.engine.dtype)
 
-    def make_chunk(self, k: int, chunk: Chunk) -> np.ndarray:
+    def make_chunk(self, k: int, chunk: Chunk) -> Iterator[np.ndarray]:
+        yield self._block(k, chunk)
+
+    def _block(self, k: int, chunk: Chunk) -> np.ndarray:
         if self.cache is None or self.decoder is None:
             raise RuntimeError("the stream is closed")
         engine = self.engine

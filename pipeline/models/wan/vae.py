@@ -28,7 +28,7 @@ Legend: B batch, C latent channels (z_dim, 16), T latent frames, F video frames
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -168,21 +168,31 @@ class WanDecodeStream:
         self.look_back = LookBack()  # the causal decoder's
         self.latent_frames = 0
 
-    def frames(self, lat_BCThw: Tensor, latents_per_pass: int | None = None) -> Iterator[Tensor]:
+    def frames(
+        self,
+        lat_BCThw: Tensor,
+        latents_per_pass: int | None = None,
+        passes: Sequence[int] = (),
+    ) -> Iterator[Tensor]:
         """Yield pixels pass by pass: (B, 3, 1, H, W) for the stream's first latent frame,
-        then (B, 3, 4k, H, W) for each pass over k latent frames (k = `latents_per_pass`, or
-        all that are left when None: one wide pass keeps the GPU busy, per-frame passes let
-        the first frames leave sooner). The cache advances with each yield: a consumer that
-        stops early can go on with the next latent frame later."""
+        then (B, 3, 4k, H, W) for each pass over k latent frames: the next of `passes`
+        while there are any, then `latents_per_pass`, or all that are left when None (one
+        wide pass keeps the GPU busy, short passes let the first frames leave sooner). The
+        cache advances with each yield: a consumer that stops early can go on with the
+        next latent frame later."""
         if latents_per_pass is not None and latents_per_pass < 1:
             raise ValueError(f"latents_per_pass must be at least 1, got {latents_per_pass}")
+        if any(n < 1 for n in passes):
+            raise ValueError(f"passes must be of at least 1 latent frame, got {list(passes)}")
         net = self.vae.net
         inv_std, mean = _per_channel(self.vae.latent_inv_std), _per_channel(self.vae.latent_mean)
         z_BCThw = lat_BCThw / inv_std + mean
         T, t = z_BCThw.shape[2], 0
+        planned = list(passes)
         while t < T:
             first = self.latent_frames == 0
-            n = 1 if first else min(latents_per_pass or T, T - t)
+            asked = planned.pop(0) if planned and not first else latents_per_pass or T
+            n = 1 if first else min(asked, T - t)
             x_BCnhw = net.post_quant_conv(z_BCThw[:, :, t : t + n])
             if self.reference:
                 out = net.decoder(x_BCnhw, feat_cache=self.cache, feat_idx=[0], first_chunk=first)
