@@ -30,6 +30,7 @@ from pipeline.flashhead.weights import random_dit_state, write_release_dit
 from pipeline.models.wan.dit import WanDiTConfig
 from pipeline.models.wan.vae import WanVAEConfig, random_checkpoint
 from pipeline.startup import EngineOptions, start_engine
+from pipeline.stream import FrameBatch
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "flashhead" / "parity_tiny.safetensors"
@@ -43,9 +44,9 @@ def release(tmp_path_factory):
     return write_random_release(tmp_path_factory.mktemp("flashhead"), "test", seed=3, lite=True)
 
 
-def engine_options(release, model="flashhead-pro", size=32, **kw) -> EngineOptions:
+def engine_options(release, model="flashhead-pro", size=32, overrides=(), **kw) -> EngineOptions:
     weights, wav2vec = release
-    overrides = {"video.width": size, "video.height": size}
+    overrides = {"video.width": size, "video.height": size, **dict(overrides)}
     return EngineOptions(
         model=model,
         weights=str(weights),
@@ -111,17 +112,18 @@ def test_the_dit_wav2vec2_and_a_three_chunk_render_match_the_authors(parity_rele
 
     stream = engine.new_stream(ref["reference"].numpy(), seed=meta["seed"])
     seen = {}
-    decode = models.vae.decode
+    sample = stream._sample
 
-    def keep(z):
-        seen["latents"] = z[0]
-        return decode(z)
+    def keep(k):
+        seen["latents"] = sample(k)
+        return seen["latents"]
 
-    models.vae.decode = keep
+    stream._sample = keep  # the latents the VAE decodes, beside the authors'
     try:
         for k in range(meta["chunks"]):
             stream.push_audio(speech[k * samples : (k + 1) * samples])
-            (batch,) = stream.generate_ready()
+            pieces = stream.generate_ready()  # Pro: a chunk's frames in pieces, in order
+            batch = FrameBatch(pieces[0].start, np.concatenate([p.frames for p in pieces]))
             torch.testing.assert_close(
                 seen["latents"], ref[f"chunk{k}.latents"], atol=1e-4, rtol=1e-4
             )
@@ -132,8 +134,34 @@ def test_the_dit_wav2vec2_and_a_three_chunk_render_match_the_authors(parity_rele
             assert batch.start == k * engine.new_frames
             assert diff.max() <= 1 and (diff == 0).mean() > 0.999, (k, diff.max(), diff.mean())
     finally:
-        models.vae.decode = decode
         stream.close()
+
+
+def test_pro_sends_a_chunks_first_new_frames_before_the_rest_and_the_same_frames(release):
+    """Decoded in passes (the GPU's default), a chunk leaves in pieces: the first latent
+    frame with new video frames alone, then two latent frames a pass; the frames are those
+    of one wide pass, and so is the motion handed to the next chunk."""
+    audio = (0.2 * np.sin(np.arange(3 * MODEL_RATE) * 0.05)).astype(np.float32)
+    runs = []
+    for per_pass in (2, 0):
+        engine, _ = start_engine(
+            engine_options(release, overrides={"flashhead.decode_pass_latents": per_pass})
+        )
+        stream = engine.new_stream(np.full((48, 40, 3), 120, np.uint8), seed=5)
+        stream.push_audio(audio)
+        pieces = stream.generate_ready()
+        runs.append((pieces, stream.motion.clone()))
+        stream.close()
+    (passed, motion), (whole, wide_motion) = runs
+    assert [len(p.frames) for p in whole] == [28, 28]  # 3 s: two chunks of 28 new frames
+    # each chunk: the 4 new frames of its third latent frame (the first two, 5 frames, are
+    # the motion carried over), then 8 frames (two latent frames) a pass
+    assert [len(p.frames) for p in passed] == [4, 8, 8, 8] * 2
+    assert [p.start for p in passed] == sorted(p.start for p in passed)
+    a = np.concatenate([p.frames for p in passed]).astype(int)
+    b = np.concatenate([p.frames for p in whole]).astype(int)
+    assert a.shape == b.shape and np.abs(a - b).max() <= 1
+    torch.testing.assert_close(motion, wide_motion, atol=1e-4, rtol=1e-4)
 
 
 # -- the loader: one line naming the file --------------------------------------------------------

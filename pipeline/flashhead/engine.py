@@ -141,9 +141,10 @@ class FlashHeadEngine:
         self.stride = cfg.vae_temporal_stride
         self.motion_frames = (fh.motion_latents - 1) * self.stride + 1
         self.new_frames = cfg.flashhead_new_frames
-        self.decode_passes = decode_passes(
-            fh.chunk_frames, self.stride, fh.motion_latents, fh.decode_pass_latents
-        )
+        per_pass = fh.decode_pass_latents
+        if per_pass is None:
+            per_pass = 2 if device.type == "cuda" else 0
+        self.decode_passes = decode_passes(fh.chunk_frames, self.stride, fh.motion_latents, per_pass)
 
     @classmethod
     def load(cls, cfg: FacecastConfig, device: str = "cpu") -> FlashHeadEngine:
