@@ -11,11 +11,15 @@
 #                     diffusers 0.35.2, loguru (their wav2vec2 subclass predates transformers 5)
 #   .gpu/             grace_square.png (the portrait framed here: OpenCV 5 there has no Haar)
 #                     and speech.wav (tests/support/realtime.make_speech_wav)
-# Usage there: bash bench/gpu_flashhead.sh parity|decode|speed|serve
+#   sessions (alone): .whlserve/ with diffusers' wheel added (pipelines stripped), to stay
+#                     under the 64 MiB that travels; the portrait and speech are the
+#                     project's own (pipeline/assets)
+# Usage there: bash bench/gpu_flashhead.sh parity|decode|speed|serve|sessions
 set -uo pipefail
-mode=${1:?parity|decode|speed|serve}
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD/.whl/pure:$PWD PYTHONUNBUFFERED=1
+mode=${1:?parity|decode|speed|serve|sessions}
+wheels=.whl; [ "$mode" = sessions ] && wheels=.whlserve
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels/*.whl
+export PYTHONPATH=/tmp/site:$PWD/$wheels/pure:$PWD PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}
 work=/tmp/fh
 mkdir -p "$work"
@@ -75,6 +79,28 @@ serve)
     --seconds "${SECONDS_LIVE:-60}" --mode live --mode push --wav .gpu/speech.wav \
     --server-log "$out/serve.log" --json "$out/serve.json" --markdown "$out/serve.md" \
     || { echo "serve FAILED"; tail -20 "$out/serve.log"; }
+  ;;
+sessions)  # the product bench (batched steps, capacity), then serve: an agent alone, then
+  # CALLS live calls at once; MODEL=flashhead-lite for Lite
+  model=${MODEL:-flashhead-pro}
+  lite=; [ "$model" = flashhead-lite ] && lite=--lite
+  python3 -m pipeline.flashhead.random_release "$work/float32" --shape full $lite >/dev/null 2>&1
+  w="--model $model --weights $work/float32/release --wav2vec $work/float32/wav2vec --device cuda"
+  sets="--set flashhead.batch_streams=${BATCH:-3}"
+  # shellcheck disable=SC2086
+  timeout 240 python3 -m facecast bench $w --compile --precision fp8 $sets --seconds 20 \
+    --json "$out/bench_$model.json" 2>"$out/bench_$model.log" | tail -3 \
+    || { echo "bench FAILED"; tail -5 "$out/bench_$model.log"; }
+  args="--serve-arg=--model=$model --serve-arg=--weights=$work/float32/release"
+  args+=" --serve-arg=--wav2vec=$work/float32/wav2vec --serve-arg=--reference=pipeline/assets/reference.png"
+  args+=" --serve-arg=--set=flashhead.frame_reference=false --serve-arg=--set=flashhead.batch_streams=${BATCH:-3}"
+  args+=" --serve-arg=--compile --serve-arg=--precision=fp8"
+  # shellcheck disable=SC2086
+  timeout "${SERVE_TIMEOUT:-330}" python3 bench/serve_bench.py --config "$model" --device cuda $args \
+    --seconds "${SECONDS_LIVE:-60}" --mode push --mode "live*${CALLS:-2}" \
+    --wav pipeline/assets/sample_speech.wav --server-log "$out/serve_$model.log" \
+    --json "$out/serve_$model.json" --markdown "$out/serve_$model.md" \
+    || { echo "serve FAILED"; tail -20 "$out/serve_$model.log"; }
   ;;
 esac
 ls -la "$out"

@@ -50,7 +50,10 @@ def metric_values(text: str) -> dict[str, float]:
     return out
 
 
-async def one_call(url: str, pcm, mode: str, seconds: float, speed: float) -> dict:
+async def one_call(
+    url: str, pcm, mode: str, seconds: float, speed: float, delay: float = 0.0
+) -> dict:
+    await asyncio.sleep(delay)  # calls held together start a little apart, as people do
     source = PcmSource(pcm, speed=speed if mode == "push" else 1.0, loop=mode == "live")
     length = seconds if mode == "live" else pcm.size / OUTPUT_RATE / speed + 3.0
     async with aiohttp.ClientSession() as http:
@@ -97,9 +100,17 @@ async def measure(args: argparse.Namespace, cmd: list[str], port: int, script: s
         health = await wait_until_ready(url, args.startup_timeout, server)
         pcm = read_pcm(args.wav)
         calls = []
-        for mode in args.mode:
-            calls.append(await one_call(url, pcm, mode, args.seconds, args.push_speed))
-            print(summary(args.config, calls[-1]), flush=True)
+        for mode, n in map(mode_and_calls, args.mode):
+            together = await asyncio.gather(
+                *(
+                    one_call(url, pcm, mode, args.seconds, args.push_speed, i * args.stagger)
+                    for i in range(n)
+                )
+            )
+            for i, call in enumerate(together):
+                call.update(concurrent=n, call=i)
+                calls.append(call)
+                print(summary(args.config, call), flush=True)
     finally:
         server.terminate()
         server.wait(30)
@@ -121,7 +132,7 @@ def summary(config: str, call: dict) -> str:
     s, c = call["server"], call["client"]
     gb = call["gpu_memory_peak_bytes"]
     return (
-        f"{config} {call['mode']}: fresh {s.get('fresh_share')} "
+        f"{config} {call['mode']} (call {call.get('call', 0) + 1} of {call.get('concurrent', 1)}): fresh {s.get('fresh_share')} "
         f"({s.get('frames_fresh')}/{s.get('frames_sent')}, dropped {s.get('frames_dropped')}, "
         f"skipped {s.get('frames_skipped')}, deadlines missed {s.get('frames_missed')}), ttff {s.get('ttff_ms')} ms, "
         f"speech-to-lips p50/p95 {s.get('speech_to_lips_p50_ms')}/"
@@ -151,7 +162,8 @@ def markdown(res: dict) -> str:
         gb = call["gpu_memory_peak_bytes"]
         rtf = call["generation_rtf"]
         lines.append(
-            f"| {call['mode']} ×{call['speed']:g}, {call['seconds']:.0f} s | "
+            f"| {call['mode']} ×{call['speed']:g}, {call['seconds']:.0f} s"
+            f"{together_label(call)} | "
             f"{s.get('fresh_share')} ({s.get('frames_fresh')}/{s.get('frames_sent')}) | "
             f"{s.get('frames_dropped')} · {s.get('frames_skipped')} · {s.get('frames_missed')} | "
             f"{s.get('ttff_ms')} ms | "
@@ -163,6 +175,18 @@ def markdown(res: dict) -> str:
             f"{f'{gb / 1e9:.1f} GB' if gb else '–'} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def mode_and_calls(spec: str) -> tuple[str, int]:
+    mode, _, n = spec.partition("*")
+    if mode not in ("live", "push") or not (n or "1").isdigit() or int(n or "1") < 1:
+        raise SystemExit(f"--mode {spec}: expected live or push, optionally *N (N >= 1)")
+    return mode, int(n or "1")
+
+
+def together_label(call: dict) -> str:
+    n = call.get("concurrent", 1)
+    return "" if n == 1 else f", {call['call'] + 1} of {n}"
 
 
 def gpu_name() -> str:
@@ -193,8 +217,14 @@ def main() -> int:
     p.add_argument("--compile", action="store_true")
     p.add_argument("--wav", required=True, help="speech with pauses (looped for live calls)")
     p.add_argument("--seconds", type=float, default=60.0, help="length of a live call")
-    p.add_argument("--mode", action="append", choices=["live", "push"], help="repeatable")
+    p.add_argument(
+        "--mode",
+        action="append",
+        help="live or push, repeatable; live*2: two such calls at once (they start --stagger "
+        "seconds apart)",
+    )
     p.add_argument("--push-speed", type=float, default=5.0)
+    p.add_argument("--stagger", type=float, default=0.7, help="seconds between their starts")
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--serve-arg", action="append", default=[], help="extra serve flag")
     p.add_argument("--server-log", help="write the server's output here")
@@ -202,6 +232,8 @@ def main() -> int:
     p.add_argument("--markdown")
     args = p.parse_args()
     args.mode = args.mode or ["live"]
+    for spec in args.mode:  # refused before any server starts
+        mode_and_calls(spec)
     res = asyncio.run(run(args))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

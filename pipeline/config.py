@@ -212,6 +212,8 @@ class FlashHeadConfig:
     # 2 on a GPU, where the pieces cost nothing (H200: 258 ms a chunk in 5 passes, 260 in
     # 2), 0 on a CPU, where every pass has a fixed cost of about 0.1 s at any size.
     decode_pass_latents: int | None = None
+    # at most this many streams' steps run as one batch (those waiting when the GPU frees)
+    batch_streams: int = 4
 
     def validate(self) -> None:
         _check(self.variant in ("pro", "lite"), "flashhead.variant", "must be pro or lite")
@@ -220,6 +222,7 @@ class FlashHeadConfig:
             "flashhead.decode_pass_latents",
             "must be >= 0",
         )
+        _check(self.batch_streams >= 1, "flashhead.batch_streams", "must be >= 1")
         _check(self.chunk_frames >= 9, "flashhead.chunk_frames", "must be >= 9")
         _check(self.motion_latents >= 1, "flashhead.motion_latents", "must be >= 1")
         _check(1 <= self.steps <= 50, "flashhead.steps", "must be in [1, 50]")

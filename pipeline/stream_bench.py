@@ -72,6 +72,9 @@ def bench_stream(opts: EngineOptions, seconds: float, command: str) -> dict:
             "seconds": seconds,
         },
         "startup": report.to_dict(),
+        # the warm-up's steps: alone, and batches of n streams ("steady_x<n>")
+        "warmup_step_seconds": engine.step_seconds,
+        "capacity": getattr(engine, "capacity", None),
         "steady": {
             "fps": fps,
             "real_time_factor": FPS / fps,
@@ -97,6 +100,8 @@ def bench_stream(opts: EngineOptions, seconds: float, command: str) -> dict:
 def stream_summary(res: dict) -> str:
     s, m = res["steady"], res["memory"]
     stages = " ".join(f"{k}={v:.3f}s" for k, v in res["stages_per_step"].items())
+    warm = res.get("warmup_step_seconds") or {}
+    batched = " ".join(f"{k[7:]}={v:.3f}s" for k, v in warm.items() if k.startswith("steady_x"))
     peak = f"{m['peak_bytes'] / 1e9:.2f} GB" if m["peak_bytes"] else "-"
     return (
         f"{res['meta']['config']} compile={res['meta']['compile']} "
@@ -104,7 +109,7 @@ def stream_summary(res: dict) -> str:
         f"{s['real_time_factor']:.3f}), step p50 {s['step_p50']:.3f}s p90 {s['step_p90']:.3f}s "
         f"first {s['step_first']:.3f}s for {s['frames_per_step']} frames; first frames after "
         f"{s['first_frames_first']:.3f}s (step 0), {s['first_frames_p50']:.3f}s (p50); "
-        f"per step {stages}; "
+        f"per step {stages}; batched steps {batched} (capacity {res['capacity']}); "
         f"peak {peak}, allocated {m['allocated_first_half_max'] / 1e9:.2f} → "
         f"{m['allocated_second_half_max'] / 1e9:.2f} GB"
     )

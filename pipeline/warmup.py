@@ -10,6 +10,7 @@ needs to show every shape (6 by default: N_0, N, I, each SR segment, the stream'
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -25,8 +26,80 @@ def warm_up(engine, seed: int = 0) -> float:
     t = time.perf_counter()
     engine.run_every_shape(seed)
     engine.step_seconds = warm_session(engine, seed, timed=True)
+    if getattr(engine, "batcher", None) is not None:
+        engine.step_seconds.update(warm_batches(engine, seed))
+        engine.capacity = capacity(engine.step_seconds, engine.chunk_seconds)
     engine.warmup_seconds = time.perf_counter() - t
     return engine.warmup_seconds
+
+
+# A batch's step must leave this share of a chunk's play time free: the media loop, the
+# steps' spread and a session's own skew live in the rest.
+CAPACITY_MARGIN = 0.85
+
+
+def capacity(step_seconds: dict[str, float], chunk_seconds: float) -> int:
+    """How many sessions fit at real time: the largest batch whose steady step takes at
+    most CAPACITY_MARGIN of the play time it makes (at least 1: one session is served as
+    fast as the engine can, fresh or not)."""
+    fits = 1
+    for key, seconds in step_seconds.items():
+        if key.startswith("steady_x") and seconds <= CAPACITY_MARGIN * chunk_seconds:
+            fits = max(fits, int(key.removeprefix("steady_x")))
+    return fits
+
+
+def warm_batches(engine, seed: int) -> dict[str, float]:
+    """Time steps of 2, 3, ... streams run as one batch (`engine.batcher`), up to the
+    batcher's size or the first batch slower than real time; {"steady_x<n>": the median
+    later step}. The first step of each size also compiles its shapes, here and not in a
+    session."""
+    spf = MODEL_SAMPLES_PER_FRAME
+    steps = getattr(engine, "warmup_steps", 3)
+    frames = engine.stream_step(steps - 1).audio_frames
+    audio = (0.1 * np.sin(np.arange(frames * spf) * 0.07)).astype(np.float32)
+    out: dict[str, float] = {}
+    for n in range(2, engine.batcher.max_batch + 1):
+        streams = [engine.new_stream(engine.warmup_reference(), seed=seed + i) for i in range(n)]
+        seconds = []
+        for k in range(steps):
+            end = engine.stream_step(k).audio_frames * spf
+            for stream in streams:
+                stream.push_audio(audio[stream.timeline.total : end])
+            seconds.append(run_together(engine.batcher, streams))
+        for stream in streams:
+            stream.close()
+        out[f"steady_x{n}"] = _median_after_first(seconds)
+        if out[f"steady_x{n}"] > engine.chunk_seconds:
+            break
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+    return out
+
+
+def run_together(batcher, streams: list) -> float:
+    """One step of each stream as one batch; the seconds from its start to the last frame
+    on the host."""
+    failed: list[BaseException] = []
+
+    def step(stream) -> None:
+        try:
+            stream.generate_ready()
+        except BaseException as exc:
+            failed.append(exc)
+
+    threads = [threading.Thread(target=step, args=(stream,)) for stream in streams]
+    with batcher.gathering():
+        for thread in threads:
+            thread.start()
+        while batcher.waiting + len(failed) < len(streams):
+            time.sleep(0.001)
+        t = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    if failed:
+        raise failed[0]
+    return time.perf_counter() - t
 
 
 def warm_session(engine, seed: int, timed: bool) -> dict[str, float]:

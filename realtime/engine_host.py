@@ -30,6 +30,18 @@ class HostedEngine(StreamingEngine, Protocol):
         """Whether steps run in another process (serving is slower there on a CPU)."""
         ...
 
+    @property
+    def batches_steps(self) -> bool:
+        """Whether the engine runs its sessions' steps itself, several as one batch
+        (`pipeline.batching`); if not, the server's sessions take turns."""
+        ...
+
+    @property
+    def capacity(self) -> int | None:
+        """Sessions the engine measured at start-up that it carries at real time; None
+        where it measures none."""
+        ...
+
     def gpu_memory_peak(self) -> int | None:
         """Peak bytes on the engine's GPU; None on a CPU. May wait for a step to finish."""
         ...
@@ -62,6 +74,14 @@ class InProcessEngine:
     @property
     def startup(self) -> StartupReport | None:
         return self.engine.startup
+
+    @property
+    def batches_steps(self) -> bool:
+        return getattr(self.engine, "batcher", None) is not None
+
+    @property
+    def capacity(self) -> int | None:
+        return getattr(self.engine, "capacity", None)
 
     def stream_step(self, k: int) -> StreamStep:
         return self.engine.stream_step(k)

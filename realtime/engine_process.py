@@ -41,6 +41,9 @@ class EngineProcess:
     `realtime.engine_host.HostedEngine`."""
 
     own_process = True
+    # its calls cross one pipe in turn, so sessions' steps never meet there to be batched
+    batches_steps = False
+    capacity = None
 
     def __init__(self, options: EngineOptions) -> None:
         ctx = mp.get_context("spawn")  # CUDA cannot be forked; a clean interpreter anyway

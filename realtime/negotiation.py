@@ -31,11 +31,10 @@ async def open_session(
 
     `require_video=False` accepts an offer with no video section (a WHIP client that only
     sends its microphone): the avatar is generated all the same, just not sent to it."""
-    if len(service.sessions) + service.reserved >= service.config.max_sessions:
+    limit = service.max_sessions
+    if len(service.sessions) + service.reserved >= limit:
         service.metrics.sessions_rejected.inc()
-        raise ServerFull(
-            f"server full: {service.config.max_sessions} sessions are live; try again later"
-        )
+        raise ServerFull(f"server full: {limit} sessions are live; try again later")
     service.reserved += 1
     try:
         return await _negotiate(service, request, require_video)
@@ -58,8 +57,8 @@ async def _negotiate(service: Service, request: OfferRequest, require_video: boo
         service.metrics,
         service.on_session_closed,
         vad,
-        EngineTiming.of(engine, engine.own_process),
-        service.engine_lock,
+        EngineTiming.of(engine, engine.own_process, sessions=len(service.sessions) + 1),
+        service.engine_lock_for_sessions,
     )
     try:
         check_codecs(offer.sdp)

@@ -152,14 +152,18 @@ class EngineTiming:
     first_frames_steady: float | None = None  # a later step
 
     @classmethod
-    def of(cls, engine, own_process: bool = False) -> EngineTiming:
-        """From a started engine (`Engine.warmup` measured the step times alone). Serving
+    def of(cls, engine, own_process: bool = False, sessions: int = 1) -> EngineTiming:
+        """From a started engine (`Engine.warmup` measured the step times alone, and an
+        engine that batches its sessions' steps, a batch of each size: "steady_x<n>").
+        A session opened beside others plans on the step of a batch of them all. Serving
         is slower, most on a CPU, where the media loop (H.264, Opus, VAD) shares the cores
         with the engine; the plan starts from that and follows the measured steps after."""
         times = engine.step_seconds or {"first": 0.0, "steady": 0.0}
         kind = getattr(getattr(engine, "device", None), "type", "cpu")
         slow = SERVE_SLOWDOWN.get((kind, own_process), 1.0)
-        first, steady = times["first"] * slow, times["steady"] * slow
+        batched = [n for n in range(2, sessions + 1) if f"steady_x{n}" in times]
+        steady = times[f"steady_x{max(batched)}"] if batched else times["steady"]
+        first, steady = max(times["first"], steady) * slow, steady * slow
         early_first, early_steady = times.get("first_frames"), times.get("steady_first_frames")
         return cls(
             engine.stream_step,

@@ -10,8 +10,8 @@ Routes (all but the page need `Authorization: Bearer TOKEN` when a token is set)
     GET  /sessions/{id}/speech      WebSocket: the utterance channel (realtime/speech_ws.py)
     POST /whip, DELETE /whip/{id}   WHIP ingest, RFC 9725 (realtime/whip.py)
     POST /whep/{id}, DELETE /whep/{id}/{viewer}   WHEP viewers of a session (realtime/whep/)
-    GET  /healthz                   {status: starting|ok|failed, sessions, max_sessions,
-                                     startup_seconds}; 503 until the engine is warm
+    GET  /healthz                   {status: starting|ok|failed, sessions, max_sessions, free,
+                                     capacity, startup_seconds}; 503 until the engine is warm
     GET  /metrics                   Prometheus text format
 
 `facecast serve` (the `facecast` package's CLI) calls `add_arguments` and `serve`. The
@@ -236,8 +236,11 @@ async def _healthz(request: web.Request) -> web.Response:
     body: dict[str, Any] = {
         "status": service.state,
         "sessions": len(service.sessions),
-        "max_sessions": service.config.max_sessions,
+        "max_sessions": service.max_sessions,
     }
+    if service.engine is not None and service.engine.capacity is not None:
+        body["capacity"] = service.engine.capacity  # sessions it measured it carries
+    body["free"] = max(0, service.max_sessions - len(service.sessions) - service.reserved)
     if service.engine is not None:
         body["startup_seconds"] = round(service.startup_seconds, 3)
     else:
@@ -271,7 +274,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument(
-        "--max-sessions", type=int, default=4, help="concurrent peers; more get HTTP 503"
+        "--max-sessions",
+        type=int,
+        default=None,
+        help="concurrent peers; more get HTTP 503 (default: as many as the engine measured "
+        "at start-up that it carries at real time; 4 where it measures none)",
     )
     parser.add_argument(
         "--token",
@@ -317,7 +324,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """ServerConfig from parsed flags; ValueError names a bad value."""
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port}: must be in [0, 65535]")
-    if args.max_sessions < 1:
+    if args.max_sessions is not None and args.max_sessions < 1:
         raise ValueError(f"--max-sessions {args.max_sessions}: must be >= 1")
     if args.max_viewers < 0:
         raise ValueError(f"--max-viewers {args.max_viewers}: must be >= 0")

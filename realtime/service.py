@@ -33,12 +33,16 @@ from realtime.sinks import SinkFactory
 
 log = logging.getLogger(__name__)
 
+DEFAULT_MAX_SESSIONS = 4  # an engine that measures no capacity (the CPU demo, integrations)
+
 
 @dataclass
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
-    max_sessions: int = 4
+    # concurrent sessions; None: as many as the engine measured it carries at real time
+    # (`HostedEngine.capacity`, at least 1), DEFAULT_MAX_SESSIONS where it measures none
+    max_sessions: int | None = None
     token: str | None = None
     reference: str | None = None  # image file; default: the engine's packaged reference
     # the reference's face framed by hand (photo stack, FlashHead): x, y, w, h in its pixels
@@ -110,6 +114,22 @@ class Service:
         self.metrics.startup_seconds.set(seconds)
         self.metrics.ready.set(1)
         self.engine = engine
+
+    @property
+    def max_sessions(self) -> int:
+        """Sessions admitted at once: the operator's limit, else the engine's capacity."""
+        if self.config.max_sessions is not None:
+            return self.config.max_sessions
+        capacity = self.engine.capacity if self.engine is not None else None
+        return capacity or DEFAULT_MAX_SESSIONS
+
+    @property
+    def engine_lock_for_sessions(self) -> threading.Lock | None:
+        """The lock every session's steps take in turn; None for an engine that batches
+        its sessions' steps itself (each worker then hands its step in at once)."""
+        if self.engine is not None and self.engine.batches_steps:
+            return None
+        return self.engine_lock
 
     def warm_engine(self) -> HostedEngine:
         if self.engine is None:

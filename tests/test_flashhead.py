@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import av
@@ -112,13 +113,14 @@ def test_the_dit_wav2vec2_and_a_three_chunk_render_match_the_authors(parity_rele
 
     stream = engine.new_stream(ref["reference"].numpy(), seed=meta["seed"])
     seen = {}
-    sample = stream._sample
+    sample = engine._sample
 
-    def keep(k):
-        seen["latents"] = sample(k)
-        return seen["latents"]
+    def keep(jobs):
+        lat = sample(jobs)
+        seen["latents"] = lat[0]
+        return lat
 
-    stream._sample = keep  # the latents the VAE decodes, beside the authors'
+    engine._sample = keep  # the latents the VAE decodes, beside the authors'
     try:
         for k in range(meta["chunks"]):
             stream.push_audio(speech[k * samples : (k + 1) * samples])
@@ -162,6 +164,57 @@ def test_pro_sends_a_chunks_first_new_frames_before_the_rest_and_the_same_frames
     b = np.concatenate([p.frames for p in whole]).astype(int)
     assert a.shape == b.shape and np.abs(a - b).max() <= 1
     torch.testing.assert_close(motion, wide_motion, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model", ["flashhead-pro", "flashhead-lite"])
+def test_two_streams_batched_make_each_ones_frames_as_alone(release, model):
+    """Two sessions whose steps wait together run as one batch (the DiT, the decode and
+    the motion over both), and each gets the frames it would get alone: its own noise,
+    colour and motion, whatever the other's photo and speech."""
+    import threading
+
+    engine, _ = start_engine(engine_options(release, model=model))
+    photos = [np.full((48, 40, 3), 120, np.uint8), np.full((40, 48, 3), (30, 160, 90), np.uint8)]
+    t = np.arange(int(2.4 * MODEL_RATE))
+    speech = [(0.2 * np.sin(t * f)).astype(np.float32) for f in (0.05, 0.013)]
+
+    per_chunk = engine.new_frames * MODEL_SAMPLES_PER_FRAME
+    chunks = len(speech[0]) // per_chunk
+
+    def step(stream, audio, c: int, out: list) -> None:
+        stream.push_audio(audio[c * per_chunk : (c + 1) * per_chunk])
+        out += [b.frames for b in stream.generate_ready()]
+
+    alone: list[list] = [[], []]
+    for i in range(2):
+        stream = engine.new_stream(photos[i], seed=11 + i)
+        for c in range(chunks):
+            step(stream, speech[i], c, alone[i])
+        stream.close()
+    streams = [engine.new_stream(photos[i], seed=11 + i) for i in range(2)]
+    together: list[list] = [[], []]
+    batches = engine.batcher.batches
+    for c in range(chunks):
+        with engine.batcher.gathering():  # both steps wait, then run as one batch
+            threads = [
+                threading.Thread(target=step, args=(streams[i], speech[i], c, together[i]))
+                for i in range(2)
+            ]
+            for th in threads:
+                th.start()
+            deadline = time.monotonic() + 30
+            while engine.batcher.waiting < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        for th in threads:
+            th.join(120)
+    assert chunks >= 2 and engine.batcher.batches - batches == chunks  # each step in a pair
+    for i in range(2):
+        a, b = np.concatenate(alone[i]).astype(int), np.concatenate(together[i]).astype(int)
+        assert a.shape == b.shape == (chunks * engine.new_frames, 32, 32, 3)
+        diff = np.abs(a - b)
+        assert diff.max() <= 1 and (diff == 0).mean() > 0.999, (i, diff.max(), diff.mean())
+    alone = [np.concatenate(a) for a in alone]
+    assert np.abs(alone[0].astype(int) - alone[1].astype(int)).mean() > 10  # not one video
 
 
 # -- the loader: one line naming the file --------------------------------------------------------

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pipeline.batching import StepBatcher
 from pipeline.clock import FPS, MODEL_RATE, MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
 from pipeline.errors import ConfigError
@@ -69,28 +70,34 @@ def sampling_timesteps(steps: int, shift: float, device: torch.device) -> list[T
     return out
 
 
-def sample_chunk(
+def sample_chunks(
     dit: WanAudioDiT,
-    noise_CTHW: Tensor,
-    motion_CTHW: Tensor,
-    ref_CTHW: Tensor,
+    noise_BCTHW: Tensor,
+    motion_BCTHW: Tensor,
+    ref_BCTHW: Tensor,
     ctx_BTMD: Tensor,
     timesteps: list[Tensor],
-    generator: torch.Generator,
+    generators: list[torch.Generator],
 ) -> Tensor:
-    """One chunk's latents from its noise: the hot path (no host syncs)."""
-    x = noise_CTHW
-    m = motion_CTHW.shape[1]
+    """Chunks' latents from their noise, one per stream of a batch, each stream's fresh
+    noise from its own generator (so a stream draws the same numbers alone or batched):
+    the hot path (no host syncs)."""
+    x = noise_BCTHW
+    m = motion_BCTHW.shape[2]
     for i in range(len(timesteps) - 1):
-        x[:, :m] = motion_CTHW
-        flow = dit(x[None], timesteps[i], ctx_BTMD, ref_CTHW[None])[0]
+        x[:, :, :m] = motion_BCTHW
+        flow = dit(x, timesteps[i], ctx_BTMD, ref_BCTHW)
         t_now = (timesteps[i] / 1000).to(x.dtype)
         t_next = (timesteps[i + 1] / 1000).to(x.dtype)
         clean = x - flow * t_now
-        fresh = torch.randn(clean.shape, dtype=x.dtype, device=x.device, generator=generator)
+        fresh = torch.stack([draw(clean.shape[1:], x, g) for g in generators])
         x = (1 - t_next) * clean + t_next * fresh
-    x[:, :m] = motion_CTHW
+    x[:, :, :m] = motion_BCTHW
     return x
+
+
+def draw(shape: torch.Size, like: Tensor, generator: torch.Generator) -> Tensor:
+    return torch.randn(shape, dtype=like.dtype, device=like.device, generator=generator)
 
 
 def window_indices(frames: int, end: int) -> Tensor:
@@ -144,7 +151,14 @@ class FlashHeadEngine:
         per_pass = fh.decode_pass_latents
         if per_pass is None:
             per_pass = 2 if device.type == "cuda" else 0
-        self.decode_passes = decode_passes(fh.chunk_frames, self.stride, fh.motion_latents, per_pass)
+        self.decode_passes = decode_passes(
+            fh.chunk_frames, self.stride, fh.motion_latents, per_pass
+        )
+        self.chunk_seconds = self.new_frames / FPS  # the play time one step makes
+        self.capacity: int | None = None  # sessions at real time, measured by the warm-up
+        self.batcher: StepBatcher[tuple[FlashHeadStream, int], np.ndarray] = StepBatcher(
+            self.run_batch, fh.batch_streams, name="flashhead-steps"
+        )
 
     @classmethod
     def load(cls, cfg: FacecastConfig, device: str = "cpu") -> FlashHeadEngine:
@@ -220,6 +234,72 @@ class FlashHeadEngine:
         self.compiled = True
         return len(blocks)
 
+    def run_batch(
+        self, jobs: list[tuple[FlashHeadStream, int]]
+    ) -> Iterator[list[np.ndarray | None]]:
+        """One step of each (stream, chunk k) together: audio features, the DiT's steps and
+        the decode over the batch; yields each decode pass's new frames, one entry a stream.
+        Each stream's numbers (its noise, colour, motion) are its own, as if it ran alone."""
+        streams = [s for s, _ in jobs]
+        with torch.inference_mode():
+            lat = self._sample(jobs)
+            vae = self.models.vae
+            if isinstance(vae, LtxVae):
+                decoded = vae.decode(lat)
+                yield [s.finish_chunk(decoded[i : i + 1]) for i, s in enumerate(streams)]
+                return
+            yield from self._decode_in_passes(streams, lat)
+
+    def _sample(self, jobs: list[tuple[FlashHeadStream, int]]) -> Tensor:
+        """The batch's latents (B, C, T, h, w): each chunk's audio features, the DiT's steps."""
+        streams = [s for s, _ in jobs]
+        t = time.perf_counter()
+        audio = torch.cat([s.audio_features(k) for s, k in jobs]).to(self.device)
+        _add_time(streams, "audio", t)
+        t = time.perf_counter()
+        ref = torch.stack([s.live_reference() for s in streams])
+        motion = torch.stack([s.live_motion() for s in streams])
+        ctx = self.models.dit.project_audio(audio)
+        gens = [s.generator for s in streams]
+        noise = torch.stack([draw(ref.shape[1:], ref, g) for g in gens])
+        lat = sample_chunks(self.models.dit, noise, motion, ref, ctx, self.timesteps, gens)
+        _add_time(streams, "dit", t)
+        return lat
+
+    def _decode_in_passes(
+        self, streams: list[FlashHeadStream], lat_BCThw: Tensor
+    ) -> Iterator[list[np.ndarray | None]]:
+        """Pro: the Wan VAE's passes over the batch; the new frames of each pass, coloured
+        per stream; then the last motion frames re-encoded, for every stream at once."""
+        assert isinstance(self.models.vae, WanVAE)
+        t = time.perf_counter()
+        passes = self.models.vae.stream().frames(lat_BCThw, passes=self.decode_passes)
+        seen, tail = 0, list[Tensor]()  # video frames decoded so far; the last ones, for the motion
+        for pixels in passes:
+            video = torch.cat([s.color(pixels[i : i + 1]) for i, s in enumerate(streams)])
+            lo = max(0, self.motion_frames - seen)
+            seen += video.shape[2]
+            tail = [*tail, video][-2:]  # a pass gives 4+ frames: two hold the motion's 5
+            if lo >= video.shape[2]:
+                continue
+            pieces = [to_uint8_frames(v[:, lo:]) for v in video]
+            _add_time(streams, "decode", t)
+            yield list(pieces)
+            t = time.perf_counter()
+        _add_time(streams, "decode", t)
+        t = time.perf_counter()
+        motion = self.models.vae.encode(torch.cat(tail, dim=2)[:, :, -self.motion_frames :])
+        for i, s in enumerate(streams):
+            s.motion = motion[i]
+        _add_time(streams, "encode", t)
+
+
+def _add_time(streams: list[FlashHeadStream], stage: str, since: float) -> None:
+    """A batch's stage time is each of its streams' (each waited that long for it)."""
+    seconds = time.perf_counter() - since
+    for s in streams:
+        s.times.add(stage, seconds)
+
 
 class FlashHeadStream(WindowedStream):
     """One open-ended stream of one reference: push audio, collect frames in order."""
@@ -250,7 +330,17 @@ class FlashHeadStream(WindowedStream):
         """Chunk k's audio ends with its last frame (no lookahead)."""
         return self.plan.n_end(k) * MODEL_SAMPLES_PER_FRAME
 
-    def _audio(self, k: int) -> Tensor:
+    def live_reference(self) -> Tensor:
+        if self.ref_lat is None:
+            raise RuntimeError("the stream is closed")
+        return self.ref_lat
+
+    def live_motion(self) -> Tensor:
+        if self.motion is None:
+            raise RuntimeError("the stream is closed")
+        return self.motion
+
+    def audio_features(self, k: int) -> Tensor:
         """(1, F, 5, layers, width): the chunk's frames' feature windows."""
         audio, _ = self.window_audio(k)
         window_frames = self.window * FPS // MODEL_RATE
@@ -267,61 +357,16 @@ class FlashHeadStream(WindowedStream):
         return vae.encode(video_B3FHW)
 
     def make_chunk(self, k: int, chunk: Chunk) -> Iterator[np.ndarray]:
-        """The chunk's new frames: Pro's in pieces, each as soon as its latent frames are
-        decoded (the first new ones after a short pass), Lite's at once."""
+        """The chunk's new frames, made in a batch with the other streams' steps that are
+        waiting (`FlashHeadEngine.run_batch`): Pro's in pieces, each as soon as its latent
+        frames are decoded, Lite's at once."""
         if self.ref_lat is None or self.motion is None:
             raise RuntimeError("the stream is closed")
-        lat = self._sample(k)
-        vae, engine = self.engine.models.vae, self.engine
-        if isinstance(vae, LtxVae):
-            yield self._finish_chunk(vae.decode(lat[None]))
-            return
-        t = time.perf_counter()
-        with torch.inference_mode():
-            passes = vae.stream().frames(lat[None], passes=engine.decode_passes)
-        seen, tail = 0, list[Tensor]()  # video frames decoded so far; the last ones, for the motion
-        while True:
-            with torch.inference_mode():
-                pixels = next(passes, None)
-                if pixels is None:
-                    break
-                video = self.color(pixels)  # (1, 3, n, H, W) in [-1, 1]
-                lo = max(0, engine.motion_frames - seen)
-                seen += video.shape[2]
-                tail = [*tail, video][-2:]  # a pass gives 4+ frames: two hold the motion's 5
-                frames = to_uint8_frames(video[0, :, lo:]) if lo < video.shape[2] else None
-            if frames is not None:
-                self.times.add("decode", time.perf_counter() - t)
-                yield frames
-                t = time.perf_counter()
-        self.times.add("decode", time.perf_counter() - t)
-        t = time.perf_counter()
-        with torch.inference_mode():
-            self.motion = self._encode(torch.cat(tail, dim=2)[:, :, -engine.motion_frames :])[0]
-        self.times.add("encode", time.perf_counter() - t)
+        yield from self.engine.batcher.run((self, k))
 
-    @torch.inference_mode()
-    def _sample(self, k: int) -> Tensor:
-        """Chunk k's latents (C, T, h, w): its audio's features, then the DiT's steps."""
-        assert self.ref_lat is not None and self.motion is not None
-        engine = self.engine
-        models, dev, dtype = engine.models, engine.device, engine.dtype
-        t = time.perf_counter()
-        audio = self._audio(k).to(dev)
-        self.times.add("audio", time.perf_counter() - t)
-        t = time.perf_counter()
-        ctx = models.dit.project_audio(audio)
-        C, T, h, w = self.ref_lat.shape
-        noise = torch.randn((C, T, h, w), dtype=dtype, device=dev, generator=self.generator)
-        lat = sample_chunk(
-            models.dit, noise, self.motion, self.ref_lat, ctx, engine.timesteps, self.generator
-        )
-        self.times.add("dit", time.perf_counter() - t)
-        return lat
-
-    @torch.inference_mode()
-    def _finish_chunk(self, decoded_B3FHW: Tensor) -> np.ndarray:
-        """A whole chunk's pixels: colour, the motion for the next chunk, the new frames."""
+    def finish_chunk(self, decoded_B3FHW: Tensor) -> np.ndarray:
+        """Lite: a whole chunk's pixels: colour, the motion for the next chunk (sampled from
+        the stream's own generator), the new frames."""
         t = time.perf_counter()
         video = self.color(decoded_B3FHW)
         self.times.add("decode", time.perf_counter() - t)

@@ -116,7 +116,7 @@ class FleetWorker:
             "incarnation": self.incarnation,
             "state": state,
             "draining": self.draining,
-            "max_sessions": self.config.max_sessions,
+            "max_sessions": service.max_sessions if service else self.config.max_sessions or 1,
             "sessions": sessions,
             "reserved": reserved,
             "node_id": self.node_id,
