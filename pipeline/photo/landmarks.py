@@ -122,6 +122,15 @@ def _load(file: str) -> object:
     return it
 
 
+def check_models() -> None:
+    """Load the three models now (a server does, before it listens): a missing runtime or
+    file is one line at start-up, not an error in the first peer's session."""
+    with _lock:
+        for file in (SHORT.file, FULL.file, "face_landmark.tflite"):
+            if file not in _interpreters:
+                _interpreters[file] = _load(file)
+
+
 def find_faces(rgb: np.ndarray) -> list[Face]:
     """Every face in an RGB photo, most confident first: short range, else full range."""
     for model in (SHORT, FULL):
