@@ -406,6 +406,15 @@ def _mesh_in_box(rgb: np.ndarray, box: FaceBox) -> Mesh | None:
     mesh = landmarks.face_mesh(rgb, centre, _ROI_PER_SIDE * max(w, h), box_angle(box))
     if abs(mesh.roll - box_angle(box)) > np.radians(10):  # far off: once more from its eyes
         mesh = landmarks.face_mesh(rgb, mesh.points.mean(0), _ROI_PER_SIDE * max(w, h), mesh.roll)
+    if mesh.presence < _MIN_PRESENCE:
+        # turned too far for FaceMesh to read from the box's angle (60 degrees in an upright
+        # box): BlazeFace's eyes give the turn of the face whose centre is in the box
+        for face in landmarks.find_faces(rgb):
+            fx, fy = face.box[:2] + face.box[2:] / 2
+            if x <= fx <= x + w and y <= fy <= y + h:
+                side = _ROI_PER_SIDE * max(face.box[2:])
+                mesh = landmarks.face_mesh(rgb, np.array([fx, fy]), side, face.roll)
+                break
     return mesh if mesh.presence >= _MIN_PRESENCE else None
 
 
