@@ -1,22 +1,23 @@
 """The reference photo: checked, its one face found, framed to the video, measured.
 
 A photo is checked before anything is decoded (bytes, type by its magic bytes, pixel
-count from the header), then decoded with PyAV. Faces are found with the frontal-face Haar
-cascades that OpenCV 4.x wheels ship (`cv2.data.haarcascades`; no download): the default
-one, and where it finds none the alt2 one on the shadow-lifted, then equalised image. The
-photo is scaled to cover the video size and centre-cropped (the face box is mapped through
-the same transform, so detection runs once, on the full photo); where the centred crop
-would cut the face, the crop slides just enough to hold it. Every failure is a
-`PhotoError` with one line that says what to change.
+count from the header), then decoded with PyAV. Faces are found by BlazeFace and each
+confirmed by FaceMesh (`pipeline.photo.landmarks`; bench/RESULTS.md, "BlazeFace + FaceMesh
+beside Haar"). The photo is scaled to cover the video size and centre-cropped (the face
+box is mapped through the same transform, so detection runs once, on the full photo);
+where the centred crop would cut the face, the crop slides just enough to hold it. Every
+failure is a `PhotoError` with one line that says what to change.
 
-Where the detector misses the face (it misses dark skin more often: bench/RESULTS.md, "The
-face detector by skin tone") or picks the wrong one, the user frames it by hand: a face box
-X,Y,W,H in the original photo's pixels (`parse_face_box`, `check_face_box`: the one home of
-its rules, for the CLI, the HTTP routes and the page's payload), used instead of detection.
+Where the detector misses the face or picks the wrong one, the user frames it by hand: a
+face box X,Y,W,H[,ANGLE] in the original photo's pixels (`parse_face_box`,
+`check_face_box`: the one home of its rules, for the CLI, the HTTP routes and the page's
+payload), used instead of detection. A detected face goes the same way as a box drawn
+around it, so the same box gives the same result whoever drew it.
 
-The geometry the warp needs (`FaceGeometry`) is measured on the framed photo: the lip line
-(the darkest row between the closed lips), the mouth's half width, and the eyes (the eye
-cascade inside the face's upper half, else the usual proportions of a frontal face).
+The geometry the warp needs (`FaceGeometry`) comes from FaceMesh's landmarks read inside
+the box: the face's own square and roll (`box_from_mesh`, the eye line), the seam between
+the lips, the eyes. Where FaceMesh sees no face in a hand-drawn box, a frontal face's
+proportions in the box, turned by the box's angle, stand in.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -92,7 +93,7 @@ class Face:
 
 
 _lock = threading.Lock()  # a LiteRT interpreter is not safe across threads
-_interpreters: dict[str, object] = {}
+_interpreters: dict[str, Any] = {}  # LiteRT's Interpreter, untyped
 
 
 def _run(file: str, x_NHWC: np.ndarray) -> list[np.ndarray]:
@@ -101,13 +102,13 @@ def _run(file: str, x_NHWC: np.ndarray) -> list[np.ndarray]:
         it = _interpreters.get(file)
         if it is None:
             it = _interpreters[file] = _load(file)
-        inp = it.get_input_details()[0]  # type: ignore[attr-defined]
-        it.set_tensor(inp["index"], x_NHWC.astype(np.float32))  # type: ignore[attr-defined]
-        it.invoke()  # type: ignore[attr-defined]
-        return [it.get_tensor(d["index"]).copy() for d in it.get_output_details()]  # type: ignore[attr-defined]
+        inp = it.get_input_details()[0]
+        it.set_tensor(inp["index"], x_NHWC.astype(np.float32))
+        it.invoke()
+        return [it.get_tensor(d["index"]).copy() for d in it.get_output_details()]
 
 
-def _load(file: str) -> object:
+def _load(file: str) -> Any:
     try:
         from ai_edge_litert.interpreter import Interpreter
     except ImportError:
