@@ -1,6 +1,6 @@
 """The photo stack's face detector by skin tone, and the hand-drawn box where it misses.
 
-Part 1, detection: synthetic faces (`pipeline.synth.face.random_identity`: skin tone, key
+Part 1, detection (Haar as before issue 33, beside BlazeFace + FaceMesh now): synthetic faces (`pipeline.synth.face.random_identity`: skin tone, key
 light direction, backdrop hue and brightness all drawn per identity) rendered as plain
 photos (the neutral frame's pixels, no identity chunk, so nothing but the detector knows
 where the face is), the same number in each skin-tone group, each at two exposures (as rendered, and x0.7: a dim room). A face counts
@@ -59,15 +59,28 @@ def iou(a, b) -> float:
 
 
 # ---------------------------------------------------------------------------
-# Detectors: RGB image -> (n, 4) boxes, largest first.
+# Detectors: RGB image -> (n, 4) boxes, largest first. Haar's, as the photo stack had them
+# before issue 33 (OpenCV's shipped cascades), for comparison; BlazeFace's, as it has them.
+
+_DETECT_SIDE, _MIN_SIDE_FRAC = 800, 0.06
+_CASCADES: dict[str, cv2.CascadeClassifier] = {}
+
+
+def cascade(name: str) -> cv2.CascadeClassifier:
+    if name not in _CASCADES:
+        from cv2.data import haarcascades
+
+        _CASCADES[name] = cv2.CascadeClassifier(haarcascades + name)
+    return _CASCADES[name]
 
 
 def _search(rgb: np.ndarray) -> tuple[np.ndarray, int, float]:
-    s, w, h = F._detect_scale(rgb.shape)
+    h, w = rgb.shape[:2]
+    s = min(1.0, _DETECT_SIDE / max(h, w))
     grey = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
     if s < 1.0:
-        grey = cv2.resize(grey, (w, h), interpolation=cv2.INTER_AREA)
-    return grey, F._min_detect_side(w, h), s
+        grey = cv2.resize(grey, (round(w * s), round(h * s)), interpolation=cv2.INTER_AREA)
+    return grey, max(20, int(_MIN_SIDE_FRAC * min(grey.shape))), s
 
 
 def _boxes(found, s: float) -> np.ndarray:
@@ -76,85 +89,52 @@ def _boxes(found, s: float) -> np.ndarray:
 
 
 def _cascade(name: str, grey: np.ndarray, side: int) -> np.ndarray:
-    return F.cascade(name).detectMultiScale(
+    return cascade(name).detectMultiScale(
         grey, scaleFactor=1.08, minNeighbors=6, minSize=(side, side)
     )
 
 
+FACE_CASCADE = "haarcascade_frontalface_default.xml"
+ALT2 = "haarcascade_frontalface_alt2.xml"
+
+
 def haar_one_look(rgb: np.ndarray) -> np.ndarray:
-    """The frontal cascade alone (the photo stack of issue 16, before the second look)."""
+    """The frontal cascade alone (the photo stack of issue 16)."""
     grey, side, s = _search(rgb)
-    return _boxes(_cascade(F.FACE_CASCADE, grey, side), s)
-
-
-def _with_second_look(name: str, lut: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-    def detect(rgb: np.ndarray) -> np.ndarray:
-        grey, side, s = _search(rgb)
-        found = _cascade(name, grey, side)
-        if len(found) == 0:
-            found = _cascade(name, cv2.LUT(grey, lut), side)
-        return _boxes(found, s)
-
-    return detect
+    return _boxes(_cascade(FACE_CASCADE, grey, side), s)
 
 
 def _gamma(g: float) -> np.ndarray:
     return (255 * (np.arange(256) / 255) ** g).astype(np.uint8)
 
 
-def _clahe(grey: np.ndarray) -> np.ndarray:
-    return cv2.createCLAHE(clipLimit=2.0, tileGridSize=(4, 4)).apply(grey)
+def haar_three_looks(rgb: np.ndarray) -> np.ndarray:
+    """The default cascade; where it finds none, alt2 on the shadows lifted (gamma 0.5),
+    then on that image locally equalised (CLAHE): the photo stack before issue 33."""
+    grey, side, s = _search(rgb)
+    found = _cascade(FACE_CASCADE, grey, side)
+    lifted = cv2.LUT(grey, _gamma(0.5))
+    clahe = cv2.createCLAHE(clipLimit=2.0, tileGridSize=(4, 4))
+    for prepared in (lifted, clahe.apply(lifted)):
+        if len(found):
+            break
+        found = _cascade(ALT2, prepared, side)
+    return _boxes(found, s)
 
 
-def _looks(*prepares: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
-    """The frontal cascade on the plain image, then on each prepared one in turn, until a
-    look finds a face."""
+def blazeface_alone(rgb: np.ndarray) -> np.ndarray:
+    """BlazeFace (short range, else full range), no landmark check."""
+    from pipeline.photo import landmarks
 
-    def detect(rgb: np.ndarray) -> np.ndarray:
-        grey, side, s = _search(rgb)
-        found = _cascade(F.FACE_CASCADE, grey, side)
-        for prepare in prepares:
-            if len(found):
-                break
-            found = _cascade(F.FACE_CASCADE, prepare(grey), side)
-        return _boxes(found, s)
+    faces = landmarks.find_faces(rgb)
+    return np.array([f.box for f in faces], np.float64).reshape(-1, 4)
 
-    return detect
-
-
-def _lift(g: float) -> Callable[[np.ndarray], np.ndarray]:
-    lut = _gamma(g)
-    return lambda grey: cv2.LUT(grey, lut)
-
-
-def _looks_with(name: str, *prepares) -> Callable[[np.ndarray], np.ndarray]:
-    """The default frontal cascade on the plain image, then cascade `name` on each prepared
-    image in turn, until a look finds a face."""
-
-    def detect(rgb: np.ndarray) -> np.ndarray:
-        grey, side, s = _search(rgb)
-        found = _cascade(F.FACE_CASCADE, grey, side)
-        for prepare in prepares:
-            if len(found):
-                break
-            found = _cascade(name, prepare(grey), side)
-        return _boxes(found, s)
-
-    return detect
-
-
-ALT2 = "haarcascade_frontalface_alt2.xml"
-_clahe_lifted = lambda grey: _clahe(cv2.LUT(grey, _gamma(0.5)))  # noqa: E731
 
 DETECTORS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "Haar, one look (issue 16)": haar_one_look,
-    "Haar + gamma 0.5 second look (before this issue)": _looks(_lift(0.5)),
-    "Haar + gamma 0.35 second look": _looks(_lift(0.35)),
-    "Haar + CLAHE second look": _looks(_clahe),
-    "Haar + gamma 0.5, then CLAHE": _looks(_lift(0.5), _clahe),
-    "Haar + CLAHE of the gamma-0.5 image": _looks(_clahe_lifted),
-    "Haar alt2 cascade alone + gamma 0.5 second look": _with_second_look(ALT2, _gamma(0.5)),
-    "Haar; alt2 on gamma 0.5; alt2 on CLAHE of it (now, `detect_faces`)": F.detect_faces,
+    "Haar; alt2 on gamma 0.5; alt2 on CLAHE of it (before issue 33)": haar_three_looks,
+    "BlazeFace alone": blazeface_alone,
+    "BlazeFace, each face confirmed by FaceMesh (now, `detect_faces`)": F.detect_faces,
 }
 
 

@@ -141,20 +141,27 @@ def setup_logging(level: str) -> None:
 
 def cmd_render(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
-    from pipeline.media import default_reference
+    from pipeline.media import default_reference, probe_audio
     from pipeline.render import render_file
     from pipeline.startup import start_engine
 
     cfg = load_config(*engine_options(args, warmup=False).config_and_overrides())
+    if args.face_box is not None and args.reference is None:
+        raise FacecastError(
+            "--face-box frames the photo given with --reference: give --reference PHOTO too "
+            "(without it the bundled portrait is used, and it needs no box)"
+        )
     args.reference = args.reference or str(default_reference(cfg))
-    for path, what in ((args.reference, "reference image"), (args.audio, "audio file")):
-        if not Path(path).is_file():
-            raise FacecastError(f"{what} not found: {path}")
     if args.face_box is not None and cfg.runtime.stack not in ("photo", "flashhead"):
         raise FacecastError(
             f"--face-box frames a photo for the photo stack or a real model; config "
             f"{cfg.name!r} is neither"
         )
+    # every input a user can get wrong is checked before the engine starts (seconds on a
+    # CPU, minutes for a real model), and before anything is written
+    check_out_path(args.out)
+    probe_audio(args.audio)
+    reference = prepare_reference_early(args.reference, cfg, args.face_box)
     device = resolve_device(args.device)
     if args.gpus > 1:
         return render_parallel(cfg, device, args)
@@ -163,7 +170,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     engine, _ = start_engine(engine_options(args, warmup=args.compile))
     result = render_file(
         engine,
-        args.reference,
+        reference,
         args.audio,
         args.out,
         seed=args.seed,
@@ -177,6 +184,35 @@ def cmd_render(args: argparse.Namespace) -> int:
             f"({times})"
         )
     return 0
+
+
+def check_out_path(out: str) -> None:
+    """`--out` must name a file that can be written: not a folder, not inside a file."""
+    path = Path(out)
+    if path.is_dir():
+        raise FacecastError(
+            f"--out {out} is a folder: give the video's file name, e.g. {path / 'clip.mp4'}"
+        )
+    parent = next((p for p in path.parents if p.exists()), Path("."))
+    if not parent.is_dir():
+        raise FacecastError(f"--out {out}: {parent} is a file, not a folder: pick another path")
+
+
+def prepare_reference_early(path: str, cfg, face_box):
+    """The reference as the engine takes it, checked and framed (photo stack, FlashHead) or
+    just checked (the others: the engine reads it again from the path)."""
+    from pipeline.media import load_reference
+
+    if not Path(path).is_file():
+        raise FacecastError(f"reference image not found: {path}")
+    if cfg.runtime.stack == "photo":  # from the bytes: a synthetic PNG names its face
+        from pipeline.photo.reference import load_prepared
+
+        return load_prepared(path, cfg, face_box)
+    if cfg.runtime.stack == "flashhead":
+        return load_reference(path, cfg, face_box)
+    load_reference(path, cfg)
+    return path
 
 
 def render_parallel(cfg, device: str, args: argparse.Namespace) -> int:
@@ -342,9 +378,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         assert la.weights and la.lora, "EngineOptions.validate asks for both"
         check_liveavatar(la.weights, la.lora)
     if cfg.runtime.stack == "photo":  # this process prepares every session's photo
-        from pipeline.photo.face import FACE_CASCADE, cascade
+        from pipeline.photo.landmarks import check_models
 
-        cascade(FACE_CASCADE)
+        check_models()
     framed = ("photo", "flashhead")
     if args.face_box is not None and (args.reference is None or cfg.runtime.stack not in framed):
         raise FacecastError(
@@ -475,8 +511,20 @@ def _passthrough(name: str):
 PASSTHROUGH = ("eval", "make-reference", "make-dataset", "make-sample-speech")
 
 
+def join_face_box(argv: list[str]) -> list[str]:
+    """`--face-box -10,102,230,230` as `--face-box=-10,…`: argparse takes a value that
+    starts with a minus for a flag, and the user would learn only "expected one argument"."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] == "--face-box" and arg.startswith("-") and "," in arg:
+            out[-1] = f"--face-box={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = join_face_box(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in PASSTHROUGH:
         try:
             return _passthrough(argv[0])(argv[1:])

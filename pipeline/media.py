@@ -155,6 +155,34 @@ def read_audio(path: str | Path, rate: int = MODEL_RATE) -> np.ndarray:
     return np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)
 
 
+AUDIO_FIX = "give a speech recording FFmpeg reads (WAV, MP3, M4A, OGG, FLAC, …)"
+
+
+def probe_audio(path: str | Path) -> None:
+    """Check up front that an audio file holds sound FFmpeg can decode (its first second),
+    so a bad file is one line naming the fix before any engine starts, not after."""
+    path = Path(path)
+    if not path.is_file():
+        raise MediaError(f"audio file not found: {path}")
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.audio:
+                raise MediaError(f"audio {path} has no audio stream: {AUDIO_FIX}")
+            samples = 0
+            for frame in container.decode(audio=0):
+                samples += frame.samples
+                if samples >= frame.sample_rate:
+                    break
+    except av.FFmpegError as exc:
+        # FFmpeg's errors carry an errno that means nothing to a person: its text only
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise MediaError(f"cannot read audio {path} ({reason}): {AUDIO_FIX}") from None
+    except (OSError, ValueError) as exc:
+        raise MediaError(f"cannot read audio {path} ({exc}): {AUDIO_FIX}") from None
+    if samples == 0:
+        raise MediaError(f"audio {path} is empty (no samples): {AUDIO_FIX}")
+
+
 def resample(samples: np.ndarray, rate_in: int, rate_out: int = MODEL_RATE) -> np.ndarray:
     """float32 mono from `rate_in` to `rate_out` (libswresample: output 0 is input 0)."""
     x = np.ascontiguousarray(np.asarray(samples, np.float32).reshape(1, -1))

@@ -37,19 +37,22 @@ def estimate_frames(audio_path: str | Path) -> int | None:
 
 def render_file(
     engine: StreamingEngine,
-    reference: str | Path,
+    reference: str | Path | Reference,
     audio: str | Path,
     out: str | Path,
     seed: int = 0,
     progress: bool = True,
-    face_box: tuple[float, float, float, float] | None = None,
+    face_box: tuple[float, ...] | None = None,
 ) -> RenderResult:
-    """`face_box` (photo stack, FlashHead): the face framed by hand, x, y, w, h in the
-    photo's pixels."""
-    if engine.cfg.runtime.stack == "photo":  # from the bytes: a synthetic PNG names its face
+    """`reference`: a file, or what `facecast render` already prepared from it before the
+    engine started. `face_box` (photo stack, FlashHead): the face framed by hand, x, y, w, h
+    (and an angle) in the photo's pixels."""
+    if not isinstance(reference, str | Path):
+        image: Reference = reference
+    elif engine.cfg.runtime.stack == "photo":  # from the bytes: a synthetic PNG names its face
         from pipeline.photo.reference import load_prepared
 
-        image: Reference = load_prepared(reference, engine.cfg, face_box)
+        image = load_prepared(reference, engine.cfg, face_box)
     else:
         image = load_reference(reference, engine.cfg, face_box)
     v = engine.cfg.video

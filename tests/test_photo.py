@@ -119,31 +119,29 @@ def test_serve_refuses_a_faceless_reference_at_start(bad_photos, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_an_opencv_without_the_face_detector_stops_start_up_in_one_line(
-    monkeypatch, capsys, speech10, tmp_path
-):
-    """OpenCV 5 builds have no CascadeClassifier: serve and render say so at start-up (exit
-    2, one line) instead of failing inside every session."""
-    import cv2
+def test_a_missing_face_runtime_stops_start_up_in_one_line(monkeypatch, capsys, speech10, tmp_path):
+    """Without LiteRT (the runtime of the face models) serve and render say what to install
+    at start-up (exit 2, one line) instead of failing inside every session."""
+    import sys
 
-    import pipeline.photo.face as face
+    import pipeline.photo.landmarks as landmarks
     import realtime.server
 
     def serve_anyway(*args, **kwargs):
         raise AssertionError("serve went on to listen")
 
-    monkeypatch.delattr(cv2, "CascadeClassifier")
-    monkeypatch.setattr(face, "_CASCADES", {})
+    monkeypatch.setitem(sys.modules, "ai_edge_litert.interpreter", None)  # import fails
+    monkeypatch.setattr(landmarks, "_interpreters", {})
     monkeypatch.setattr(realtime.server, "serve", serve_anyway)
     assert main(["serve", "--device", "cpu", "--config", "photo", "--port", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "opencv-python-headless>=4.8,<5" in err[0], err
+    assert len(err) == 1 and "pip install 'ai-edge-litert>=2.3'" in err[0], err
     # render: the photo is read before the engine starts, and the same line stops it
     out = tmp_path / "o.mp4"
     args = ["render", "--reference", str(PORTRAIT), "--audio", str(speech10), "--out", str(out)]
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "opencv-python-headless>=4.8,<5" in err[0], err
+    assert len(err) == 1 and "pip install 'ai-edge-litert>=2.3'" in err[0], err
     assert not out.exists()
 
 

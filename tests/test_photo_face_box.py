@@ -23,7 +23,7 @@ from pipeline.synth.face import landmarks, random_identity, render_reference
 from pipeline.train.evaluate import EVAL_SEED, generate, held_out_speech, score
 
 SIZE = 256
-DARK_SEED = 4  # `facecast make-reference --seed 4`: a dark face the detector misses
+DARK_SEED = 4  # `facecast make-reference --seed 4`: a dark face Haar missed
 
 
 def drawn_box(identity, size: int = SIZE) -> tuple[int, int, int, int]:
@@ -41,52 +41,45 @@ def cli(argv: list[str]) -> int:
         return int(exc.code)
 
 
-@pytest.fixture(scope="module")
-def photo_engine():
-    return load_engine(load_config("photo"), "cpu")
-
-
-@pytest.mark.slow  # every identity the detector misses, rendered and scored
-def test_every_face_the_detector_misses_lip_syncs_through_a_drawn_box(photo_engine):
-    """Each held-out synthetic identity the detector misses as a plain photo, animated
+@pytest.mark.slow  # every dark held-out identity, rendered and scored twice
+def test_a_drawn_box_lip_syncs_as_well_as_the_worlds_geometry():
+    """Each dark held-out synthetic identity (the group Haar missed half of), animated
     through the box a person would drag around it, lip-syncs (ground-truth metric, 3 s) no
-    more than 0.05 below the same identity animated through its PNG geometry, and >= 0.8.
-    (It scores higher: the drawn box is larger than the world's, so the jaw opens wider.)"""
-    cfg = photo_engine.cfg.photo
+    more than 0.05 below the same identity animated through its PNG geometry, and >= 0.8."""
+    engine = load_engine(load_config("photo"), "cpu")
+    cfg = engine.cfg.photo
     audio = held_out_speech(3.0)
-    missed = []
+    dark = []
     for k in range(8):
         identity = identity_for(EVAL_SEED, k)
-        reference = render_reference(identity, SIZE)
-        if len(detect_faces(reference)):
+        if float(np.mean(identity.skin)) >= 0.35:
             continue
-        missed.append(k)
+        dark.append(k)
+        reference = render_reference(identity, SIZE)
         png = prepare_synthetic(reference, identity, SIZE, SIZE, cfg)
         drawn = prepare_photo(reference, SIZE, SIZE, cfg, drawn_box(identity))
         r = {}
         for name, prepared in (("png", png), ("drawn", drawn)):
-            frames, seams, *_ = generate(photo_engine, prepared, audio)
+            frames, seams, *_ = generate(engine, prepared, audio)
             r[name] = score(frames, reference, audio, seams)["lip_sync_r"]
         assert r["drawn"] >= 0.8 and r["drawn"] >= r["png"] - 0.05, (k, r)
-    assert missed, "the detector found every held-out face: pick faces it misses"
+    assert dark, "no dark face among the held-out identities"
 
 
 @pytest.mark.slow
-def test_a_photo_the_detector_refuses_renders_with_a_face_box(tmp_path, capsys):
-    """`facecast render` of a plain dark photo: refused without a box (one line, exit 2),
-    rendered with `--face-box`, and its mouth follows the speech: ground-truth lip sync
-    >= 0.8 on the decoded MP4; `facecast eval --photo --face-box` scores it too."""
+def test_a_plain_dark_photo_renders_with_a_face_box(tmp_path):
+    """`facecast render` of a plain dark photo (Haar missed it; BlazeFace finds it) with
+    `--face-box`: its mouth follows the speech, ground-truth lip sync >= 0.8 on the decoded
+    MP4; `facecast eval --photo --face-box` scores the face in that box and says so."""
     identity = random_identity(DARK_SEED)
     rgb = render_reference(identity, SIZE)
+    assert len(detect_faces(rgb)) == 1
     plain = write_png(tmp_path / "plain.png", rgb)  # no identity chunk: a plain photo
     audio = held_out_speech(3.0)
     wav = write_wav(tmp_path / "a.wav", audio)
     out = tmp_path / "o.mp4"
     args = ["render", "--reference", str(plain), "--audio", str(wav), "--out", str(out)]
     args += ["--quiet", "--threads", "1"]
-    assert cli(args) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "no face found" in err[0] and "X,Y,W,H" in err[0], err
     box = ",".join(str(v) for v in drawn_box(identity))
     assert cli([*args, "--face-box", box]) == 0
     frames = np.concatenate(list(read_video(out)))
@@ -99,6 +92,7 @@ def test_a_photo_the_detector_refuses_renders_with_a_face_box(tmp_path, capsys):
     photo_scores = json.loads(scored.read_text())
     assert photo_scores["ssim_outside_mouth"] >= 0.9, photo_scores
     assert photo_scores["mouth_speech_r_best"] >= 0.5, photo_scores
+    assert photo_scores["face_box_by_hand"] and photo_scores["face_detected"] is None
 
 
 BAD_BOXES = {
@@ -108,7 +102,7 @@ BAD_BOXES = {
     "zero width": ("10,10,0,100", "must be > 0"),
     "outside": ("200,10,100,100", "reaches outside the 256x256 photo"),
     "negative": ("-5,10,100,100", "reaches outside"),
-    "too small": ("10,10,12,12", "smaller than 20 px"),
+    "too small": ("10,10,12,12", "a face needs at least"),
     "not square": ("0,0,200,60", "about square"),
 }
 
@@ -146,7 +140,7 @@ def test_one_home_for_the_box_rules():
         with pytest.raises(PhotoError, match="four numbers"):
             parse_face_box(bad)
     shape = (3000, 4000, 3)  # searched at 800x600: a 36 px face there is 180 px here
-    with pytest.raises(PhotoError, match="smaller than 180 px"):
+    with pytest.raises(PhotoError, match="needs at least 180 px"):
         check_face_box((100, 100, 150, 150), shape)
     assert check_face_box((100, 100, 180, 180), shape).tolist() == [100, 100, 180, 180]
 
@@ -173,7 +167,8 @@ def test_the_lip_line_is_found_inside_a_drawn_box_on_every_held_out_face():
     """A box drawn forehead to chin sits lower on the face than the detector's, and a sloppy
     one takes in the chin's edge; the lips are still found where the world painted them
     (within 2 px at 256x256), on every skin tone, and where the detector finds the face the
-    lip line is found there too."""
+    lip line is found there too. (FaceMesh's seam between the lips, within 3 px: its
+    landmarks on the world's drawn faces are 1-2.6 px off.)"""
     cfg = load_config("photo").photo
     for k in range(8):
         identity = identity_for(EVAL_SEED, k)
@@ -183,10 +178,10 @@ def test_the_lip_line_is_found_inside_a_drawn_box_on_every_held_out_face():
         # as drawn, shifted right and down by 8 %, and 15 % larger (past the chin)
         for box in ((x, y, side, side), (x + 10, y + 10, side, side), (x - 9, y - 10, 147, 147)):
             drawn = prepare_photo(rgb, SIZE, SIZE, cfg, box)
-            assert abs(drawn.face.mouth[1] - true_y) <= 2, (k, box, drawn.face.mouth, true_y)
+            assert abs(drawn.face.mouth[1] - true_y) <= 3, (k, box, drawn.face.mouth, true_y)
         if len(detect_faces(rgb)):
             found = prepare_photo(rgb, SIZE, SIZE, cfg)
-            assert abs(found.face.mouth[1] - true_y) <= 2, (k, found.face.mouth, true_y)
+            assert abs(found.face.mouth[1] - true_y) <= 3, (k, found.face.mouth, true_y)
 
 
 def test_serve_reference_is_framed_by_the_box(tmp_path):

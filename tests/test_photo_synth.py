@@ -25,7 +25,7 @@ from pipeline.train.evaluate import EVAL_SEED, generate, held_out_speech, score
 SIZE = 256
 # held-out identities (`pipeline.train.evaluate --identity N`) of each skin-tone group
 GROUPS = {"light": 2, "medium": 6, "dark": 1}
-DARK_SEED = 4  # `facecast make-reference --seed 4`: a dark face the Haar detector misses
+DARK_SEED = 4  # `facecast make-reference --seed 4`: a dark face the Haar detector missed
 
 
 def skin_group(identity) -> str:
@@ -86,9 +86,9 @@ def test_geometry_is_where_the_world_painted_the_face(group):
 
 def test_make_reference_png_renders_with_the_default_photo_stack(tmp_path, capsys):
     """`facecast make-reference` → `facecast render` (default config: photo) works on a
-    dark face that the Haar detector does not find; the same picture re-encoded without
-    its text is a plain photo again, and is refused in one line. `facecast eval --photo`
-    scores the video against it."""
+    dark face (one Haar did not find); the same picture re-encoded without its text is a
+    plain photo again, and BlazeFace finds that face too. `facecast eval --photo` scores
+    the video against it."""
     ref, out = tmp_path / "dark.png", tmp_path / "dark.mp4"
     assert main(["make-reference", "--seed", str(DARK_SEED), "--out", str(ref)]) == 0
     wav = write_wav(tmp_path / "a.wav", held_out_speech(2.0))
@@ -103,9 +103,7 @@ def test_make_reference_png_renders_with_the_default_photo_stack(tmp_path, capsy
     assert scores["n_frames"] == 50 and scores["ssim_outside_mouth"] >= 0.9, scores
     assert scores["mouth_speech_r_best"] >= 0.5, scores
     plain = write_png(tmp_path / "plain.png", load_image(ref))  # the pixels, no chunk
-    code = main(["render", "--reference", str(plain), "--audio", str(wav), "--out", str(out)])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "no face found" in err[0], err
+    assert main([*args, "--reference", str(plain), "--out", str(tmp_path / "plain.mp4")]) == 0
 
 
 def test_an_identity_chunk_that_is_not_true_of_the_picture_is_ignored(tmp_path, capsys):
@@ -156,12 +154,11 @@ def test_png_text_skips_a_damaged_chunk(tmp_path):
     assert png_text(data[: at + 1]) == {}  # cut off inside the chunk
 
 
-def test_a_dark_face_without_its_chunk_is_found_in_a_second_look():
-    """Haar misses dark skin more often; where the first pass finds nothing it looks again
-    (the alt2 cascade, shadows lifted, then locally equalised). Held-out identity 7 (dark)
-    as a plain picture is found and prepared; the faceless picture is still refused
-    (test_photo's bad photos). The alt2 cascade's box is tighter than the default one's
-    (0.79x the outline here), and the mouth is still found where the world painted it."""
+def test_a_dark_face_without_its_chunk_is_found():
+    """Haar missed dark skin more often (half of the bench's darkest faces); BlazeFace finds
+    held-out identity 7 (dark) as a plain picture, and its landmarks put the face box on
+    the outline and the mouth where the world painted it; the faceless picture is still
+    refused (test_photo's bad photos)."""
     from pipeline.photo.face import detect_faces, prepare_photo
 
     identity = identity_for(EVAL_SEED, 7)
@@ -174,5 +171,5 @@ def test_a_dark_face_without_its_chunk_is_found_in_a_second_look():
     assert abs((x + w / 2) - (ox + ow / 2)) < 0.1 * w and 0.75 * oh < h < 1.1 * oh
     prepared = prepare_photo(rgb, SIZE, SIZE, load_config("photo").photo)
     mx, my = prepared.face.mouth
-    assert abs(mx - landmarks(identity, SIZE).mouth[0]) < 4
-    assert abs(my - landmarks(identity, SIZE).mouth[1]) < 6
+    assert abs(mx - landmarks(identity, SIZE).mouth[0]) < 3
+    assert abs(my - landmarks(identity, SIZE).mouth[1]) < 3

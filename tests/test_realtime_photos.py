@@ -93,8 +93,8 @@ async def test_uploads_need_the_photo_stack():
 
 @pytest.fixture(scope="module")
 def dark_photo(tmp_path_factory):
-    """A plain photo of a dark synthetic face the detector misses, and the box a person
-    drags around it (x, y, w, h in its pixels)."""
+    """A plain photo of a dark synthetic face (one Haar missed), and the box a person drags
+    around it (x, y, w, h in its pixels)."""
     from pipeline.media import write_png
     from pipeline.synth.face import landmarks, random_identity, render_reference
 
@@ -104,19 +104,22 @@ def dark_photo(tmp_path_factory):
     return path.read_bytes(), [round(ox + ow / 2 - oh / 2), round(oy), round(oh), round(oh)]
 
 
-async def test_a_face_the_detector_misses_is_framed_by_hand(photo_engine, dark_photo):
-    """POST /photos refuses the dark photo (422, no face), takes it with ?face_box= (201,
-    the box echoed in photo pixels), refuses bad boxes with 400 JSON naming the fault and
-    keeps serving; an offer carries a box beside an inline photo, not beside a photo_id."""
+async def test_a_face_is_framed_by_hand(photo_engine, dark_photo):
+    """POST /photos finds the dark face by itself (201, the detector's box and angle),
+    takes it with ?face_box= too (201, the box echoed in photo pixels), refuses bad boxes
+    with 400 JSON naming the fault and keeps serving; an offer carries a box beside an
+    inline photo, not beside a photo_id."""
     data, box = dark_photo
     async with running_server(engine=photo_engine) as (url, app), aiohttp.ClientSession() as http:
         status, body = await upload(http, url, data, "image/png")
-        assert status == 422 and "no face found" in body["error"], body
+        assert status == 201 and len(body["face_box"]) in (4, 5), body
+        x, y, w, h = body["face_box"][:4]
+        assert abs(x + w / 2 - (box[0] + box[2] / 2)) < 0.1 * box[2], (body, box)
         bad = {
             "a,b,c,d": "not four numbers",
             "1,2,3": "not four numbers",
             "200,10,100,100": "reaches outside the 256x256 photo",
-            "10,10,12,12": "smaller than 20 px",
+            "10,10,12,12": "a face needs at least 48 px",
         }
         for text, message in bad.items():
             status, body = await upload(http, url, data, "image/png", text)

@@ -13,7 +13,7 @@ from pipeline.config import config_names, load_config
 from pipeline.errors import MediaError
 from pipeline.eval.evaluate import run_eval
 from pipeline.families import REAL_MODELS
-from pipeline.media import load_image, read_audio
+from pipeline.media import load_image, probe_audio, read_audio
 from pipeline.photo.face import FACE_BOX_HELP, FaceBox, check_face_box, parse_face_box
 from pipeline.schedule import ChunkPlan
 from pipeline.synth.motion import mouth_track_from_audio, silence_segments
@@ -58,6 +58,7 @@ def _photo_eval(args: argparse.Namespace) -> int:
     if args.face_box is not None:  # a bad box is one line, before the video is read
         box = parse_face_box(args.face_box)
         check_face_box(box, load_image(photo).shape)
+    probe_audio(args.audio)
     audio = np.concatenate([b.model for b in iter_audio(args.audio)] or [np.zeros(0, np.float32)])
     with tempfile.TemporaryDirectory() as tmp:
         if args.model and load_config(args.model).runtime.stack == "flashhead":
@@ -72,6 +73,7 @@ def _photo_eval(args: argparse.Namespace) -> int:
             face_box=box,
             seams_for=lambda n: _seams(args, n),
             seam_period=_seam_period(args),
+            by_hand=args.face_box is not None,
         )
     print(scores.summary())
     if args.json:

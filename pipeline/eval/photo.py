@@ -6,18 +6,20 @@ The measurement of issue 16, for any stack (demo, photo, …) and any real portr
   cover the frame, centre-cropped, and the crop slid the least that keeps the face in (a
   portrait photo in a 16:9 frame would lose the head to a plain centre crop; on the square
   CPU default the two are the same);
-- the face box is OpenCV's frontal-face Haar cascade on the framed photo (the largest); a
-  synthetic reference where the cascade finds none (it misses the darkest synthetic faces)
-  uses the box its own geometry gives, and a photo framed by hand (`--face-box`, as it was
-  rendered) the hand-drawn box. The mouth box is its lower 40 % × middle 60 %;
+- the face box and its roll are the photo stack's own (`pipeline.photo.face`: the face
+  BlazeFace finds, measured by FaceMesh's landmarks; a synthetic reference's world
+  geometry; a photo framed by hand, `--face-box` as it was rendered, the face inside that
+  box). The mouth box is its lower 40 % × middle 60 %, turned with the face;
 - identity: per frame, mean SSIM (Gaussian window, sigma 1.5, on luma) against the framed
   photo over every pixel outside the mouth box; drift = mean of the last `window_s`
   seconds minus the first;
 - lip sync: per frame, mouth motion = mean absolute luma difference between the frame's
   mouth box and the photo's; the speech envelope = RMS of the frame's 40 ms of audio;
   Pearson r between the two (at lag 0, and the best within ±3 frames);
-- a face is detectable: the cascade on every 25th frame finds a face overlapping the
-  photo's face box (IoU > 0.3); the share of such frames;
+- a face is detectable: the detector on every 25th frame finds a face overlapping the
+  photo's face box (IoU > 0.3); the share of such frames. Not for a photo framed by hand:
+  the detector missing it is why it was framed by hand, so the face in the given box is
+  scored and the summary says so;
 - chunk seams, given the model that made the video (`--model`: FlashHead's 28-frame chunks,
   say): the mean absolute luma change into each seam's first frame over the change at the
   same latent phase around it (`metrics.seam_smoothness`; 1 = seamless).
@@ -57,14 +59,16 @@ class PhotoScores:
     mouth_speech_r: float  # Pearson r, mouth motion vs speech envelope, lag 0
     mouth_speech_r_best: float  # the best r within ±3 frames
     best_lag: int  # frames; > 0: the mouth follows the sound late
-    face_detected: float  # share of sampled frames with the face found
+    face_detected: float | None  # share of sampled frames with the face found (None: by hand)
     face_box: list[float]
-    mouth_box: list[int]
+    mouth_box: list[int]  # upright, before the face's roll turns it
     # the model's chunk seams (`facecast eval --model`): the frame-to-frame change at a seam
     # over the change at the same latent phase near it (1 = seamless); None without seams
     seam_ratio: float | None = None
     seam_ratio_global: float | None = None
     n_seams: int = 0
+    face_roll_deg: float = 0.0
+    face_box_by_hand: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -78,7 +82,7 @@ class PhotoScores:
                 f"{self.identity_drift:+.3f})",
                 f"mouth vs speech     r={self.mouth_speech_r:.3f} at lag 0, best "
                 f"{self.mouth_speech_r_best:.3f} at lag {self.best_lag:+d}",
-                f"face detected       {self.face_detected:.0%} of sampled frames",
+                self._face_line(),
             ]
             + (
                 [
@@ -89,6 +93,15 @@ class PhotoScores:
                 else []
             )
         )
+
+    def _face_line(self) -> str:
+        box = ",".join(f"{v:.0f}" for v in self.face_box)
+        if self.face_box_by_hand or self.face_detected is None:
+            return (
+                f"face                framed by hand: scored inside the given box ({box} in "
+                f"video pixels, roll {self.face_roll_deg:+.0f} deg), no detector re-run"
+            )
+        return f"face detected       {self.face_detected:.0%} of sampled frames"
 
 
 def luma(rgb: np.ndarray) -> np.ndarray:
@@ -133,15 +146,24 @@ def _iou(a, b) -> float:
 
 def framed_photo(
     photo: str | Path, width: int, height: int, face_box: FaceBox | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """The photo file as a `width` x `height` video shows it at rest, and the face box the
-    scores use (x, y, w, h); `face_box` (photo pixels) frames it by hand, as render did."""
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """The photo file as a `width` x `height` video shows it at rest, the face box the
+    scores use (x, y, w, h) and the face's roll (radians); `face_box` (photo pixels) frames
+    it by hand, as render did."""
     data = read_photo_file(str(photo), SCORING)
     prepared = prepare_reference(data, str(photo), width, height, SCORING, face_box)
-    faces = detect_faces(prepared.framed) if face_box is None else np.zeros((0, 4))
-    if len(faces) == 0:  # a synthetic reference, or a face framed by hand
-        return prepared.framed, np.array(prepared.face.box)
-    return prepared.framed, faces[0]
+    return prepared.framed, np.array(prepared.face.box), prepared.face.roll
+
+
+def mouth_mask(shape: tuple[int, ...], box: np.ndarray, roll: float) -> np.ndarray:
+    """The face box's lower 40 % x middle 60 %, turned by the face's roll about the box's
+    centre: (H, W) bool."""
+    x, y, w, h = box
+    yy, xx = np.mgrid[0 : shape[0], 0 : shape[1]] + 0.5
+    dx, dy = xx - (x + w / 2), yy - (y + h / 2)
+    u = np.cos(roll) * dx + np.sin(roll) * dy  # into the face's frame
+    v = -np.sin(roll) * dx + np.cos(roll) * dy
+    return (np.abs(u) <= 0.3 * w) & (v >= 0.1 * h) & (v <= 0.5 * h)
 
 
 def run_photo_eval(
@@ -152,18 +174,22 @@ def run_photo_eval(
     face_box: FaceBox | None = None,
     seams_for: Callable[[int], list[int]] | None = None,
     seam_period: int = 1,
+    by_hand: bool | None = None,
 ) -> PhotoScores:
     """Score `video` (a file, frames or batches) against the photo file it animates.
     `seams_for(n)`: the chunk seams of an n-frame video of the model that made it, scored
-    against frames `seam_period` (its VAE's frames per latent) apart."""
+    against frames `seam_period` (its VAE's frames per latent) apart. `by_hand` (default:
+    a `face_box` was given): the face was framed by hand, so no detector is re-run."""
+    by_hand = face_box is not None if by_hand is None else by_hand
     ref = framed = box = previous = None
-    mouth_mask = None
+    mask = None
+    roll = 0.0
     ssim, motion, found, change = [], [], [], []
     n = 0
     for batch in _batches(video):
         if framed is None:
             H, W = batch.shape[1:3]
-            framed, box = framed_photo(photo, W, H, face_box)
+            framed, box, roll = framed_photo(photo, W, H, face_box)
             x, y, w, h = box
             mb = (
                 int(x + 0.2 * w),
@@ -171,17 +197,16 @@ def run_photo_eval(
                 int(np.ceil(x + 0.8 * w)),
                 int(np.ceil(y + h)),
             )
-            mouth_mask = np.zeros((H, W), bool)
-            mouth_mask[mb[1] : mb[3], mb[0] : mb[2]] = True
+            mask = mouth_mask((H, W), box, roll)
             ref = luma(framed)
-        assert ref is not None and mouth_mask is not None and box is not None
+        assert ref is not None and mask is not None and box is not None
         for frame in batch:
             g = luma(frame)
             change.append(np.nan if previous is None else float(np.abs(g - previous).mean()))
             previous = g
-            ssim.append(float(ssim_map(g, ref)[~mouth_mask].mean()))
-            motion.append(float(np.abs(g - ref)[mouth_mask].mean()))
-            if n % FPS == 0:
+            ssim.append(float(ssim_map(g, ref)[~mask].mean()))
+            motion.append(float(np.abs(g - ref)[mask].mean()))
+            if n % FPS == 0 and not by_hand:
                 hits = detect_faces(frame)
                 found.append(any(_iou(f, box) > 0.3 for f in hits))
             n += 1
@@ -210,12 +235,14 @@ def run_photo_eval(
         mouth_speech_r=r0,
         mouth_speech_r_best=lags[best],
         best_lag=best,
-        face_detected=float(np.mean(found)),
+        face_detected=None if by_hand else float(np.mean(found)),
         face_box=[float(v) for v in box],
         mouth_box=list(mb),
         seam_ratio=seam_ratio,
         seam_ratio_global=seam_global,
         n_seams=len(seams),
+        face_roll_deg=float(np.degrees(roll)),
+        face_box_by_hand=by_hand,
     )
 
 
@@ -236,7 +263,7 @@ def face_strip(
     tiles, framed = [], None
     for i, frame in enumerate(f for batch in _batches(video) for f in batch):
         if framed is None:
-            framed, _ = framed_photo(photo, frame.shape[1], frame.shape[0], face_box)
+            framed, _, _ = framed_photo(photo, frame.shape[1], frame.shape[0], face_box)
             tiles.append(_crop(framed, cx, cy, half, side))
         if i in picks:
             tiles.append(_crop(frame, cx, cy, half, side))

@@ -1,22 +1,23 @@
 """The reference photo: checked, its one face found, framed to the video, measured.
 
 A photo is checked before anything is decoded (bytes, type by its magic bytes, pixel
-count from the header), then decoded with PyAV. Faces are found with the frontal-face Haar
-cascades that OpenCV 4.x wheels ship (`cv2.data.haarcascades`; no download): the default
-one, and where it finds none the alt2 one on the shadow-lifted, then equalised image. The
-photo is scaled to cover the video size and centre-cropped (the face box is mapped through
-the same transform, so detection runs once, on the full photo); where the centred crop
-would cut the face, the crop slides just enough to hold it. Every failure is a
-`PhotoError` with one line that says what to change.
+count from the header), then decoded with PyAV. Faces are found by BlazeFace and each
+confirmed by FaceMesh (`pipeline.photo.landmarks`; bench/RESULTS.md, "BlazeFace + FaceMesh
+beside Haar"). The photo is scaled to cover the video size and centre-cropped (the face
+box is mapped through the same transform, so detection runs once, on the full photo);
+where the centred crop would cut the face, the crop slides just enough to hold it. Every
+failure is a `PhotoError` with one line that says what to change.
 
-Where the detector misses the face (it misses dark skin more often: bench/RESULTS.md, "The
-face detector by skin tone") or picks the wrong one, the user frames it by hand: a face box
-X,Y,W,H in the original photo's pixels (`parse_face_box`, `check_face_box`: the one home of
-its rules, for the CLI, the HTTP routes and the page's payload), used instead of detection.
+Where the detector misses the face or picks the wrong one, the user frames it by hand: a
+face box X,Y,W,H[,ANGLE] in the original photo's pixels (`parse_face_box`,
+`check_face_box`: the one home of its rules, for the CLI, the HTTP routes and the page's
+payload), used instead of detection. A detected face goes the same way as a box drawn
+around it, so the same box gives the same result whoever drew it.
 
-The geometry the warp needs (`FaceGeometry`) is measured on the framed photo: the lip line
-(the darkest row between the closed lips), the mouth's half width, and the eyes (the eye
-cascade inside the face's upper half, else the usual proportions of a frontal face).
+The geometry the warp needs (`FaceGeometry`) comes from FaceMesh's landmarks read inside
+the box: the face's own square and roll (`box_from_mesh`, the eye line), the seam between
+the lips, the eyes. Where FaceMesh sees no face in a hand-drawn box, a frontal face's
+proportions in the box, turned by the box's angle, stand in.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ import cv2
 import numpy as np
 
 from pipeline.config import PhotoConfig
-from pipeline.errors import FacecastError, PhotoError
+from pipeline.errors import PhotoError
+from pipeline.photo import landmarks
+from pipeline.photo.landmarks import Mesh
 
 # PNG, JPEG and WebP, by their first bytes: what the page's upload accepts.
 _MAGIC = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg"}
@@ -106,36 +109,6 @@ def read_photo_file(path: str, cfg: PhotoConfig) -> bytes:
         raise PhotoError(f"cannot read photo {path}: {exc.strerror or exc}", "corrupt") from None
 
 
-_CASCADES: dict[str, cv2.CascadeClassifier] = {}
-
-
-FACE_CASCADE = "haarcascade_frontalface_default.xml"
-
-
-def cascade(name: str) -> cv2.CascadeClassifier:
-    """One of OpenCV's shipped Haar cascades, loaded once per process."""
-    if name not in _CASCADES:
-        # OpenCV 5 moved the cascade classifier out of the main module and its wheels ship
-        # no cascades: say so, once, instead of an AttributeError inside a session
-        haarcascades: str | None
-        try:
-            from cv2.data import haarcascades
-        except ImportError:
-            haarcascades = None
-        if not hasattr(cv2, "CascadeClassifier") or haarcascades is None:
-            raise FacecastError(
-                f"the installed OpenCV {cv2.__version__} has no Haar face detector: the photo "
-                "stack needs opencv-python-headless>=4.8,<5 (pip install 'opencv-python-headless<5')"
-            )
-        clf = cv2.CascadeClassifier(haarcascades + name)
-        if clf.empty():
-            raise FacecastError(
-                f"OpenCV's {name} is missing: opencv-python-headless>=4.8,<5 ships it"
-            )
-        _CASCADES[name] = clf
-    return _CASCADES[name]
-
-
 def _detect_scale(shape: tuple[int, ...]) -> tuple[float, int, int]:
     """The scale faces are searched at, and the searched image's width and height."""
     h, w = shape[:2]
@@ -143,60 +116,57 @@ def _detect_scale(shape: tuple[int, ...]) -> tuple[float, int, int]:
     return s, round(w * s), round(h * s)
 
 
-def _min_detect_side(width: int, height: int, min_side_frac: float = _MIN_SIDE_FRAC) -> int:
-    return max(20, int(min_side_frac * min(width, height)))
-
-
 def min_face_side(shape: tuple[int, ...]) -> float:
-    """The smallest face side the detector looks for in a photo of `shape`, in its pixels;
-    a hand-drawn face box must be at least this big too."""
+    """The smallest face side looked for in a photo of `shape`, in its pixels."""
     s, w, h = _detect_scale(shape)
-    return _min_detect_side(w, h) / s
+    return max(20, int(_MIN_SIDE_FRAC * min(w, h))) / s
 
 
-def detect_faces(rgb: np.ndarray, min_side_frac: float = _MIN_SIDE_FRAC) -> np.ndarray:
-    """Frontal faces in an RGB image, (n, 4) float boxes x, y, w, h in its pixels,
-    largest first."""
-    s, w, h = _detect_scale(rgb.shape)
-    grey = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
-    if s < 1.0:
-        grey = cv2.resize(grey, (w, h), interpolation=cv2.INTER_AREA)
-    # no histogram equalisation on the first look: on the astronaut it turned the shuttle
-    # into a face
-    side = _min_detect_side(w, h, min_side_frac)
-    found = _cascade_boxes(FACE_CASCADE, grey, side)
-    # Haar misses dark skin far more often. Only where the first look finds nothing, two
-    # more, with OpenCV's alt2 frontal cascade: the shadows lifted (gamma 0.5), then that
-    # image locally equalised (CLAHE). On 80 synthetic faces per skin-tone group, lighting
-    # and backdrop varied (bench/face_detect_bench.py), the darkest group goes from 19 found
-    # (the gamma look with the default cascade) to 39, and 133 faceless images (backdrops,
-    # faceless parts of the bundled portraits) show no face that the first look alone did
-    # not already show. Faces the first look finds are unchanged.
-    for prepare in (_lift_shadows, _equalise_lifted):
-        if len(found):
-            break
-        found = _cascade_boxes(_SECOND_LOOK_CASCADE, prepare(grey), side)
-    boxes = np.asarray(found, np.float64).reshape(-1, 4) / s
-    return boxes[np.argsort(-boxes[:, 2] * boxes[:, 3])]
+@dataclass(frozen=True)
+class FoundFace:
+    """A face and its landmarks: `box` x, y, w, h is the face's own square (upright in the
+    face's frame, about its centre, `box_from_mesh`), `roll` its tilt in radians."""
+
+    box: np.ndarray
+    roll: float
+    mesh: Mesh
 
 
-_SECOND_LOOK_CASCADE = "haarcascade_frontalface_alt2.xml"
-_LIFT_SHADOWS = (255 * np.sqrt(np.arange(256) / 255)).astype(np.uint8)
+def find_faces(rgb: np.ndarray) -> list[FoundFace]:
+    """Every face BlazeFace finds in an RGB photo that FaceMesh confirms (it rejects the
+    odd patch of texture BlazeFace scores just over its threshold), largest first."""
+    found = []
+    for face in landmarks.find_faces(rgb):
+        centre = face.box[:2] + face.box[2:] / 2
+        mesh = landmarks.face_mesh(rgb, centre, _ROI_PER_SIDE * max(face.box[2:]), face.roll)
+        if mesh.presence >= _MIN_PRESENCE:
+            found.append(FoundFace(box_from_mesh(mesh), mesh.roll, mesh))
+    return sorted(found, key=lambda f: -f.box[2])
 
 
-def _lift_shadows(grey: np.ndarray) -> np.ndarray:
-    return cv2.LUT(grey, _LIFT_SHADOWS)
+def detect_faces(rgb: np.ndarray) -> np.ndarray:
+    """The faces of `find_faces` as (n, 4) float boxes x, y, w, h, largest first."""
+    return np.array([f.box for f in find_faces(rgb)], np.float64).reshape(-1, 4)
 
 
-def _equalise_lifted(grey: np.ndarray) -> np.ndarray:
-    clahe = cv2.createCLAHE(clipLimit=2.0, tileGridSize=(4, 4))
-    return clahe.apply(_lift_shadows(grey))
+def box_from_mesh(mesh: Mesh) -> np.ndarray:
+    """The face's square from its landmarks: 1.15x the forehead-to-chin length, centred 8 %
+    of it above their midpoint, along the face's own axis, so it is the same square however
+    the face is turned. (The warp's proportions were set on Haar's box; on the bundled
+    portraits Haar's box is 1.15x and 0.91x that length, and the synthetic world's 1.24x,
+    centred 8-9 % above the midpoint on all three.)"""
+    top, chin = mesh.points[landmarks.FOREHEAD], mesh.points[landmarks.CHIN]
+    length = float(np.linalg.norm(chin - top))
+    centre = (top + chin) / 2 - 0.08 * (chin - top)
+    side = _BOX_PER_FACE_LENGTH * length
+    return np.array([centre[0] - side / 2, centre[1] - side / 2, side, side])
 
 
-def _cascade_boxes(name: str, grey: np.ndarray, side: int) -> np.ndarray:
-    return np.asarray(
-        cascade(name).detectMultiScale(grey, scaleFactor=1.08, minNeighbors=6, minSize=(side, side))
-    )
+_BOX_PER_FACE_LENGTH = 1.15
+_ROI_PER_SIDE = 1.5  # FaceMesh reads a square 1.5x the face box (MediaPipe's margin)
+_MIN_PRESENCE = 0.5  # FaceMesh's face score: on the bench's faces >= 0.99, faceless <= 0.002
+MAX_ROLL_DEG = 45.0  # past this the warp's upright-trained proportions are guesses
+_PROFILE = 0.2  # the nose tip this close (share of the face's width) to a cheek: a profile
 
 
 @dataclass(frozen=True)
@@ -241,37 +211,46 @@ def frame_photo(rgb: np.ndarray, width: int, height: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class FaceGeometry:
-    """Where things are on the framed photo, in its pixels (floats)."""
+    """Where things are on the framed photo, in its pixels (floats). `box` is the face's
+    own square, upright in the face's frame; `roll` turns that frame (radians, clockwise on
+    screen): the warp places the mouth, jaw and blinks in it."""
 
     box: tuple[float, float, float, float]  # face box x, y, w, h
     mouth: tuple[float, float]  # centre of the lip line
     mouth_half_width: float
-    eyes: tuple[tuple[float, float, float, float], ...]  # eye boxes x, y, w, h
+    eyes: tuple[tuple[float, float, float, float], ...]  # eye boxes x, y, w, h (face frame)
     skin: tuple[float, float, float]  # median RGB of the cheeks, 0..255
     lips: tuple[float, float, float]  # median RGB just below the lip line
+    roll: float = 0.0
 
 
 @dataclass(frozen=True)
 class PreparedPhoto:
     framed: np.ndarray  # uint8 (H, W, 3): the rest frame, what the video shows in silence
     face: FaceGeometry
-    # the face box in the original photo's pixels (x, y, w, h): what the page shows the
-    # user to adjust, in the coordinates a hand-drawn box is given in
-    photo_box: tuple[float, float, float, float] | None = None
+    # the face box in the original photo's pixels (x, y, w, h, and the angle in degrees
+    # where it is turned): what the page shows the user to adjust, in the coordinates a
+    # hand-drawn box is given in
+    photo_box: FaceBox | None = None
+    framing: Framing | None = None  # original photo pixels → the framed photo's
 
 
-FaceBox = tuple[float, float, float, float]  # x, y, w, h in the original photo's pixels
+# x, y, w, h in the original photo's pixels, and optionally the angle (degrees, clockwise
+# on screen) the box is turned by about its centre
+FaceBox = tuple[float, ...]
 
 FACE_BOX_HELP = (
-    "X,Y,W,H: the face's box in the original photo's pixels (left, top, width, height; "
-    "forehead to chin, about square), used instead of the face detector"
+    "X,Y,W,H[,ANGLE]: the face's box in the original photo's pixels (left, top, width, "
+    "height; forehead to chin, about square), turned ANGLE degrees clockwise about its centre "
+    "for a tilted face; used instead of the face detector"
 )
 
 
 def parse_face_box(value: object) -> FaceBox:
-    """A face box from "X,Y,W,H" (the CLI's flag, the upload's query) or a list of four
-    numbers (an offer's JSON); a `PhotoError` ("box") if it is not four finite numbers with
-    a positive width and height. Where it lies in the photo is `check_face_box`'s."""
+    """A face box from "X,Y,W,H[,ANGLE]" (the CLI's flag, the upload's query) or a list of
+    four or five numbers (an offer's JSON); a `PhotoError` ("box") if it is not four finite
+    numbers (and an angle) with a positive width and height. Where it lies in the photo is
+    `check_face_box`'s."""
     if isinstance(value, str):
         parts: list = value.replace(" ", "").split(",")
     elif isinstance(value, (list, tuple)):
@@ -286,42 +265,71 @@ def parse_face_box(value: object) -> FaceBox:
             numbers.append(float(part))
         except (TypeError, ValueError):
             break
-    if len(parts) != 4 or len(numbers) != 4 or not all(np.isfinite(numbers)):
+    if len(parts) not in (4, 5) or len(numbers) != len(parts) or not all(np.isfinite(numbers)):
         raise PhotoError(
             f"face box {_shown(value)} is not four numbers X,Y,W,H (the face's left, top, width "
-            "and height in the photo's pixels, e.g. 120,80,200,200)",
+            "and height in the photo's pixels, e.g. 120,80,200,200) and an optional ANGLE "
+            "(degrees clockwise, e.g. 120,80,200,200,30)",
             "box",
         )
-    x, y, w, h = numbers
-    if w <= 0 or h <= 0:
+    if numbers[2] <= 0 or numbers[3] <= 0:
         raise PhotoError(f"face box {_shown(value)}: its width and height must be > 0", "box")
-    return x, y, w, h
+    if len(numbers) == 5 and abs(numbers[4]) > MAX_ROLL_DEG:
+        raise PhotoError(
+            f"face box {_shown(value)} is turned {numbers[4]:g} degrees; the photo stack "
+            f"animates faces tilted up to {MAX_ROLL_DEG:g}: rotate the photo nearer upright first",
+            "box",
+        )
+    return tuple(numbers)
 
 
 def face_box_arg(text: str) -> FaceBox:
-    """`--face-box X,Y,W,H` as an argparse type: a bad one is argparse's one-line error."""
+    """`--face-box X,Y,W,H[,ANGLE]` as an argparse type: a bad one is argparse's one-line
+    error."""
     try:
         return parse_face_box(text)
     except PhotoError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def check_face_box(box: FaceBox, shape: tuple[int, ...]) -> np.ndarray:
-    """The box as an array, if it lies inside a photo of `shape`, is at least as big as the
-    faces the detector looks for, and is about square; else a `PhotoError` ("box")."""
-    x, y, w, h = box
+def box_angle(box: FaceBox) -> float:
+    """The box's turn in radians (0 for a box of four numbers)."""
+    return float(np.radians(box[4])) if len(box) == 5 else 0.0
+
+
+def box_corners(box: FaceBox) -> np.ndarray:
+    """The (4, 2) corners of the box as drawn, turned about its centre."""
+    x, y, w, h = box[:4]
+    c = np.array([x + w / 2, y + h / 2])
+    local = np.array([[-w, -h], [w, -h], [w, h], [-w, h]]) / 2
+    return c + np.array([_turn(p, box_angle(box)) for p in local])
+
+
+def check_face_box(
+    box: FaceBox, shape: tuple[int, ...], video: tuple[int, int] | None = None, min_px: int = 0
+) -> np.ndarray:
+    """The box x, y, w, h as an array, if it lies inside a photo of `shape`, is at least as
+    big as the faces the detector looks for (and, given the `video` size, as the `min_px` a
+    face needs there once the photo covers it), and is about square; else a `PhotoError`
+    ("box")."""
+    x, y, w, h = box[:4]
     H, W = shape[:2]
-    if x < 0 or y < 0 or x + w > W or y + h > H:
+    corners = box_corners(box)
+    if corners.min() < -0.5 or corners[:, 0].max() > W + 0.5 or corners[:, 1].max() > H + 0.5:
         raise PhotoError(
             f"face box {_fmt(box)} reaches outside the {W}x{H} photo: give it in the "
             "original photo's pixels, inside 0..width and 0..height",
             "box",
         )
     side = min_face_side(shape)
-    if min(w, h) < side:
+    if video is not None:  # the photo is scaled to cover the video: a face box scales with it
+        side = max(side, min_px / max(video[0] / W, video[1] / H))
+    if min(w, h) < side - 1e-6:
         raise PhotoError(
-            f"face box {_fmt(box)} is smaller than {side:.0f} px, the smallest face looked "
-            f"for in a {W}x{H} photo: draw it around the whole face, forehead to chin",
+            f"face box {_fmt(box)} is {min(w, h):g} px; a face needs at least {np.ceil(side):.0f} "
+            f"px of this {W}x{H} photo"
+            + (f" to fill {min_px} px of the {video[0]}x{video[1]} video" if video else "")
+            + ": crop the photo closer around the face (or draw the box forehead to chin)",
             "box",
         )
     if max(w, h) > _BOX_ASPECT * min(w, h):
@@ -333,6 +341,11 @@ def check_face_box(box: FaceBox, shape: tuple[int, ...]) -> np.ndarray:
     return np.array([x, y, w, h], np.float64)
 
 
+def _turn(v: np.ndarray, angle: float) -> np.ndarray:
+    c, s = np.cos(angle), np.sin(angle)
+    return np.array([c * v[0] - s * v[1], s * v[0] + c * v[1]])
+
+
 def _shown(value: object) -> str:
     text = repr(value)  # a request's value: kept short in the one-line answer
     return text if len(text) <= 60 else text[:57] + "..."
@@ -342,39 +355,96 @@ def _fmt(box: FaceBox) -> str:
     return ",".join(f"{v:g}" for v in box)
 
 
+NO_FACE = (
+    "no face found in the photo: use a sharp, well-lit, frontal photo of one face (a "
+    "synthetic face from `facecast make-reference` works as the PNG it writes, unchanged), "
+    "or frame the face by hand: --face-box X,Y,W,H on the command line, ?face_box=X,Y,W,H "
+    "on POST /photos, or drag a box on the page"
+)
+
+
 def prepare_photo(
     rgb: np.ndarray, width: int, height: int, cfg: PhotoConfig, face_box: FaceBox | None = None
 ) -> PreparedPhoto:
-    """Find the one face (or take the hand-drawn `face_box`, photo pixels), frame the photo
-    around it, measure the geometry inside the box."""
+    """Find the one face (or take the hand-drawn `face_box`, photo pixels), read its
+    landmarks, frame the photo around it, and measure the geometry."""
     if face_box is not None:
-        checked = check_face_box(face_box, rgb.shape)
-        framing, box = frame_face(rgb.shape, checked, width, height, cfg)
-        framed = framing.apply(rgb)
-        return PreparedPhoto(framed, measure_face(framed, box), _as_box(checked))
-    faces = detect_faces(rgb)
-    if len(faces) == 0:
-        raise PhotoError(
-            "no face found in the photo: use a sharp, well-lit, frontal photo of one face "
-            "(a synthetic face from `facecast make-reference` works as the PNG it writes, "
-            "unchanged), or frame the face by hand with a face box X,Y,W,H",
-            "face",
-        )
-    areas = faces[:, 2] * faces[:, 3]
-    if (areas >= _SECOND_FACE * areas[0]).sum() > 1:
-        raise PhotoError(
-            f"the photo shows {int((areas >= _SECOND_FACE * areas[0]).sum())} faces: "
-            "crop it to the one person who should talk, or give that face's box X,Y,W,H",
-            "face",
-        )
-    framing, box = frame_face(rgb.shape, faces[0], width, height, cfg)
+        check_face_box(face_box, rgb.shape, (width, height), cfg.min_face_px)
+    else:
+        faces = find_faces(rgb)
+        if len(faces) == 0:
+            raise PhotoError(NO_FACE, "face")
+        sides = np.array([f.box[2] for f in faces])
+        if (sides**2 >= _SECOND_FACE * sides[0] ** 2).sum() > 1:
+            raise PhotoError(
+                f"the photo shows {int((sides**2 >= _SECOND_FACE * sides[0] ** 2).sum())} "
+                "faces: crop it to the one person who should talk, or give that face's box "
+                "(--face-box X,Y,W,H, or ?face_box= on POST /photos)",
+                "face",
+            )
+        # the detector's face goes the same way as a box drawn around it: the same result
+        # for the same box, whoever gave it
+        x, y, w, h = (float(v) for v in faces[0].box)
+        face_box = (x, y, w, h, float(np.degrees(faces[0].roll)))
+    mesh = _mesh_in_box(rgb, face_box)
+    if mesh is None:  # no face the landmarks can read: a frontal face's proportions in the box
+        box, roll = np.array(face_box[:4], np.float64), box_angle(face_box)
+    else:
+        box, roll = box_from_mesh(mesh), mesh.roll
+        _check_pose(mesh)
+    framing, framed_box = frame_face(rgb.shape, box, width, height, cfg)
     framed = framing.apply(rgb)
-    return PreparedPhoto(framed, measure_face(framed, box), _as_box(faces[0]))
+    geometry = measure_face(framed, framed_box, roll, mesh, framing)
+    return PreparedPhoto(framed, geometry, _rounded(face_box), framing)
 
 
-def _as_box(box: np.ndarray) -> FaceBox:
-    x, y, w, h = (float(v) for v in box)
-    return x, y, w, h
+def _mesh_in_box(rgb: np.ndarray, box: FaceBox) -> Mesh | None:
+    """FaceMesh on the square around the box, turned as the box is; refined on its own eyes
+    (a second pass: a face tilted 35 degrees in an upright box is read upright). None where
+    it sees no face."""
+    x, y, w, h = box[:4]
+    centre = np.array([x + w / 2, y + h / 2])
+    mesh = landmarks.face_mesh(rgb, centre, _ROI_PER_SIDE * max(w, h), box_angle(box))
+    if abs(mesh.roll - box_angle(box)) > np.radians(10):  # far off: once more from its eyes
+        mesh = landmarks.face_mesh(rgb, mesh.points.mean(0), _ROI_PER_SIDE * max(w, h), mesh.roll)
+    if mesh.presence < _MIN_PRESENCE:
+        # turned too far for FaceMesh to read from the box's angle (60 degrees in an upright
+        # box): BlazeFace's eyes give the turn of the face whose centre is in the box
+        for face in landmarks.find_faces(rgb):
+            fx, fy = face.box[:2] + face.box[2:] / 2
+            if x <= fx <= x + w and y <= fy <= y + h:
+                side = _ROI_PER_SIDE * max(face.box[2:])
+                mesh = landmarks.face_mesh(rgb, np.array([fx, fy]), side, face.roll)
+                break
+    return mesh if mesh.presence >= _MIN_PRESENCE else None
+
+
+def _check_pose(mesh: Mesh) -> None:
+    """A face the warp cannot move well: tilted past 45 degrees, or turned to a profile."""
+    roll = float(np.degrees(mesh.roll))
+    if abs(roll) > MAX_ROLL_DEG:
+        raise PhotoError(
+            f"the face is tilted {abs(roll):.0f} degrees; the photo stack animates faces tilted "
+            f"up to {MAX_ROLL_DEG:g}: rotate the photo nearer upright first",
+            "face",
+        )
+    # where the nose tip lies between the cheeks, along the eye line: 0.5 when frontal
+    right, left = mesh.points[234], mesh.points[454]
+    axis = left - right
+    t = float((mesh.points[landmarks.NOSE_TIP] - right) @ axis / max(1e-6, axis @ axis))
+    if not _PROFILE <= t <= 1 - _PROFILE:
+        raise PhotoError(
+            "the face is turned to a profile: the photo stack animates faces that look at "
+            "the camera (both eyes and both mouth corners in view)",
+            "face",
+        )
+
+
+def _rounded(box: FaceBox) -> FaceBox:
+    """A box as the page and the API show it: a box of four when it is hardly turned."""
+    if len(box) == 5 and abs(box[4]) < 1.0:
+        return tuple(float(v) for v in box[:4])
+    return tuple(float(v) for v in box)
 
 
 def frame_face(
@@ -422,22 +492,47 @@ def _slide_to_fit(framing: Framing, box: np.ndarray, shape: tuple[int, ...]) -> 
     return Framing(framing.scale, left, top, framing.width, framing.height)
 
 
-def measure_face(framed: np.ndarray, box: np.ndarray) -> FaceGeometry:
+def measure_face(
+    framed: np.ndarray,
+    box: np.ndarray,
+    roll: float = 0.0,
+    mesh: Mesh | None = None,
+    framing: Framing | None = None,
+) -> FaceGeometry:
+    """The face's geometry on the framed photo: from the landmarks (`mesh`, photo pixels,
+    mapped by `framing`) where there are some, else from a frontal face's proportions in
+    the face box turned by `roll`. The lip line is the landmarks' seam between the lips,
+    so no shading (a backlit face, a dark room) moves it."""
     x, y, w, h = (float(v) for v in box)
-    H, W = framed.shape[:2]
-    grey = cv2.GaussianBlur(cv2.cvtColor(framed, cv2.COLOR_RGB2GRAY).astype(np.float32), (0, 0), 1)
-    mx = x + 0.5 * w
-    cheeks = [
-        framed[int(y + 0.55 * h) : int(y + 0.65 * h), int(x + cx * w) : int(x + (cx + 0.1) * w)]
-        for cx in (0.2, 0.7)
-    ]
-    skin = np.median(np.concatenate([c.reshape(-1, 3) for c in cheeks if c.size]), axis=0)
-    my = _lip_line(framed, grey, (x, y, w, h), skin)
-    eyes = _find_eyes(framed, (x, y, w, h))
+    centre = np.array([x + w / 2, y + h / 2])
+
+    def at(u: float, v: float) -> np.ndarray:  # a point of the face box, face frame → pixels
+        return centre + _turn(np.array([(u - 0.5) * w, (v - 0.5) * h]), roll)
+
+    if mesh is not None and framing is not None:
+        points = mesh.points * framing.scale - np.array([framing.left, framing.top])
+        mouth = points[list(landmarks.LIP_SEAM)].mean(0)
+        eye_centres = [
+            points[list(idx)].mean(0) for idx in (landmarks.RIGHT_EYE, landmarks.LEFT_EYE)
+        ]
+        eye_w = [
+            float(np.linalg.norm(points[i] - points[j]))
+            for i, j in (landmarks.RIGHT_EYE, landmarks.LEFT_EYE)
+        ]
+    else:
+        mouth = at(0.5, 0.79)
+        eye_centres = [at(0.3, 0.405), at(0.7, 0.405)]
+        eye_w = [0.2 * w / 1.2, 0.2 * w / 1.2]
+    # the eye box the blink slides over: 1.2x the corner-to-corner width, 0.45x as tall
+    eyes = tuple(
+        _as_tuple4((c[0] - 0.6 * ew, c[1] - 0.27 * ew, 1.2 * ew, 0.54 * ew))
+        for c, ew in zip(eye_centres, eye_w, strict=True)
+    )
+    skin = np.median(
+        np.concatenate([_patch(framed, at(u, 0.6), 0.05 * w) for u in (0.25, 0.75)]), axis=0
+    )
     # the lips: the reddest quarter of the pixels around the lip line
-    patch = framed[
-        int(max(0, my - 0.08 * h)) : int(my + 0.1 * h), int(mx - 0.1 * w) : int(mx + 0.1 * w)
-    ].reshape(-1, 3)
+    patch = _patch(framed, mouth + _turn(np.array([0.0, 0.01 * h]), roll), 0.09 * w)
     if len(patch) >= 4:
         red = patch[:, 0].astype(np.float32) / (patch[:, 1].astype(np.float32) + 8)
         lips = np.median(patch[red >= np.percentile(red, 75)], axis=0)
@@ -445,93 +540,27 @@ def measure_face(framed: np.ndarray, box: np.ndarray) -> FaceGeometry:
         lips = skin * 0.8
     return FaceGeometry(
         box=(x, y, w, h),
-        mouth=(mx, my),
+        mouth=(float(mouth[0]), float(mouth[1])),
         mouth_half_width=0.19 * w,
         eyes=eyes,
         skin=_rgb(skin),
         lips=_rgb(lips),
+        roll=float(roll),
     )
+
+
+def _patch(rgb: np.ndarray, centre: np.ndarray, half: float) -> np.ndarray:
+    """The (n, 3) pixels of the square of half side `half` around `centre` (clipped)."""
+    H, W = rgb.shape[:2]
+    x0, y0 = int(np.clip(centre[0] - half, 0, W)), int(np.clip(centre[1] - half, 0, H))
+    x1, y1 = int(np.clip(centre[0] + half + 1, 0, W)), int(np.clip(centre[1] + half + 1, 0, H))
+    return rgb[y0:y1, x0:x1].reshape(-1, 3)
+
+
+def _as_tuple4(v) -> tuple[float, float, float, float]:
+    a, b, c, d = (float(t) for t in v)
+    return a, b, c, d
 
 
 def _rgb(x: np.ndarray) -> tuple[float, float, float]:
     return float(x[0]), float(x[1]), float(x[2])
-
-
-def _lip_line(framed: np.ndarray, grey: np.ndarray, box, skin: np.ndarray) -> float:
-    """The row where the lips meet, from the profile of how far each row of a narrow band
-    down the middle of the lower face is from the skin colour: the first strong peak
-    below the eyes is the nose's shadow, the strongest one after it the lips (their seam,
-    or the edge of the teeth in a smile). Falls back to where frontal faces have it."""
-    x, y, w, h = box
-    H, W = grey.shape
-    mx, prior = x + 0.5 * w, y + 0.79 * h
-    c0, c1 = int(max(0, mx - 0.12 * w)), int(min(W, mx + 0.12 * w))
-    r0, r1 = int(max(0, y + 0.55 * h)), int(min(H, y + 1.0 * h))
-    if r1 - r0 < 8 or c1 - c0 < 2:
-        return prior
-    band = framed[r0:r1, c0:c1].astype(np.float32)
-    d = np.linalg.norm(band - skin[None, None], axis=-1).mean(axis=1)
-    d = np.convolve(np.pad(d, 1, mode="edge"), np.ones(3) / 3, mode="valid")
-    rows = np.arange(r0, r1) + 0.5
-    thr = np.median(d) + 0.4 * (d.max() - np.median(d))
-    peaks = [
-        i for i in range(1, len(d) - 1) if d[i] >= thr and d[i] >= d[i - 1] and d[i] >= d[i + 1]
-    ]
-    nose = next((i for i in peaks if rows[i] < y + 0.74 * h), None)
-    lo, hi = (
-        (rows[nose] + 0.08 * h, rows[nose] + 0.3 * h)
-        if nose is not None
-        else (y + 0.68 * h, y + 0.92 * h)
-    )
-    sel = np.flatnonzero((rows >= lo) & (rows <= hi))
-    if len(sel) == 0:
-        return prior
-    best = _lips_in(d, sel, peaks, h)
-    if best is None:
-        # nothing in the window but the chin (its shading, or its edge): the peak taken
-        # for the nose's shadow was the lips, of a face whose nose casts little shadow, in
-        # a box drawn by hand (its mouth sits higher in the box than in the detector's)
-        return float(rows[nose]) if nose is not None else prior
-    return float(rows[best])
-
-
-def _lips_in(d: np.ndarray, sel: np.ndarray, peaks: list[int], h: float) -> int | None:
-    """The lips' row in the window `sel` of the profile `d`: its strongest row, unless that
-    is the chin. The lips have skin (the chin) just below them; the chin's shading or its
-    edge against the neck has not. None: nothing in the window but the chin."""
-    near, far = max(1, round(0.03 * h)), max(2, round(0.12 * h))
-    skin = np.median(d)
-
-    def skin_below(i: int) -> bool:
-        return i + far < len(d) and bool(d[i + near : i + far + 1].min() <= skin)
-
-    best = int(sel[np.argmax(d[sel])])
-    if skin_below(best):
-        return best
-    lips = [i for i in peaks if sel[0] <= i <= sel[-1] and skin_below(i)]
-    return max(lips, key=lambda i: d[i]) if lips else None
-
-
-def _find_eyes(framed: np.ndarray, box: tuple[float, float, float, float]):
-    x, y, w, h = box
-    x0, y0 = int(max(0, x)), int(max(0, y + 0.15 * h))
-    upper = framed[y0 : int(y + 0.55 * h), x0 : int(x + w)]
-    found = []
-    if upper.size:
-        grey = cv2.equalizeHist(cv2.cvtColor(upper, cv2.COLOR_RGB2GRAY))
-        side = max(8, int(0.12 * w))
-        hits = cascade("haarcascade_eye.xml").detectMultiScale(
-            grey, scaleFactor=1.05, minNeighbors=5, minSize=(side, side)
-        )
-        found = [(ex + x0, ey + y0, ew, eh) for ex, ey, ew, eh in np.asarray(hits).reshape(-1, 4)]
-    left = [e for e in found if e[0] + e[2] / 2 < x + 0.5 * w]
-    right = [e for e in found if e[0] + e[2] / 2 >= x + 0.5 * w]
-    eyes = []
-    for side_hits, cx in ((left, 0.3), (right, 0.7)):
-        if side_hits:
-            ex, ey, ew, eh = max(side_hits, key=lambda e: e[2])
-            # the cascade's box holds brow to cheek: the eye itself is its middle part
-            eyes.append((ex + 0.15 * ew, ey + 0.3 * eh, 0.7 * ew, 0.4 * eh))
-        else:
-            eyes.append((x + (cx - 0.1) * w, y + 0.36 * h, 0.2 * w, 0.09 * w))
-    return tuple(tuple(float(v) for v in e) for e in eyes)

@@ -8,9 +8,9 @@ all come here with the bytes they were given. The bytes are checked and decoded
   `pipeline/assets/reference.png`) names its identity in a PNG text chunk, checked by
   re-rendering it (`pipeline.synth.reference`, whose docstring says why this and not a
   pixel-based fallback). Its geometry is the world's own (`pipeline.synth.face.landmarks`):
-  nothing is detected, so every skin tone gets the same exact face, eyes and mouth (Haar
-  misses the darkest of the world's faces);
-- every other photo goes through the Haar detector and the measurements of
+  nothing is detected, so every skin tone gets the exact face, eyes and mouth the world
+  drew;
+- every other photo goes through the face detector and landmarks, and the measurements of
   `pipeline.photo.face.prepare_photo`, with its one-line errors (no face, several, too
   small, cut off);
 - a face box drawn by hand (`--face-box`, the upload's `face_box`; original photo pixels)

@@ -5,6 +5,11 @@ each a closed form in the face's geometry (`FaceGeometry`, units of the face box
 
 1. head: a small rigid motion (sway, nod, roll about the neck) weighted by a soft ellipse
    around the head, so the background outside it never moves;
+
+Maps 1, 2 and 4 are laid out in the face's own frame (`FaceGeometry.roll`: a tilted face's
+mouth opens along its own vertical, its ellipse and neck turn with it): each pixel's
+offset is turned into that frame, mapped, and turned back.
+
 2. jaw: below the lip line the skin moves down by up to 3/4 of the opening, fading to
    nothing about half a face width lower and widening towards the chin; above it the upper
    lip rises by 1/4, fading before the nose; between the two lips opens a lens-shaped gap
@@ -90,10 +95,13 @@ class WarpDecoder:
             torch.linspace(float(xs[0]), float(xs[-1]), n_x, device=device),
             indexing="ij",
         )
-        cx, cy = x + 0.5 * w, y + 0.45 * h
-        e = torch.sqrt(((self.Xc - cx) / (0.85 * w)) ** 2 + ((self.Yc - cy) / (1.05 * h)) ** 2)
+        # the face's own frame: `roll` turns it about the box's centre (clockwise on screen)
+        self.cos, self.sin = float(np.cos(face.roll)), float(np.sin(face.roll))
+        cx, cy = self._from_face(0.0, -0.05 * h, x + 0.5 * w, y + 0.5 * h)
+        u, v = self._to_face(self.Xc - cx, self.Yc - cy)
+        e = torch.sqrt((u / (0.85 * w)) ** 2 + (v / (1.05 * h)) ** 2)
         self.head_weight = _smoothstep((1.6 - e) / 0.6)  # 1 on the head, 0 past 1.6 radii
-        self.pivot = (x + 0.5 * w, y + 1.25 * h)  # the neck
+        self.pivot = self._from_face(0.0, 0.75 * h, x + 0.5 * w, y + 0.5 * h)  # the neck
         lips = torch.tensor(face.lips, device=device) / 255.0
         skin_lum = float(np.mean(face.skin)) / 255.0
         # the cavity is a fixed share of the lips' colour, so an open mouth is as much darker
@@ -103,6 +111,22 @@ class WarpDecoder:
         self.teeth_rgb = (
             torch.tensor([0.95, 0.92, 0.84], device=device) * min(1.0, 0.55 + 0.5 * skin_lum)
         ).view(1, 3, 1, 1)
+
+    def _to_face(self, dx, dy):
+        """An offset in frame pixels → the same offset in the face's frame (turned back)."""
+        return self.cos * dx + self.sin * dy, -self.sin * dx + self.cos * dy
+
+    def _from_face(self, du, dv, ox=0.0, oy=0.0):
+        """An offset in the face's frame → frame pixels, plus an origin (ox, oy)."""
+        return ox + self.cos * du - self.sin * dv, oy + self.sin * du + self.cos * dv
+
+    def _turned_slices(
+        self, cx: float, cy: float, left: float, up: float, right: float, down: float
+    ) -> tuple[slice, slice]:
+        """ROI slices holding the face-frame box [-left, right] x [-up, down] about (cx, cy)."""
+        corners = [self._from_face(u, v, cx, cy) for u in (-left, right) for v in (-up, down)]
+        xs, ys = [c[0] for c in corners], [c[1] for c in corners]
+        return self._slices(min(xs), min(ys), max(xs), max(ys))
 
     def _slices(self, x0: float, y0: float, x1: float, y1: float) -> tuple[slice, slice]:
         """ROI index slices of a box in frame pixels (clipped; may be empty)."""
@@ -130,7 +154,8 @@ class WarpDecoder:
         px, py = self.pivot
         cos, sin = torch.cos(roll), torch.sin(roll)
         Xc, Yc, wt = self.Xc, self.Yc, self.head_weight
-        dx, dy = Xc - px - hx * w, Yc - py - hy * w
+        hx, hy = self._from_face(hx * w, hy * w)  # sway and nod along the face's own axes
+        dx, dy = Xc - px - hx, Yc - py - hy
         d_T2hw = torch.stack(
             [wt * (px + cos * dx + sin * dy - Xc), wt * (py - sin * dx + cos * dy - Yc)], dim=1
         )
@@ -139,25 +164,28 @@ class WarpDecoder:
         sx, sy = qx.clone(), qy.clone()
         alpha = torch.zeros_like(qx)
 
-        # 2-3. mouth and jaw, inside the box they can reach (the head sway adds a margin)
+        # 2-3. mouth and jaw, inside the box they can reach (the head sway adds a margin),
+        # worked out in the face's own frame about the mouth and turned back
         mx, my = self.face.mouth
         mw0 = self.face.mouth_half_width
-        ys, xs = self._slices(
-            mx - 2.6 * mw0 - 0.08 * w, my - 0.4 * w, mx + 2.6 * mw0 + 0.08 * w, my + 0.7 * w
-        )
+        reach = 2.6 * mw0 + 0.08 * w
+        ys, xs = self._turned_slices(mx, my, reach, 0.4 * w, reach, 0.7 * w)
         k = 0.10 * width - 0.18 * rounding  # horizontal scale of the mouth
-        mouth = self._mouth(qx[:, ys, xs], qy[:, ys, xs], jaw, teeth, k)
-        sx[:, ys, xs], sy[:, ys, xs], alpha[:, ys, xs], paint = mouth
+        u, v = self._to_face(qx[:, ys, xs] - mx, qy[:, ys, xs] - my)
+        su, sv, a, paint = self._mouth(u + mx, v + my, jaw, teeth, k)
+        sx[:, ys, xs], sy[:, ys, xs] = self._from_face(su - mx, sv - my, mx, my)
+        alpha[:, ys, xs] = a
 
-        # 4. blink: the skin above each eye slides down over it
+        # 4. blink: the skin above each eye slides down over it (down in the face's frame)
         for ex, ey, ew, eh in self.face.eyes:
             ecx, ecy = ex + 0.5 * ew, ey + 0.5 * eh
-            eys, exs = self._slices(
-                ecx - 0.7 * ew - 0.05 * w, ecy - 3 * eh, ecx + 0.7 * ew + 0.05 * w, ecy + 3 * eh
-            )
-            ex_, ey_ = sx[:, eys, exs], sy[:, eys, exs]
-            shape = _lens((ex_ - ecx) / (0.65 * ew)) * torch.exp(-(((ey_ - ecy) / (0.9 * eh)) ** 2))
-            sy[:, eys, exs] = ey_ - blink * 1.1 * eh * shape
+            reach = 0.7 * ew + 0.05 * w
+            eys, exs = self._turned_slices(ecx, ecy, reach, 3 * eh, reach, 3 * eh)
+            eu, ev = self._to_face(sx[:, eys, exs] - ecx, sy[:, eys, exs] - ecy)
+            shape = _lens(eu / (0.65 * ew)) * torch.exp(-((ev / (0.9 * eh)) ** 2))
+            slide = blink * 1.1 * eh * shape
+            sx[:, eys, exs] += self.sin * slide
+            sy[:, eys, exs] -= self.cos * slide
 
         frames = self._sample(sx, sy)
         a = alpha[:, ys, xs].unsqueeze(1)
