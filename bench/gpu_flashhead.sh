@@ -95,6 +95,8 @@ sessions)  # the product bench (batched steps, capacity), then serve: an agent a
   args+=" --serve-arg=--wav2vec=$work/float32/wav2vec --serve-arg=--reference=pipeline/assets/reference.png"
   args+=" --serve-arg=--set=flashhead.frame_reference=false --serve-arg=--set=flashhead.batch_streams=${BATCH:-3}"
   args+=" --serve-arg=--compile --serve-arg=--precision=fp8"
+  # unset: as many sessions as the engine measured it carries; set, the operator's limit
+  [ -n "${MAX_SESSIONS:-}" ] && args+=" --serve-arg=--max-sessions=$MAX_SESSIONS"
   # shellcheck disable=SC2086
   timeout "${SERVE_TIMEOUT:-330}" python3 bench/serve_bench.py --config "$model" --device cuda $args \
     --seconds "${SECONDS_LIVE:-60}" --mode push --mode "live*${CALLS:-2}" \

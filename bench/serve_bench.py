@@ -124,6 +124,7 @@ async def measure(args: argparse.Namespace, cmd: list[str], port: int, script: s
             "command": " ".join([f"python {script}", *sys.argv[1:]]),
         },
         "startup_seconds": health.get("startup_seconds"),
+        "health": health,  # /healthz when ready: max_sessions, the engine's capacity
         "calls": calls,
     }
 

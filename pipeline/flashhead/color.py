@@ -31,8 +31,16 @@ _EPSILON = 0.008856  # CIE's (6/29)^3, as the release rounds it
 _KAPPA = 903.3
 
 
+_CONSTANTS: dict[tuple, Tensor] = {}
+
+
 def _matrix(rows: tuple, like: Tensor) -> Tensor:
-    return torch.tensor(rows, dtype=like.dtype, device=like.device)
+    """The constant on `like`'s device and dtype, made once: `torch.tensor` onto a GPU is a
+    copy from the host that waits for the GPU's queue, four a call, every decode pass."""
+    key = (rows, like.dtype, like.device)
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = torch.tensor(rows, dtype=like.dtype, device=like.device)
+    return _CONSTANTS[key]
 
 
 def srgb_to_lab(rgb: Tensor) -> Tensor:
@@ -78,10 +86,17 @@ class ColorMatch:
     def __call__(self, video_B3THW: Tensor) -> Tensor:
         if self.strength <= 0.0:
             return video_B3THW
-        src = ((video_B3THW + 1.0) / 2.0).permute(0, 2, 3, 4, 1)  # (B, T, H, W, 3)
-        lab = srgb_to_lab(src)
-        mean, std = lab_stats(lab)
-        std = torch.where(std < 1e-8, torch.ones_like(std), std)
-        moved = lab_to_srgb((lab - mean) * (self.std.to(lab.dtype) / std) + self.mean.to(lab.dtype))
-        out = (1 - self.strength) * src + self.strength * moved
-        return (out.permute(0, 4, 1, 2, 3) * 2.0 - 1.0).contiguous()
+        return match_colors(video_B3THW, self.mean, self.std, self.strength)
+
+
+def match_colors(video_B3THW: Tensor, mean_B: Tensor, std_B: Tensor, strength: float) -> Tensor:
+    """Frames (B, 3, T, H, W) in [-1, 1] moved to each batch row's reference statistics
+    (`ColorMatch.mean` and `.std`, stacked to (B, 1, 1, 1, 3)); a batch of streams' frames
+    at once (`torch.compile` fuses its ~40 elementwise steps on a GPU)."""
+    src = ((video_B3THW + 1.0) / 2.0).permute(0, 2, 3, 4, 1)  # (B, T, H, W, 3)
+    lab = srgb_to_lab(src)
+    mean, std = lab_stats(lab)
+    std = torch.where(std < 1e-8, torch.ones_like(std), std)
+    moved = lab_to_srgb((lab - mean) * (std_B.to(lab.dtype) / std) + mean_B.to(lab.dtype))
+    out = (1 - strength) * src + strength * moved
+    return (out.permute(0, 4, 1, 2, 3) * 2.0 - 1.0).contiguous()

@@ -34,7 +34,7 @@ from pipeline.batching import StepBatcher
 from pipeline.clock import FPS, MODEL_RATE, MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
 from pipeline.errors import ConfigError
-from pipeline.flashhead.color import ColorMatch
+from pipeline.flashhead.color import ColorMatch, match_colors
 from pipeline.flashhead.framing import cover_and_crop
 from pipeline.flashhead.weights import load_dit, release_paths
 from pipeline.models.ltx.vae import LtxVae, load_ltx_vae
@@ -154,6 +154,7 @@ class FlashHeadEngine:
         self.decode_passes = decode_passes(
             fh.chunk_frames, self.stride, fh.motion_latents, per_pass
         )
+        self.match_colors = match_colors  # compiled on a GPU (`compile`)
         self.chunk_seconds = self.new_frames / FPS  # the play time one step makes
         self.capacity: int | None = None  # sessions at real time, measured by the warm-up
         self.batcher: StepBatcher[tuple[FlashHeadStream, int], np.ndarray] = StepBatcher(
@@ -227,6 +228,7 @@ class FlashHeadEngine:
             block.forward = torch.compile(block.forward, mode=mode)  # type: ignore[method-assign]
         if self.device.type == "cuda":
             vae = self.models.vae
+            self.match_colors = torch.compile(match_colors, mode=mode, dynamic=False)
             if isinstance(vae, WanVAE):
                 vae.causal_decoder.compile(mode)
             else:
@@ -254,7 +256,7 @@ class FlashHeadEngine:
         """The batch's latents (B, C, T, h, w): each chunk's audio features, the DiT's steps."""
         streams = [s for s, _ in jobs]
         t = time.perf_counter()
-        audio = torch.cat([s.audio_features(k) for s, k in jobs]).to(self.device)
+        audio = self._audio_features([s.window_audio(k)[0] for s, k in jobs]).to(self.device)
         _add_time(streams, "audio", t)
         t = time.perf_counter()
         ref = torch.stack([s.live_reference() for s in streams])
@@ -266,6 +268,14 @@ class FlashHeadEngine:
         _add_time(streams, "dit", t)
         return lat
 
+    def _audio_features(self, windows: list[np.ndarray]) -> Tensor:
+        """(B, F, 5, layers, width): each chunk's frames' feature windows, wav2vec2 over the
+        batch's audio windows at once."""
+        window_frames = self.cfg.flashhead.audio_window_seconds * FPS
+        feats = self.models.speech.batch_frames(windows, window_frames)
+        idx = window_indices(self.cfg.flashhead.chunk_frames, window_frames).to(feats.device)
+        return feats[:, idx]
+
     def _decode_in_passes(
         self, streams: list[FlashHeadStream], lat_BCThw: Tensor
     ) -> Iterator[list[np.ndarray | None]]:
@@ -275,8 +285,13 @@ class FlashHeadEngine:
         t = time.perf_counter()
         passes = self.models.vae.stream().frames(lat_BCThw, passes=self.decode_passes)
         seen, tail = 0, list[Tensor]()  # video frames decoded so far; the last ones, for the motion
+        strength = self.cfg.flashhead.color_correction
+        ref_mean = torch.cat([s.color.mean for s in streams])
+        ref_std = torch.cat([s.color.std for s in streams])
         for pixels in passes:
-            video = torch.cat([s.color(pixels[i : i + 1]) for i, s in enumerate(streams)])
+            video = pixels
+            if strength > 0:  # each stream's frames to its own reference's colours
+                video = self.match_colors(pixels, ref_mean, ref_std, strength)
             lo = max(0, self.motion_frames - seen)
             seen += video.shape[2]
             tail = [*tail, video][-2:]  # a pass gives 4+ frames: two hold the motion's 5
@@ -339,14 +354,6 @@ class FlashHeadStream(WindowedStream):
         if self.motion is None:
             raise RuntimeError("the stream is closed")
         return self.motion
-
-    def audio_features(self, k: int) -> Tensor:
-        """(1, F, 5, layers, width): the chunk's frames' feature windows."""
-        audio, _ = self.window_audio(k)
-        window_frames = self.window * FPS // MODEL_RATE
-        feats = self.engine.models.speech.frames(audio, window_frames)
-        idx = window_indices(self.cfg.flashhead.chunk_frames, window_frames).to(feats.device)
-        return feats[idx][None]
 
     def _encode(self, video_B3FHW: Tensor) -> Tensor:
         """Latents of pixels. Lite's LTX VAE samples its posterior, as the authors' code

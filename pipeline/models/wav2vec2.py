@@ -48,10 +48,18 @@ class SpeechFeatures:
     def frames(self, audio: np.ndarray, num_frames: int | None = None) -> Tensor:
         """float32 mono audio at MODEL_RATE → (F, layers, width) float32, one row per video
         frame (F = its duration in frames, rounded down, unless given)."""
+        return self.batch_frames([audio], num_frames)[0]
+
+    @torch.inference_mode()
+    def batch_frames(self, audios: list[np.ndarray], num_frames: int | None = None) -> Tensor:
+        """`frames` of several clips of one length at once (B, F, layers, width): one pass
+        of the model for a batch of streams (each row normalised on its own, no padding)."""
+        if len({len(a) for a in audios}) != 1:
+            raise ValueError("batch_frames takes clips of one length")
         if num_frames is None:
-            num_frames = int(len(audio) * FPS / MODEL_RATE)
-        values = self.extractor(audio, sampling_rate=MODEL_RATE).input_values[0]
-        x = torch.as_tensor(np.asarray(values), dtype=torch.float32, device=self.device)[None]
+            num_frames = int(len(audios[0]) * FPS / MODEL_RATE)
+        values = self.extractor(list(audios), sampling_rate=MODEL_RATE).input_values
+        x = torch.as_tensor(np.stack(values), dtype=torch.float32, device=self.device)
         conv_BCt = self.model.feature_extractor(x)
         per_frame_BCF = F.interpolate(conv_BCt, size=num_frames, mode="linear", align_corners=True)
         hidden, _ = self.model.feature_projection(per_frame_BCF.transpose(1, 2))
@@ -68,4 +76,4 @@ class SpeechFeatures:
         finally:
             for hook in hooks:
                 hook.remove()
-        return torch.stack(layers, dim=2)[0].float()
+        return torch.stack(layers, dim=2).float()
