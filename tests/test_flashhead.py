@@ -194,20 +194,23 @@ def test_two_streams_batched_make_each_ones_frames_as_alone(release, model):
     streams = [engine.new_stream(photos[i], seed=11 + i) for i in range(2)]
     together: list[list] = [[], []]
     batches = engine.batcher.batches
-    for c in range(chunks):
-        with engine.batcher.gathering():  # both steps wait, then run as one batch
+    # the second starts a step later: its first step (one latent frame of motion, the
+    # reference's) meets the first's second step (two, its own last frames)
+    for c in range(chunks + 1):
+        jobs = [(i, c - i) for i in range(2) if 0 <= c - i < chunks]
+        with engine.batcher.gathering():  # the steps wait, then run together
             threads = [
-                threading.Thread(target=step, args=(streams[i], speech[i], c, together[i]))
-                for i in range(2)
+                threading.Thread(target=step, args=(streams[i], speech[i], n, together[i]))
+                for i, n in jobs
             ]
             for th in threads:
                 th.start()
             deadline = time.monotonic() + 30
-            while engine.batcher.waiting < 2 and time.monotonic() < deadline:
+            while engine.batcher.waiting < len(jobs) and time.monotonic() < deadline:
                 time.sleep(0.01)
         for th in threads:
             th.join(120)
-    assert chunks >= 2 and engine.batcher.batches - batches == chunks  # each step in a pair
+    assert chunks >= 2 and engine.batcher.batches - batches == chunks + 1
     for i in range(2):
         a, b = np.concatenate(alone[i]).astype(int), np.concatenate(together[i]).astype(int)
         assert a.shape == b.shape == (chunks * engine.new_frames, 32, 32, 3)

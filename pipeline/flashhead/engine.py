@@ -242,6 +242,21 @@ class FlashHeadEngine:
         """One step of each (stream, chunk k) together: audio features, the DiT's steps and
         the decode over the batch; yields each decode pass's new frames, one entry a stream.
         Each stream's numbers (its noise, colour, motion) are its own, as if it ran alone."""
+        # a stream's first chunk carries one latent frame of motion (the reference's), later
+        # ones `motion_latents`: the two run as batches of their own, one after the other
+        groups: dict[tuple, list[int]] = {}
+        for i, (stream, _) in enumerate(jobs):
+            groups.setdefault(tuple(stream.live_motion().shape), []).append(i)
+        for members in groups.values():
+            for pieces in self._run_group([jobs[i] for i in members]):
+                out: list[np.ndarray | None] = [None] * len(jobs)
+                for i, piece in zip(members, pieces, strict=True):
+                    out[i] = piece
+                yield out
+
+    def _run_group(
+        self, jobs: list[tuple[FlashHeadStream, int]]
+    ) -> Iterator[list[np.ndarray | None]]:
         streams = [s for s, _ in jobs]
         with torch.inference_mode():
             lat = self._sample(jobs)
