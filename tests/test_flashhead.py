@@ -289,6 +289,85 @@ def test_a_bad_config_json_and_a_missing_wav2vec_folder_are_one_line(release, tm
         start_engine(EngineOptions(model="flashhead-pro", device="cpu"))
 
 
+def served_engine(release, batch_streams: int = 2):
+    """A tiny Pro engine in this process, warmed up: its batches timed, its capacity known."""
+    weights, wav2vec = release
+    options = EngineOptions(
+        model="flashhead-pro",
+        weights=str(weights),
+        wav2vec=str(wav2vec),
+        device="cpu",
+        overrides={"video.width": 16, "video.height": 16, "flashhead.batch_streams": batch_streams},
+    )
+    engine, _ = start_engine(options)
+    return engine
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_the_server_admits_the_sessions_its_engine_measured_it_carries(release, tmp_path):
+    """No --max-sessions: as many sessions as the warm-up measured fit at real time (a
+    batch of that many steps within 85% of the play time it makes); the next gets 503."""
+    import asyncio
+
+    import aiohttp
+    from support.realtime import make_speech_wav, running_server
+
+    from pipeline.warmup import capacity
+    from realtime.client import FacecastClient, PcmSource
+
+    engine = await asyncio.to_thread(served_engine, release)
+    fits = engine.capacity
+    assert fits == capacity(engine.step_seconds, engine.chunk_seconds) and 1 <= fits <= 2
+    assert "steady_x2" in engine.step_seconds  # the warm-up timed a batch of two
+    speech = make_speech_wav(tmp_path / "s.wav", [0.3, "One two three.", 0.3])
+    async with running_server(engine) as (url, _), aiohttp.ClientSession() as http:
+        health = await (await http.get(f"{url}/healthz")).json()
+        assert health["capacity"] == health["max_sessions"] == health["free"] == fits
+        clients = [FacecastClient(url, PcmSource.from_wav(speech.path)) for _ in range(fits)]
+        for client in clients:
+            await client.connect()
+        health = await (await http.get(f"{url}/healthz")).json()
+        assert health["free"] == 0 and health["sessions"] == fits
+        extra = FacecastClient(url, PcmSource.from_wav(speech.path))
+        with pytest.raises(ConnectionError, match="503.*full"):
+            await extra.connect()
+        await extra.close()
+        for client in clients:
+            await client.close()
+
+
+def test_a_stalled_stream_holds_no_batch_back(release):
+    """Two streams on one batching engine; one stops getting audio (its client froze) with
+    its worker idle: no batch waits for it, the other's steps run alone and on time, and
+    the stalled one goes on where it stopped when its audio comes back."""
+    import threading
+
+    engine, _ = start_engine(engine_options(release))
+    per_chunk = engine.new_frames * MODEL_SAMPLES_PER_FRAME
+    speech = (0.2 * np.sin(np.arange(6 * per_chunk) * 0.05)).astype(np.float32)
+    steady, stalls = (
+        engine.new_stream(np.full((48, 40, 3), v, np.uint8), seed=v) for v in (90, 150)
+    )
+    stalls.push_audio(speech[:per_chunk])
+    assert len(np.concatenate([b.frames for b in stalls.generate_ready()])) == engine.new_frames
+    batches, jobs = engine.batcher.batches, engine.batcher.jobs
+    made: list[int] = []
+
+    def live() -> None:  # the steady call: a chunk of audio, then its step, five times
+        for c in range(5):
+            steady.push_audio(speech[c * per_chunk : (c + 1) * per_chunk])
+            made.append(sum(len(b.frames) for b in steady.generate_ready()))
+
+    worker = threading.Thread(target=live)
+    worker.start()
+    worker.join(120)
+    assert made == [engine.new_frames] * 5  # every step ran, none waited for the other
+    assert engine.batcher.batches - batches == engine.batcher.jobs - jobs == 5  # each alone
+    stalls.push_audio(speech[per_chunk : 2 * per_chunk])  # it comes back
+    assert stalls.generate_ready()[0].start == engine.new_frames
+
+
 @pytest.mark.slow  # runs the command line in a process of its own
 def test_the_command_line_says_what_is_wrong_in_one_line_and_writes_nothing(release, tmp_path):
     weights, wav2vec = release
