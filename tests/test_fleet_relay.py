@@ -632,3 +632,15 @@ def test_a_workers_sync_refills_an_empty_registry_and_makes_good_lost_reports():
     registry.worker_lost("w1", "i9", "worker w1 died")
     registry.sync("w1", "i9", [rec("c", "w1", "i9")], [])
     assert registry.lookup("c")["reason"] == "worker w1 died"
+
+
+def test_a_session_closed_through_the_front_frees_its_slot_at_once():
+    """The front counts a worker's sessions from its last status; one it closed itself is
+    off that count when the close answers, so the next offer is placed, not refused."""
+    status = {"max_sessions": 2, "sessions": ["s1", "s2"], "reserved": 0, "draining": False}
+    view = WorkerView("w", FakeActor(), state="ok", status=status, refused=True)
+    assert view.free() == 0
+    WorkerPool.session_ended(view, "s1")
+    assert view.free() == 1 and view.status["sessions"] == ["s2"]
+    WorkerPool.session_ended(view, "s-unknown")  # closed twice, or never here: no change
+    assert view.free() == 1

@@ -113,10 +113,11 @@ async def _sessions(request: web.Request) -> web.Response:
 
 async def _delete(request: web.Request) -> web.Response:
     pool = request.app[POOL]
-    _, view = await pool.session_worker(request.match_info["id"])
-    return web.json_response(
-        answer_of(await pool.on_worker(view, "close_session", request.match_info["id"]))
-    )
+    session_id = request.match_info["id"]
+    _, view = await pool.session_worker(session_id)
+    answer = answer_of(await pool.on_worker(view, "close_session", session_id))
+    pool.session_ended(view, session_id)
+    return web.json_response(answer)
 
 
 async def _interrupt(request: web.Request) -> web.Response:

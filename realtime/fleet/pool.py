@@ -355,6 +355,14 @@ class WorkerPool:
         view.status = {**view.status, "sessions": [*view.status["sessions"], answer["session_id"]]}
         return answer
 
+    @staticmethod
+    def session_ended(view: WorkerView, session_id: str) -> None:
+        """A session this front closed on `view`: its slot is free now, not at the worker's
+        next status (a caller that deletes one session and opens another is let in)."""
+        sessions = [s for s in view.status.get("sessions", []) if s != session_id]
+        view.status = {**view.status, "sessions": sessions}
+        view.refused = False
+
     def _no_room(self) -> RealtimeError:
         views = list(self.workers.values())
         ready = [v for v in views if v.state == "ok"]

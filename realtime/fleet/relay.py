@@ -94,7 +94,9 @@ async def _whip_post(request: web.Request) -> web.Response:
 
 async def _whip_delete(request: web.Request) -> web.Response:
     view = await _worker_of(request)
-    return web.json_response(await _call(request, view, "whip_close", request.match_info["id"]))
+    answer = await _call(request, view, "whip_close", request.match_info["id"])
+    request.app[POOL].session_ended(view, request.match_info["id"])
+    return web.json_response(answer)
 
 
 async def _whip_patch(request: web.Request) -> web.Response:
