@@ -161,9 +161,12 @@ class EngineTiming:
         times = engine.step_seconds or {"first": 0.0, "steady": 0.0}
         kind = getattr(getattr(engine, "device", None), "type", "cpu")
         slow = SERVE_SLOWDOWN.get((kind, own_process), 1.0)
+        first, steady = times["first"], times["steady"]
         batched = [n for n in range(2, sessions + 1) if f"steady_x{n}" in times]
-        steady = times[f"steady_x{max(batched)}"] if batched else times["steady"]
-        first, steady = max(times["first"], steady) * slow, steady * slow
+        if batched:  # its steps will run in a batch of them all: each as long as the batch
+            steady = times[f"steady_x{max(batched)}"]
+            first = max(first, steady)
+        first, steady = first * slow, steady * slow
         early_first, early_steady = times.get("first_frames"), times.get("steady_first_frames")
         return cls(
             engine.stream_step,
