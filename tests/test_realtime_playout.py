@@ -150,3 +150,23 @@ async def test_engine_slower_than_real_time_shows_every_frame_it_makes_in_sync()
     span = (shown[-1] - shown[0]) / 25
     assert 18.0 <= len(shown) / span <= 21.0, len(shown) / span  # the engine's 20 fps
     assert sync_lag(sink) == 0  # each frame is shown with the audio it was made from
+
+
+def test_a_session_opened_beside_others_plans_on_their_batched_step():
+    """An engine that batches its sessions' steps measured a batch of each size; a session
+    opened while another is live plans on the batch of both, one alone on its own step,
+    and an engine that measures no batches plans as before."""
+    from types import SimpleNamespace
+
+    from realtime.playout import SERVE_SLOWDOWN, EngineTiming
+
+    times = {"first": 0.8, "steady": 0.6, "steady_x2": 1.15, "steady_x3": 1.7}
+    gpu = SimpleNamespace(type="cuda")
+    engine = SimpleNamespace(step_seconds=times, stream_step=None, device=gpu)
+    slow = SERVE_SLOWDOWN[("cuda", False)]
+    alone, beside_one, beside_five = (EngineTiming.of(engine, sessions=n) for n in (1, 2, 6))
+    assert (alone.first_seconds, alone.steady_seconds) == pytest.approx((0.8 * slow, 0.6 * slow))
+    assert beside_one.first_seconds == beside_one.steady_seconds == pytest.approx(1.15 * slow)
+    assert beside_five.steady_seconds == pytest.approx(1.7 * slow)  # the largest batch measured
+    plain = SimpleNamespace(step_seconds={"first": 0.3, "steady": 0.5}, stream_step=None)
+    assert EngineTiming.of(plain, sessions=3).first_seconds == EngineTiming.of(plain).first_seconds
