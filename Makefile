@@ -38,8 +38,14 @@ lock:
 
 # The canary: the newest versions pyproject.toml's ranges allow, in a scratch venv, against
 # the real-model and loader tests; prints what differs from the lock. Not part of CI.
+NEWEST := .venv-newest
 test-newest:
-	python3 scripts/test_newest.py $(ARGS)
+	rm -rf $(NEWEST)
+	python3 -m venv $(NEWEST)
+	$(NEWEST)/bin/python -m pip install -q pip==$(PIP_VERSION)
+	$(NEWEST)/bin/python -m pip install -q -r $(TORCH)
+	$(NEWEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -c $(TORCH) -e '.[test]'
+	$(NEWEST)/bin/python scripts/test_newest.py $(ARGS)
 
 # Debian packages the tests use: a real browser and offline speech synthesis.
 sysdeps:
