@@ -8,8 +8,8 @@ The Makefile installs the project into a scratch venv with `--upgrade --upgrade-
 eager` (torch kept at requirements/torch.txt: a newer torch is a multi-GB CUDA build). This
 script, run by that venv's Python:
 
-1. asks the index for each direct dependency's newest release inside its range; where the
-   resolver held one back (transformers 5.25.0 needs a `kernels` the index may not have),
+1. asks the index for each direct dependency's releases: the newest inside its range, and
+   any past its upper bound (printed, not tried); where the resolver held one back (transformers 5.25.0 needs a `kernels` the index may not have),
    it says so and installs it anyway with --no-deps, as a machine that has the missing
    requirement would run it (`--no-force` skips this);
 2. prints every version that differs from requirements/lock.txt;
@@ -59,41 +59,42 @@ def locked() -> dict[str, str]:
     return {canonicalize_name(name): v for name, v in pins}
 
 
-def newest_allowed(req: Requirement) -> str | None:
-    """The index's newest final release of `req` inside its range (pip's own answer)."""
+def releases(req: Requirement) -> list[Version]:
+    """The index's final releases of `req` (pip's own answer)."""
     run = subprocess.run(
         [sys.executable, "-m", "pip", "index", "versions", req.name],
         capture_output=True,
         text=True,
     )
     found = re.search(r"^Available versions: (.*)$", run.stdout, re.M)
-    if not found:
-        return None
     versions = []
-    for text in found.group(1).split(", "):
+    for text in found.group(1).split(", ") if found else []:
         try:
             versions.append(Version(text))
         except InvalidVersion:
             continue
-    allowed = [v for v in versions if not v.is_prerelease and v in req.specifier]
-    return str(max(allowed)) if allowed else None
+    return [v for v in versions if not v.is_prerelease]
 
 
-def force_held_back(force: bool) -> list[str]:
-    """Step 1: `name==newest` of each held-back package (printed with what was chosen)."""
+def force_held_back(force: bool) -> tuple[list[str], list[str]]:
+    """Step 1: (`name==newest` of each held-back package, lines naming each release past a
+    range's upper bound)."""
     have = installed()
-    held = []
+    held, past = [], []
     for req in direct_requirements():
         name = canonicalize_name(req.name)
-        newest = newest_allowed(req)
-        if newest and name in have and Version(have[name]) < Version(newest):
-            print(f"  {name}: the resolver chose {have[name]}, newest allowed {newest}")
-            held.append(f"{name}=={newest}")
+        versions = releases(req)
+        allowed = [v for v in versions if v in req.specifier]
+        if allowed and name in have and Version(have[name]) < max(allowed):
+            print(f"  {name}: the resolver chose {have[name]}, newest allowed {max(allowed)}")
+            held.append(f"{name}=={max(allowed)}")
+        if versions and allowed and max(versions) > max(allowed):
+            past.append(f"  {name}{req.specifier}: {max(versions)} exists, not tried")
     if held and force:
         pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", *held]
         subprocess.run(pip, check=True)
         print(f"  installed anyway with --no-deps: {' '.join(held)}")
-    return held
+    return held, past
 
 
 def lock_differences() -> list[str]:
@@ -120,9 +121,11 @@ def main(argv: list[str]) -> int:
     force = "--no-force" not in argv
     pytest_args = [a for a in argv if a != "--no-force"]
     print("== held back by the resolver", flush=True)
-    held = force_held_back(force)
+    held, past = force_held_back(force)
     if not held:
         print("  none")
+    print("== releases past the ranges' upper bounds (raise a bound once its tests pass)")
+    print("\n".join(past) or "  none", flush=True)
     print("== versions that differ from requirements/lock.txt")
     diff = lock_differences()
     print("\n".join(diff) or "  none", flush=True)
