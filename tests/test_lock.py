@@ -8,6 +8,7 @@ other libraries than CI tested: issue 29's transformers 5.25 was such a case.
 from __future__ import annotations
 
 import re
+import sysconfig
 from importlib.metadata import distribution, distributions
 from pathlib import Path
 
@@ -33,7 +34,10 @@ def locked() -> dict[str, str]:
 
 
 def installed() -> dict[str, str]:
-    return {canonicalize_name(d.metadata["Name"]): d.version for d in distributions()}
+    """What pip installed into the venv (its site-packages only: Ray puts a folder of its
+    own vendored packages on sys.path once imported, and they are not installs)."""
+    paths = sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})
+    return {canonicalize_name(d.metadata["Name"]): d.version for d in distributions(path=paths)}
 
 
 def brought_by_torch() -> set[str]:
