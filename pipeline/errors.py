@@ -20,6 +20,11 @@ class CheckpointError(FacecastError):
     """A checkpoint that is missing, unreadable, or does not match the model's keys and shapes."""
 
 
+class LibraryError(FacecastError):
+    """A library (transformers, diffusers) that refused to load a model folder: the message
+    names the library, its installed version and its own reason, not the user's folder."""
+
+
 class PhotoError(MediaError):
     """A reference photo the photo stack cannot animate. `kind` says why, so a server can
     answer with the right status: "type" (not PNG/JPEG/WebP), "size" (too many bytes or

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from pipeline.clock import FPS, MODEL_RATE
 from pipeline.errors import CheckpointError
+from pipeline.models.pretrained import load_files, load_model
 
 STATES_PER_SECOND = 50  # wav2vec2's convolutions: one state per 20 ms at 16 kHz
 FEATURE_RATE = 30  # the authors' AudioEncoder.video_rate: the grid the states are resampled to
@@ -75,14 +76,12 @@ class S2VSpeechFeatures:
                     f"{folder / name}: file not found (the release's "
                     "wav2vec2-large-xlsr-53-english/ folder)"
                 )
-        try:
-            # the release's Wav2Vec2ForCTC, read whole (strict); its CTC head is unused
-            ctc = Wav2Vec2ForCTC.from_pretrained(folder, local_files_only=True)
-            self.model = ctc.wav2vec2
-            self.extractor = Wav2Vec2FeatureExtractor.from_pretrained(folder, local_files_only=True)
-        except (OSError, ValueError, RuntimeError) as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CheckpointError(f"{folder}: wav2vec2 folder not loadable ({reason})") from None
+        # the release's Wav2Vec2ForCTC, read whole (strict); its CTC head is unused
+        ctc = load_model(Wav2Vec2ForCTC, folder, "a wav2vec2 CTC model")
+        self.model = ctc.wav2vec2
+        self.extractor = load_files(
+            Wav2Vec2FeatureExtractor, folder, "a wav2vec2 feature extractor"
+        )
         module: torch.nn.Module = self.model  # transformers' typed `to` hides nn.Module.to
         module.to(device=device, dtype=dtype).eval().requires_grad_(False)
         self.device, self.dtype = torch.device(device), dtype

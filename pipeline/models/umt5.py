@@ -28,6 +28,7 @@ from torch import Tensor
 
 from pipeline.checkpoints import read_state_dict
 from pipeline.errors import CheckpointError
+from pipeline.models.pretrained import load_files
 
 if TYPE_CHECKING:  # transformers is imported where it is used: it is slow to import
     from transformers import UMT5Config, UMT5EncoderModel
@@ -212,11 +213,7 @@ class PromptEncoder:
             raise CheckpointError(
                 f"{folder / 'tokenizer_config.json'}: file not found (the umT5 tokenizer folder)"
             )
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        except (OSError, ValueError, RuntimeError) as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CheckpointError(f"{folder}: umT5 tokenizer not loadable ({reason})") from None
+        self.tokenizer = load_files(AutoTokenizer, folder, "the umT5 tokenizer")
         self.model = load_umt5(Path(checkpoint), dtype, device)
         if len(self.tokenizer) > self.model.config.vocab_size:
             raise CheckpointError(

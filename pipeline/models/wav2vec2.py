@@ -18,6 +18,7 @@ from torch import Tensor
 
 from pipeline.clock import FPS, MODEL_RATE
 from pipeline.errors import CheckpointError
+from pipeline.models.pretrained import load_files, load_model
 
 
 class SpeechFeatures:
@@ -33,12 +34,10 @@ class SpeechFeatures:
                     f"{folder / name}: file not found (--wav2vec wants the folder of "
                     "`huggingface-cli download facebook/wav2vec2-base-960h`)"
                 )
-        try:
-            self.model = Wav2Vec2Model.from_pretrained(folder, local_files_only=True)
-            self.extractor = Wav2Vec2FeatureExtractor.from_pretrained(folder, local_files_only=True)
-        except (OSError, ValueError, RuntimeError) as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise CheckpointError(f"{folder}: wav2vec2 folder not loadable ({reason})") from None
+        self.model = load_model(Wav2Vec2Model, folder, "a wav2vec2 model")
+        self.extractor = load_files(
+            Wav2Vec2FeatureExtractor, folder, "a wav2vec2 feature extractor"
+        )
         self.model.eval().requires_grad_(False).to(device)
         self.device = torch.device(device)
         self.layers = self.model.config.num_hidden_layers
