@@ -21,7 +21,11 @@ screen (y down), 0 = eyes level.
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,9 +122,27 @@ def _load(file: str) -> Any:
     path = MODELS / file
     if not path.is_file():
         raise FacecastError(f"the face model {path} is missing: reinstall Facecast")
-    it = Interpreter(model_path=str(path), num_threads=1)
-    it.allocate_tensors()
+    with native_stderr_silenced():
+        it = Interpreter(model_path=str(path), num_threads=1)
+        it.allocate_tensors()
     return it
+
+
+@contextmanager
+def native_stderr_silenced() -> Iterator[None]:
+    """Hold the process's stderr (file descriptor 2) on /dev/null: LiteRT's C++ prints
+    "INFO: Created TensorFlow Lite XNNPACK delegate for CPU." there when an interpreter is
+    made, which would be a second line under a command's one-line error. Interpreters are
+    made once a process, at start-up (`check_models`) or at the first photo."""
+    sys.stderr.flush()
+    saved, quiet = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(quiet, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(quiet)
 
 
 def check_models() -> None:
