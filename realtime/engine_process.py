@@ -185,13 +185,14 @@ class RemoteStream:
 
 def _serve_engine(conn: Connection, options: EngineOptions) -> None:
     """The engine process: start the engine, then answer calls until told to exit."""
-    from pipeline.startup import start_engine
+    from pipeline.startup import freeze_long_lived_objects, start_engine
 
     try:
         engine, report = start_engine(options)
     except Exception as exc:
         conn.send((False, f"{type(exc).__name__}: {exc}"))
         return
+    freeze_long_lived_objects()
     info = {
         "cfg": engine.cfg,
         "step_seconds": engine.step_seconds,

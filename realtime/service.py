@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from aiortc import RTCIceServer
 
-from pipeline.startup import EngineOptions
+from pipeline.startup import EngineOptions, freeze_long_lived_objects
 from pipeline.stream import AvatarStream, Reference, StreamingEngine
 from realtime.engine_host import HostedEngine, InProcessEngine, host_engine
 from realtime.errors import EngineStarting, SessionNotFound
@@ -114,6 +114,7 @@ class Service:
         self.metrics.startup_seconds.set(seconds)
         self.metrics.ready.set(1)
         self.engine = engine
+        freeze_long_lived_objects()  # no full collection walks the model mid-call
 
     @property
     def max_sessions(self) -> int:

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 from support.kvs import AWS_TEST_KEY, AWS_TEST_SECRET, FakeKvsEndpoint
-from support.realtime import running_server
+from support.realtime import REAL_TIME_ON_A_SHARED_CPU, running_server
 
 from realtime.client import FacecastClient, PcmSource
 from realtime.kvs import KvsMirror, KvsOptions
@@ -96,6 +96,7 @@ async def call(kvs: FakeKvsEndpoint | None) -> tuple[float, dict, TimedSink | No
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@REAL_TIME_ON_A_SHARED_CPU
 async def test_client_frame_rate_is_the_same_with_the_mirror_off_on_and_failing(aws):
     off, off_info, _ = await call(None)
 

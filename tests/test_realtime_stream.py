@@ -8,7 +8,7 @@ import aiohttp
 import av
 import numpy as np
 import pytest
-from support.realtime import make_speech_wav, running_server
+from support.realtime import REAL_TIME_ON_A_SHARED_CPU, make_speech_wav, running_server
 
 from realtime.call import call_stats
 from realtime.client import FacecastClient, PcmSource
@@ -46,6 +46,7 @@ class RecordingSink:
 
 
 @pytest.mark.timeout(120)
+@REAL_TIME_ON_A_SHARED_CPU
 async def test_stream_frames_sync_vad_and_metrics(speech, tmp_path):
     mp4 = tmp_path / "call.mp4"
     sink = RecordingSink()

@@ -95,8 +95,13 @@ _ENGINE = None
 # CPU engine and the encoders run, the hypervisor took 17-33 % of the CPU (vmstat's `st`,
 # 2026-12-02) and the tiny engine's steps went from 0.2 s to 1.5 s; a CI run failed three
 # such tests at once. A test whose threshold is a rate or a share runs again on an
-# AssertionError, twice at most: a regression fails every attempt.
-REAL_TIME_ON_A_SHARED_CPU = pytest.mark.flaky(reruns=2, only_rerun=["AssertionError"])
+# AssertionError, twice at most, 5 s apart (a burst of load passes): a regression fails
+# every attempt. Full garbage collections were the other cause (0.5-4 s holding the GIL in
+# a process of ~600,000 objects): the server freezes what it holds once its engine is warm,
+# and so does the test process (`tests/conftest.py`).
+REAL_TIME_ON_A_SHARED_CPU = pytest.mark.flaky(
+    reruns=2, reruns_delay=5, only_rerun=["AssertionError"]
+)
 
 
 def load_test_engine():
