@@ -211,9 +211,11 @@ def freeze_long_lived_objects() -> None:
     torch, the model and every import that is ~600,000 objects, 0.2-0.6 s on an idle CPU and
     2 s under load, long enough for the media loop to miss dozens of frame deadlines. What
     exists at this point (modules, weights, the server) lives as long as the process, so it
-    is collected once and frozen; later collections see only what sessions make.
-    `gc.unfreeze()` gives the objects back (a server that stops, in a process that goes on);
-    so does the process's exit, where extensions (nanobind's) report what was never freed.
+    is collected once and frozen; later collections see only what sessions make. A frozen
+    object still goes when its last reference does; only a cycle of them waits for
+    `gc.unfreeze()`, which the process's exit calls (extensions such as nanobind's report
+    what was never freed). Thawing when a server stops would make a process that starts
+    servers one after another (the tests) walk everything again at each start.
     """
     gc.collect()
     gc.freeze()

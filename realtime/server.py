@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import mimetypes
 import os
@@ -124,14 +123,7 @@ def build_app(
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/metrics", _metrics)
     app.on_shutdown.append(_close_all)
-    app.on_cleanup.append(_thaw_objects)
     return app
-
-
-async def _thaw_objects(_app: web.Application) -> None:
-    """The objects frozen at start-up (`freeze_long_lived_objects`) can be collected again:
-    a process that goes on without this server (a test, an embedding) frees them."""
-    gc.unfreeze()
 
 
 @web.middleware

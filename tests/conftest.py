@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import shutil
 import subprocess
 from pathlib import Path
@@ -56,15 +55,13 @@ def assets(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="session", autouse=True)
 def long_lived_objects_frozen() -> None:
     """The test process holds its imports out of the collector's sight, as a server does
-    once its engine is warm: a full collection of this process's ~600,000 objects holds
-    the GIL for 0.5-4 s on a loaded CI machine, which a live-timing test reads as missed
-    frames. A server's cleanup gives its objects back (`gc.unfreeze`); the next test
-    freezes again."""
-    if gc.get_freeze_count() == 0:
-        freeze_long_lived_objects()
+    once its engine is warm (each test server freezes what exists when it starts, too): a
+    full collection of this process's ~600,000 objects held the GIL for 0.6-4 s in CI's
+    slow run, which a live-timing test reads as missed frames."""
+    freeze_long_lived_objects()
 
 
 @pytest.fixture(scope="session")
