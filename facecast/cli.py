@@ -17,6 +17,9 @@ from pipeline.config import DEFAULT_CONFIG
 from pipeline.errors import FacecastError
 from pipeline.module import resolve_device
 
+# the stacks that frame a reference photo around its face (and so take --face-box)
+FRAMED_STACKS = ("photo", "flashhead", "liveavatar")
+
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line on stderr (and exit 2), not a usage dump."""
@@ -152,7 +155,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             "(without it the bundled portrait is used, and it needs no box)"
         )
     args.reference = args.reference or str(default_reference(cfg))
-    if args.face_box is not None and cfg.runtime.stack not in ("photo", "flashhead"):
+    if args.face_box is not None and cfg.runtime.stack not in FRAMED_STACKS:
         raise FacecastError(
             f"--face-box frames a photo for the photo stack or a real model; config "
             f"{cfg.name!r} is neither"
@@ -199,8 +202,8 @@ def check_out_path(out: str) -> None:
 
 
 def prepare_reference_early(path: str, cfg, face_box):
-    """The reference as the engine takes it, checked and framed (photo stack, FlashHead) or
-    just checked (the others: the engine reads it again from the path)."""
+    """The reference as the engine takes it, checked and framed (the photo stack, the real
+    models) or just checked (the others: the engine reads it again from the path)."""
     from pipeline.media import load_reference
 
     if not Path(path).is_file():
@@ -209,7 +212,7 @@ def prepare_reference_early(path: str, cfg, face_box):
         from pipeline.photo.reference import load_prepared
 
         return load_prepared(path, cfg, face_box)
-    if cfg.runtime.stack == "flashhead":
+    if cfg.runtime.stack in FRAMED_STACKS:
         return load_reference(path, cfg, face_box)
     load_reference(path, cfg)
     return path
@@ -381,8 +384,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from pipeline.photo.landmarks import check_models
 
         check_models()
-    framed = ("photo", "flashhead")
-    if args.face_box is not None and (args.reference is None or cfg.runtime.stack not in framed):
+    if args.face_box is not None and (
+        args.reference is None or cfg.runtime.stack not in FRAMED_STACKS
+    ):
         raise FacecastError(
             "--face-box frames the --reference photo of the photo stack or a real model: give "
             "--reference too, with --config photo or --model NAME"

@@ -38,31 +38,33 @@ def default_reference(cfg) -> Path:
 
 def load_reference(path: str | Path, cfg, face_box=None) -> np.ndarray:
     """A reference image for `cfg` → uint8 (H, W, 3) RGB. The photo stack checks it first
-    (bytes, type, pixels: `pipeline.photo.face.load_photo`); FlashHead gets it checked the
-    same way and framed as the face-centred square it expects (`pipeline.flashhead.framing`)."""
+    (bytes, type, pixels: `pipeline.photo.face.load_photo`); the real models get it checked
+    the same way and framed as they expect, a tilted face turned upright: FlashHead's
+    face-centred square (`pipeline.flashhead.framing`), LiveAvatar's cover-and-crop
+    (`pipeline.liveavatar.framing`). `face_box` frames the face by hand (x, y, w, h[, angle]
+    in the photo's pixels) instead of the face finder."""
+    if cfg.runtime.stack not in ("photo", "flashhead", "liveavatar"):
+        return load_image(path)
+    from pipeline.photo.face import check_face_box, load_photo
+
+    if not Path(path).is_file():
+        raise MediaError(f"reference image not found: {path}")
+    rgb = load_photo(str(path), cfg.photo)
+    if face_box is not None:  # the same checks as the photo stack's: one line, no engine
+        check_face_box(face_box, rgb.shape)
     if cfg.runtime.stack == "flashhead":
-        from pipeline.flashhead.framing import face_square
-        from pipeline.photo.face import load_photo
+        from pipeline.flashhead.framing import crop_square, face_square
 
-        if not Path(path).is_file():
-            raise MediaError(f"reference image not found: {path}")
-        rgb = load_photo(str(path), cfg.photo)
-        if face_box is not None:  # framed by hand (x, y, w, h in the photo's pixels)
-            from pipeline.flashhead.framing import crop_square
-            from pipeline.photo.face import check_face_box
-
-            box = check_face_box(face_box, rgb.shape)
-            return crop_square(rgb, box, cfg.flashhead.face_ratio, cfg.video.width)
+        if face_box is not None:
+            return crop_square(rgb, face_box, cfg.flashhead.face_ratio, cfg.video.width)
         if not cfg.flashhead.frame_reference:
             return rgb
         return face_square(rgb, cfg.flashhead.face_ratio, cfg.video.width)
-    if cfg.runtime.stack in ("photo", "liveavatar"):  # LiveAvatar: scaled and cropped later
-        from pipeline.photo.face import load_photo
+    if cfg.runtime.stack == "liveavatar":
+        from pipeline.liveavatar.framing import frame_reference
 
-        if not Path(path).is_file():
-            raise MediaError(f"reference image not found: {path}")
-        return load_photo(str(path), cfg.photo)
-    return load_image(path)
+        return frame_reference(rgb, cfg.video.width, cfg.video.height, face_box)
+    return rgb  # the photo stack: framed and measured by `pipeline.photo.reference`
 
 
 def load_image(path: str | Path) -> np.ndarray:

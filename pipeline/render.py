@@ -45,7 +45,7 @@ def render_file(
     face_box: tuple[float, ...] | None = None,
 ) -> RenderResult:
     """`reference`: a file, or what `facecast render` already prepared from it before the
-    engine started. `face_box` (photo stack, FlashHead): the face framed by hand, x, y, w, h
+    engine started. `face_box` (photo stack, real models): the face framed by hand, x, y, w, h
     (and an angle) in the photo's pixels."""
     if not isinstance(reference, str | Path):
         image: Reference = reference

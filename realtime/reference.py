@@ -11,12 +11,13 @@ from pipeline.stream import Reference
 
 
 def load_reference(
-    path: str | None, cfg: FacecastConfig, face_box: tuple[float, float, float, float] | None = None
+    path: str | None, cfg: FacecastConfig, face_box: tuple[float, ...] | None = None
 ) -> Reference:
     """The identity image as uint8 (H, W, 3) at the engine's size; for the photo stack the
     photo checked, framed (around `face_box`, its pixels, when given) and measured once
     (`PreparedPhoto`, video-sized), so sessions neither detect the face again nor carry a
-    large photo to the engine process; for FlashHead the face-centred square it expects."""
+    large photo to the engine process; for the real models the framing each expects (FlashHead's
+    face-centred square, LiveAvatar's cover-and-crop), a tilted face turned upright."""
     from pipeline.media import default_reference
     from pipeline.media import load_reference as load
 

@@ -45,8 +45,9 @@ class ServerConfig:
     max_sessions: int | None = None
     token: str | None = None
     reference: str | None = None  # image file; default: the engine's packaged reference
-    # the reference's face framed by hand (photo stack, FlashHead): x, y, w, h in its pixels
-    face_box: tuple[float, float, float, float] | None = None
+    # the reference's face framed by hand (photo stack, real models): x, y, w, h[, angle]
+    # in its pixels
+    face_box: tuple[float, ...] | None = None
     # `serve`: the engine in its own process (None: on a CPU, where it measured 35-50%
     # faster steps beside the media loop; not on a GPU, where the frames' trip through
     # shared memory cost 0.07-0.14 s a 720p step and in-process steps matched bench)

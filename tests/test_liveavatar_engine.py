@@ -201,6 +201,37 @@ def test_render_and_score_a_random_release_through_the_command_line(release, tmp
     assert scores["n_seams"] == (len(frames) - 1) // BLOCK, scores  # a seam every block
 
 
+@pytest.mark.slow
+def test_a_tilted_photo_in_its_turned_box_is_rendered_and_scored_upright(release, tmp_path):
+    """The portrait turned 35° about its face, framed with --face-box X,Y,W,H,35: render
+    makes the clip (random weights: only the framing is real), and eval --model scores it
+    inside the box carried into the crop the model saw, where the face stands upright."""
+    from support.hard_faces import tilted
+
+    from pipeline.media import write_png, write_wav
+
+    weights, lora = release
+    hard = tilted(35)
+    photo = write_png(tmp_path / "tilted.png", hard.rgb)
+    wav = write_wav(tmp_path / "speech.wav", speechy(1.0))
+    box = ",".join(f"{v:.1f}" for v in (*hard.box, 35.0))
+    out, scored = tmp_path / "talk.mp4", tmp_path / "scores.json"
+    run = facecast(
+        "render", "--model", "liveavatar", "--weights", str(weights), "--lora", str(lora),
+        "--reference", str(photo), "--face-box", box, "--audio", str(wav), "--out", str(out),
+        "--prompt", "An elderly woman in uniform speaks calmly.", "--device", "cpu",
+        "--set", f"video.width={SIZE}", "--set", f"video.height={SIZE}", "--quiet",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    run = facecast(
+        "eval", "--model", "liveavatar", "--photo", str(photo), "--face-box", box,
+        "--video", str(out), "--audio", str(wav), "--json", str(scored),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    scores = json.loads(scored.read_text())
+    assert scores["face_box_by_hand"] and abs(scores["face_roll_deg"]) < 5, scores
+
+
 @pytest.mark.slow  # runs the command line in a process of its own
 def test_missing_lora_or_prompt_without_the_model_is_one_line(release, tmp_path):
     weights, lora = release

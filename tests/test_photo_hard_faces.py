@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.hard_faces import backlit, opening_centre, tilted
+from support.hard_faces import backlit, opening_centre, posed, talk, tilted
 
 from facecast.cli import main
 from pipeline.config import load_config
@@ -54,19 +54,23 @@ def test_a_face_tilted_past_45_degrees_is_refused_in_one_line():
         parse_face_box([*hard.box, 60.0])
 
 
-@pytest.mark.slow  # three 2 s renders
+@pytest.mark.slow  # four 2 s renders, twice
 def test_a_hard_face_talks_with_its_own_lips():
-    """Tilted ±35° and backlit, framed by an upright hand-drawn box: the opening mouth lies
-    within 0.12 box-widths of the lips and SSIM outside the turned mouth box is >= 0.85
-    (both with the head still, so only the mouth moves: a mouth drawn on the cheek would
-    fail both), and lip motion against the speech envelope r >= 0.5 with the idle head
-    motion and blinks a user sees. (With the head swaying, SSIM outside the mouth is
-    0.83-0.86 on these 2 s, the upright portrait's 0.83 included: the sway's cost, not the
-    tilt's.)"""
+    """Tilted ±35° and backlit, framed by an upright hand-drawn box (and the upright
+    portrait beside them): the opening mouth lies within 0.12 box-widths of the lips (head
+    still, so only the mouth moves: a mouth drawn on the cheek would fail), and with the
+    head's sway and blinks a user sees, SSIM outside the turned mouth box is >= 0.85 and
+    lip motion against the speech envelope r >= 0.5.
+
+    SSIM is taken against the photo posed by each frame's known head motion (`posed`): the
+    sway moves the whole face by up to ~1.4 px at 256x256, which alone puts the posed photo
+    at 0.80-0.85 against the rest frame (a shift of one whole pixel, nothing resampled, at
+    0.74), while everything else the warp does outside the mouth (the blinks, its bilinear
+    resampling) leaves 0.98 (measured 0.979-0.983; the rest frame: 0.82-0.86)."""
     audio = held_out_speech(2.0)
     still = load_engine(load_config("photo", {"photo.head_motion": 0.0, "photo.blink": False}))
     moving = load_engine(load_config("photo"), "cpu")
-    for case, make in HARD.items():
+    for case, make in {"upright": lambda: tilted(0), **HARD}.items():
         hard = make()
         prepared = prepare_photo(hard.rgb, SIZE, SIZE, still.cfg.photo, hard.box)
         lips, width = _truth(prepared, hard)
@@ -74,9 +78,15 @@ def test_a_hard_face_talks_with_its_own_lips():
         offset = np.linalg.norm(opening_centre(frames, prepared.framed, prepared.face.box) - lips)
         assert offset <= 0.12 * width, (case, offset / width)
         mask = mouth_mask(frames.shape[1:3], np.array(prepared.face.box), prepared.face.roll)
+        frames, params = talk(moving, prepared, audio)
+        assert np.abs(params[:, 5:7]).max() > 0.005, case  # the head does sway
+        ssim = np.mean(
+            [
+                ssim_map(luma(f), luma(p))[~mask].mean()
+                for f, p in zip(frames, posed(prepared, params), strict=True)
+            ]
+        )
         rest = luma(prepared.framed)
-        ssim = np.mean([ssim_map(luma(f), rest)[~mask].mean() for f in frames])
-        frames, *_ = generate(moving, prepared, audio)
         motion = np.array([np.abs(luma(f) - rest)[mask].mean() for f in frames])
         r = max(
             _pearson(motion[lag:], speech_envelope(audio, len(frames))[: len(frames) - lag])

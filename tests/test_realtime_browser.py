@@ -181,25 +181,28 @@ async def test_browser_uploads_a_photo_and_explains_a_refused_one(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_browser_frames_a_refused_photo_by_hand(tmp_path):
-    """A photo the detector refuses: the page says so and shows it; a box dragged around the
-    face with the mouse on the page's canvas fills the box fields (photo pixels); Connect
-    then uploads it with the box and the call starts with that photo. "Frame the face" on a
-    photo the detector does read shows its box, to adjust."""
+    """A photo the detector refuses (the portrait out of focus, its head tilted 35°): the
+    page gives the server's reason as a sentence and, on a line of its own, how to fix it
+    here, and shows the photo; a box dragged around the face with the mouse fills the box
+    fields (photo pixels), moves, resizes, and tilts by its round handle (the tilted box
+    resizes about its own corner); Connect then uploads it with X,Y,W,H,ANGLE and the call
+    starts with that photo. "Frame the face" on a photo the detector does read shows its
+    box and tilt, to adjust."""
+    import cv2
     from playwright.async_api import async_playwright
+    from support.hard_faces import tilted
     from support.photos import PORTRAIT
 
     from pipeline.config import load_config
     from pipeline.media import load_image, write_png
-    from pipeline.photo.face import detect_faces
+    from pipeline.photo.face import find_faces
     from pipeline.startup import load_engine
-    from pipeline.synth.face import landmarks, random_identity, render_reference
 
     engine = load_engine(load_config("photo"), "cpu")
     engine.warmup()
-    identity = random_identity(4)  # a dark face the detector misses
-    photo = write_png(tmp_path / "dark.png", render_reference(identity, 256))
-    ox, oy, ow, oh = landmarks(identity, 256).outline
-    x, y, side = ox + ow / 2 - oh / 2, oy, oh  # forehead to chin, square
+    hard = tilted(35)  # its face box (upright in the portrait) and the turn
+    photo = write_png(tmp_path / "blurred.png", cv2.GaussianBlur(hard.rgb, (0, 0), 12))
+    x, y, side, _ = hard.box
     speech = make_speech_wav(tmp_path / "mic.wav", [0.3, "Hello.", 0.3])
     async with running_server(engine=engine) as (url, app), async_playwright() as pw:
         browser = await pw.chromium.launch(
@@ -210,57 +213,79 @@ async def test_browser_frames_a_refused_photo_by_hand(tmp_path):
             await page.goto(url)
             await page.set_input_files("#photo", str(photo))
             await page.locator("#connect").dispatch_event("click")
-            message = await message_of(page)
-            assert message.startswith("Photo refused") and "no face found" in message, message
-            assert "Drag a box around the face" in message, message
+            reason, fix = (await message_of(page)).split("\n")
+            assert reason.startswith("Photo refused: no face found"), reason
+            assert reason.endswith("on the page."), reason  # the server's sentence, whole
+            assert fix.startswith("Drag a box around the face in your photo below"), fix
+            shown = await page.locator("#message").inner_text()
+            assert shown.splitlines() == [reason, fix], shown  # two lines on the page too
             canvas = page.locator("#framer-canvas")
             assert await canvas.is_visible()
             await canvas.scroll_into_view_if_needed()
             rect = await canvas.bounding_box()
-            k = rect["width"] / 256  # the canvas shows the whole photo
-            await page.mouse.move(rect["x"] + x * k, rect["y"] + y * k)
-            await page.mouse.down()
-            await page.mouse.move(rect["x"] + (x + side) * k, rect["y"] + (y + side) * k, steps=8)
-            await page.mouse.up()
+            k = rect["width"] / hard.rgb.shape[1]  # the canvas shows the whole photo
 
             async def fields() -> list[float]:
-                return [float(await page.locator(f"#box-{c}").input_value()) for c in "xywh"]
+                return [float(await page.locator(f"#box-{c}").input_value()) for c in "xywha"]
 
-            async def drag(x0, y0, x1, y1):
+            async def drag(x0, y0, x1, y1, steps=4):
                 await page.mouse.move(rect["x"] + x0 * k, rect["y"] + y0 * k)
                 await page.mouse.down()
-                await page.mouse.move(rect["x"] + x1 * k, rect["y"] + y1 * k, steps=4)
+                await page.mouse.move(rect["x"] + x1 * k, rect["y"] + y1 * k, steps=steps)
                 await page.mouse.up()
 
+            await drag(x, y, x + side, y + side, steps=8)
             drawn = await fields()
-            assert np.allclose(drawn, [x, y, side, side], atol=2), (drawn, (x, y, side))
-            # drag inside it to move it, from its corner to resize it, or type a value
+            assert np.allclose(drawn, [x, y, side, side, 0], atol=2), (drawn, hard.box)
+            # drag inside it to move it, from its corner to resize it
             cx, cy = drawn[0] + drawn[2] / 2, drawn[1] + drawn[3] / 2
             await drag(cx, cy, cx + 10, cy + 6)
             moved = await fields()
-            assert np.allclose(moved, np.add(drawn, [10, 6, 0, 0]), atol=1), (moved, drawn)
+            assert np.allclose(moved, np.add(drawn, [10, 6, 0, 0, 0]), atol=1), (moved, drawn)
             corner = (moved[0] + moved[2], moved[1] + moved[3])
             await drag(*corner, corner[0] + 8, corner[1] + 8)
             resized = await fields()
-            assert np.allclose(resized, np.add(moved, [0, 0, 8, 8]), atol=1), (resized, moved)
-            for c, v in zip("xywh", drawn, strict=True):
-                await page.locator(f"#box-{c}").fill(str(int(v)))
+            assert np.allclose(resized, np.add(moved, [0, 0, 8, 8, 0]), atol=1), (resized, moved)
+            # the round handle on the top edge tilts it about its centre, clockwise
+            b = resized
+            cx, cy, r = b[0] + b[2] / 2, b[1] + b[3] / 2, b[3] / 2
+            t = np.radians(35)
+            await drag(cx, cy - r, cx + r * np.sin(t), cy - r * np.cos(t), steps=8)
+            turned = await fields()
+            assert np.allclose(turned, [*b[:4], 35], atol=1), (turned, b)
+            # resizing a tilted box keeps its top-left corner and its tilt
+            u = np.array([np.cos(t), np.sin(t)])  # the box's own x axis, in the photo
+            v = np.array([-np.sin(t), np.cos(t)])  # and its y axis
+            centre, half = np.array([cx, cy]), b[2] / 2
+            top_left, far = centre - half * (u + v), centre + half * (u + v)
+            await drag(*far, *(far + 8 * (u + v)))
+            grown = await fields()
+            g_centre = np.array([grown[0] + grown[2] / 2, grown[1] + grown[3] / 2])
+            g_top_left = g_centre - grown[2] / 2 * (u + v)
+            assert abs(grown[2] - (b[2] + 8)) <= 1 and grown[4] == 35, (grown, turned)
+            assert np.linalg.norm(g_top_left - top_left) <= 1.5, (grown, turned)
+            # or type the values
+            typed = [int(round(x)), int(round(y)), int(round(side)), int(round(side)), 35]
+            for c, value in zip("xywha", typed, strict=True):
+                await page.locator(f"#box-{c}").fill(str(value))
                 await page.locator(f"#box-{c}").dispatch_event("change")
-            drawn = await fields()
+            assert await fields() == typed
             assert not app[SERVICE].sessions
             await page.locator("#connect").dispatch_event("click")
             await page.wait_for_function("window.facecastStats.ttffMs !== null", timeout=60_000)
             photos = list(app[SERVICE].photos._photos.values())
-            assert len(photos) == 1 and list(photos[0].photo_box) == drawn, photos
+            assert len(photos) == 1 and list(photos[0].photo_box) == typed, photos
+            assert abs(np.degrees(photos[0].face.roll) - 35) < 1, photos[0].face
             assert len(app[SERVICE].sessions) == 1
-            # "Frame the face" shows the box the detector found, in the photo's pixels
+            # "Frame the face" shows the box and the tilt the detector found
             page = await browser.new_page()
             await page.goto(url)
             await page.set_input_files("#photo", str(PORTRAIT))
             await page.locator("#frame").dispatch_event("click")
             await page.wait_for_function("document.getElementById('box-w').value !== ''")
-            shown = [float(await page.locator(f"#box-{c}").input_value()) for c in "xywh"]
-            found = detect_faces(load_image(PORTRAIT))[0]
-            assert np.allclose(shown, found, atol=1), (shown, found)
+            shown = [float(await page.locator(f"#box-{c}").input_value()) for c in "xywha"]
+            found = find_faces(load_image(PORTRAIT))[0]
+            assert np.allclose(shown[:4], found.box, atol=1), (shown, found.box)
+            assert shown[4] == round(np.degrees(found.roll)), (shown, np.degrees(found.roll))
         finally:
             await browser.close()

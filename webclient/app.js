@@ -68,8 +68,9 @@ function headers() {
 // The session's own photo (optional): checked here for type and size, then by the server
 // (one frontal face, big enough), before the call starts. Where the server finds no face
 // (or the wrong one), the user frames it by hand: the photo is shown, a box is dragged
-// around the face, and the upload carries it (POST /photos?face_box=X,Y,W,H, in the
-// photo's own pixels).
+// around the face (and tilted with the head), and the upload carries it
+// (POST /photos?face_box=X,Y,W,H[,ANGLE], in the photo's own pixels, ANGLE in degrees
+// clockwise).
 const PHOTO_TYPES = ["image/png", "image/jpeg", "image/webp"];
 const PHOTO_MAX_BYTES = 16 * 1024 * 1024;
 
@@ -84,7 +85,7 @@ async function uploadPhoto() {
   }
   const h = { "Content-Type": file.type };
   if (token()) h.Authorization = "Bearer " + token();
-  const box = framer.box;
+  const box = framer.box && (framer.box[4] ? framer.box : framer.box.slice(0, 4));
   const url = box ? "/photos?face_box=" + box.map((v) => Math.round(v)).join(",") : "/photos";
   let res;
   try {
@@ -98,8 +99,20 @@ async function uploadPhoto() {
   return { ok: true, id: body.photo_id, faceBox: body.face_box || null };
 }
 
-// The framer: the photo on a canvas, and one face box in the photo's pixels.
+// The framer: the photo on a canvas, and one face box in the photo's pixels,
+// [x, y, w, h, angle]: the box turned `angle` degrees clockwise about its centre.
 const framer = { image: null, scale: 1, box: null, drag: null };
+const MAX_TILT = 45; // the server animates faces tilted up to this
+const FIELDS = ["x", "y", "w", "h", "a"];
+// what the page says when the server finds no face it can use: how to fix it, here
+const FRAME_IT = "Drag a box around the face in your photo below, forehead to chin (turn it " +
+  "with its round handle if the head is tilted), then press Connect again.";
+
+// "Photo refused: " and the server's reason as a sentence; the page's fix on a line of its own
+function refusal(reason, fix = "") {
+  const said = String(reason).trim();
+  return "Photo refused: " + said + (/[.!?]$/.test(said) ? "" : ".") + (fix ? "\n" + fix : "");
+}
 
 async function showFramer(box = null) {
   const file = $("photo").files[0];
@@ -125,21 +138,43 @@ function hideFramer() {
   framer.image = null;
   framer.box = framer.drag = null;
   $("framer").hidden = true;
-  for (const k of ["x", "y", "w", "h"]) $("box-" + k).value = "";
+  for (const k of FIELDS) $("box-" + k).value = "";
+}
+
+const clamp = (v, lo, hi) => (lo > hi ? (lo + hi) / 2 : Math.min(Math.max(v, lo), hi));
+const radians = (deg) => (deg * Math.PI) / 180;
+// a vector turned `deg` degrees clockwise on screen (y points down)
+function turn([u, v], deg) {
+  const c = Math.cos(radians(deg)), s = Math.sin(radians(deg));
+  return [c * u - s * v, s * u + c * v];
 }
 
 function setBox(box) {
   const img = framer.image;
   if (!box || !img) { framer.box = null; } else {
-    // inside the photo, whole pixels
-    let [x, y, w, h] = box.map((v) => Math.round(v));
-    w = Math.max(1, Math.min(w, img.naturalWidth)); h = Math.max(1, Math.min(h, img.naturalHeight));
-    x = Math.max(0, Math.min(x, img.naturalWidth - w)); y = Math.max(0, Math.min(y, img.naturalHeight - h));
-    framer.box = [x, y, w, h];
+    // whole pixels and degrees; the turned box inside the photo, as the server asks
+    let [x, y, w, h, a = 0] = box.map((v) => Math.round(v || 0));
+    const W = img.naturalWidth, H = img.naturalHeight;
+    a = clamp(a, -MAX_TILT, MAX_TILT);
+    w = Math.max(1, Math.min(w, W)); h = Math.max(1, Math.min(h, H));
+    const c = Math.abs(Math.cos(radians(a))), s = Math.abs(Math.sin(radians(a)));
+    const ex = Math.ceil((w * c + h * s) / 2), ey = Math.ceil((w * s + h * c) / 2);
+    x = Math.round(clamp(x + w / 2, ex, W - ex) - w / 2);
+    y = Math.round(clamp(y + h / 2, ey, H - ey) - h / 2);
+    framer.box = [x, y, w, h, a];
   }
-  const b = framer.box || ["", "", "", ""];
-  ["x", "y", "w", "h"].forEach((k, i) => ($("box-" + k).value = b[i]));
+  const b = framer.box || ["", "", "", "", ""];
+  FIELDS.forEach((k, i) => ($("box-" + k).value = b[i]));
   drawFramer();
+}
+
+// the box's centre, and a photo point in the box's own frame (relative to its centre)
+function boxCentre(b) {
+  return [b[0] + b[2] / 2, b[1] + b[3] / 2];
+}
+function inBox(b, px, py) {
+  const [cx, cy] = boxCentre(b);
+  return turn([px - cx, py - cy], -b[4]);
 }
 
 function drawFramer() {
@@ -148,11 +183,17 @@ function drawFramer() {
   ctx.drawImage(framer.image, 0, 0, canvas.width, canvas.height);
   if (!framer.box) return;
   const [x, y, w, h] = framer.box.map((v) => v * framer.scale);
+  ctx.save();
+  ctx.translate(x + w / 2, y + h / 2);
+  ctx.rotate(radians(framer.box[4])); // clockwise, as the box's angle
   ctx.lineWidth = 2;
-  ctx.strokeStyle = "#4cf";
-  ctx.strokeRect(x, y, w, h);
-  ctx.fillStyle = "#4cf";
-  ctx.fillRect(x + w - 6, y + h - 6, 12, 12); // the resize handle
+  ctx.strokeStyle = ctx.fillStyle = "#4cf";
+  ctx.strokeRect(-w / 2, -h / 2, w, h);
+  ctx.fillRect(w / 2 - 6, h / 2 - 6, 12, 12); // the resize handle
+  ctx.beginPath(); // the tilt handle, on the top edge: "up" for the face
+  ctx.arc(0, -h / 2, 7, 0, 2 * Math.PI);
+  ctx.fill();
+  ctx.restore();
 }
 
 // a pointer event's position in the photo's pixels
@@ -165,9 +206,14 @@ function photoPoint(e) {
 function onPointerDown(e) {
   if (!framer.image) return;
   const [px, py] = photoPoint(e), b = framer.box, grab = 10 / framer.scale;
-  if (b && Math.abs(px - (b[0] + b[2])) < grab && Math.abs(py - (b[1] + b[3])) < grab) {
-    framer.drag = { mode: "resize", x0: b[0], y0: b[1] };
-  } else if (b && px > b[0] && px < b[0] + b[2] && py > b[1] && py < b[1] + b[3]) {
+  const [u, v] = b ? inBox(b, px, py) : [0, 0]; // in the box's frame
+  if (b && Math.hypot(u, v + b[3] / 2) < grab) {
+    framer.drag = { mode: "tilt" };
+  } else if (b && Math.abs(u - b[2] / 2) < grab && Math.abs(v - b[3] / 2) < grab) {
+    // the top-left corner stays where it is, in the photo
+    const [cx, cy] = boxCentre(b), [tx, ty] = turn([-b[2] / 2, -b[3] / 2], b[4]);
+    framer.drag = { mode: "resize", x0: cx + tx, y0: cy + ty };
+  } else if (b && Math.abs(u) < b[2] / 2 && Math.abs(v) < b[3] / 2) {
     framer.drag = { mode: "move", dx: px - b[0], dy: py - b[1] };
   } else {
     framer.drag = { mode: "draw", x0: px, y0: py };
@@ -179,15 +225,29 @@ function onPointerMove(e) {
   const d = framer.drag;
   if (!d) return;
   const [px, py] = photoPoint(e);
+  const b = framer.box;
   if (d.mode === "move") {
-    setBox([px - d.dx, py - d.dy, framer.box[2], framer.box[3]]);
+    setBox([px - d.dx, py - d.dy, b[2], b[3], b[4]]);
     return;
   }
-  // draw and resize keep the box square, as a face box is
+  if (d.mode === "tilt") { // the handle points from the centre to the pointer
+    const [cx, cy] = boxCentre(b);
+    const a = (Math.atan2(px - cx, cy - py) * 180) / Math.PI;
+    setBox([b[0], b[1], b[2], b[3], a]);
+    return;
+  }
+  if (d.mode === "resize") { // square, from the fixed corner along the box's own axes
+    const [u, v] = turn([px - d.x0, py - d.y0], -b[4]);
+    const side = Math.max(Math.abs(u), Math.abs(v), 1);
+    const [ox, oy] = turn([side / 2, side / 2], b[4]);
+    setBox([d.x0 + ox - side / 2, d.y0 + oy - side / 2, side, side, b[4]]);
+    return;
+  }
+  // a new box: square, as a face box is, and upright
   const side = Math.max(Math.abs(px - d.x0), Math.abs(py - d.y0));
-  const x = px < d.x0 && d.mode === "draw" ? d.x0 - side : d.x0;
-  const y = py < d.y0 && d.mode === "draw" ? d.y0 - side : d.y0;
-  setBox([x, y, side, side]);
+  const x = px < d.x0 ? d.x0 - side : d.x0;
+  const y = py < d.y0 ? d.y0 - side : d.y0;
+  setBox([x, y, side, side, 0]);
 }
 
 function onPointerUp() {
@@ -195,7 +255,7 @@ function onPointerUp() {
 }
 
 function onBoxField() {
-  const v = ["x", "y", "w", "h"].map((k) => Number($("box-" + k).value));
+  const v = FIELDS.map((k) => Number($("box-" + k).value)); // an empty angle is 0
   if (v.every((n) => Number.isFinite(n)) && v[2] > 0 && v[3] > 0) setBox(v);
 }
 
@@ -205,8 +265,8 @@ async function frameByHand() {
   say("Looking for the face…");
   const photo = await uploadPhoto();
   await showFramer(photo.ok ? photo.faceBox : null);
-  say(photo.ok ? "Adjust the box if it is not around the face, then press Connect."
-    : "Photo refused: " + photo.reason, photo.ok ? "info" : "error");
+  if (photo.ok) say("Adjust the box if it is not around the face (or not tilted with it), then press Connect.");
+  else say(refusal(photo.reason, photo.face ? FRAME_IT : ""), "error");
 }
 
 async function connect() {
@@ -217,9 +277,9 @@ async function connect() {
     setState("error");
     if (photo.face && !framer.box) {
       await showFramer();
-      say("Photo refused: " + photo.reason + " Drag a box around the face in your photo, then press Connect again.", "error");
+      say(refusal(photo.reason, FRAME_IT), "error");
     } else {
-      say("Photo refused: " + photo.reason, "error");
+      say(refusal(photo.reason), "error");
     }
     return;
   }
@@ -388,7 +448,7 @@ $("box-clear").onclick = () => setBox(null);
 $("framer-canvas").addEventListener("pointerdown", onPointerDown);
 $("framer-canvas").addEventListener("pointermove", onPointerMove);
 $("framer-canvas").addEventListener("pointerup", onPointerUp);
-for (const k of ["x", "y", "w", "h"]) $("box-" + k).addEventListener("change", onBoxField);
+for (const k of FIELDS) $("box-" + k).addEventListener("change", onBoxField);
 window.addEventListener("beforeunload", () => disconnect(true));
 render();
 if (params.get("autostart") === "1") connect();

@@ -6,6 +6,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
+import av
 import numpy as np
 
 from pipeline.clock import MODEL_RATE
@@ -37,16 +38,33 @@ def _seam_period(args: argparse.Namespace) -> int:
 
 
 def _framed_as_the_model_saw_it(
-    model: str, photo: Path, box: FaceBox | None, folder: Path
-) -> tuple[Path, None]:
-    """The reference `model` made the video from, as a PNG in `folder`: the photo framed as
-    its engine frames it (with the hand-drawn box, if one was drawn). The box is then the
-    detector's on the framed square."""
+    model: str, photo: Path, box: FaceBox | None, video: Path, folder: Path
+) -> tuple[Path, FaceBox | None]:
+    """The reference `model` made `video` from, as a PNG in `folder`: the photo framed as
+    its engine frames it at the video's size (around the hand-drawn box, if one was drawn;
+    a tilted face turned upright), and that box in the framed image's pixels (None: the
+    detector's on it)."""
+    from pipeline.flashhead.framing import square_box
+    from pipeline.liveavatar.framing import framed_box
     from pipeline.media import load_reference, write_png
 
+    try:
+        with av.open(str(video)) as container:
+            stream = container.streams.video[0]
+            width, height = stream.width, stream.height
+    except (av.FFmpegError, IndexError, OSError) as exc:
+        raise MediaError(f"cannot read video {video}: {exc}") from None
+    cfg = load_config(model, {"video.width": width, "video.height": height})
     framed = folder / "reference.png"
-    write_png(framed, load_reference(photo, load_config(model), box))
-    return framed, None
+    write_png(framed, load_reference(photo, cfg, box))
+    if box is None:
+        return framed, None
+    shape = load_image(photo).shape
+    if cfg.runtime.stack == "flashhead":
+        inside = square_box(shape, box, cfg.flashhead.face_ratio, width)
+    else:
+        inside = framed_box(shape, box, width, height)
+    return framed, tuple(float(v) for v in inside)
 
 
 def _photo_eval(args: argparse.Namespace) -> int:
@@ -61,10 +79,11 @@ def _photo_eval(args: argparse.Namespace) -> int:
     probe_audio(args.audio)
     audio = np.concatenate([b.model for b in iter_audio(args.audio)] or [np.zeros(0, np.float32)])
     with tempfile.TemporaryDirectory() as tmp:
-        if args.model and load_config(args.model).runtime.stack == "flashhead":
-            # FlashHead sees a face-centred square of the photo (`pipeline.flashhead.framing`):
-            # score the video against that square, not the photo stack's framing of it
-            photo, box = _framed_as_the_model_saw_it(args.model, photo, box, Path(tmp))
+        if args.model and load_config(args.model).runtime.stack in ("flashhead", "liveavatar"):
+            # a real model sees the photo framed its own way (FlashHead a face-centred square,
+            # LiveAvatar the photo cropped to the video; a tilted face turned upright): score
+            # the video against that, not the photo stack's framing of it
+            photo, box = _framed_as_the_model_saw_it(args.model, photo, box, args.video, Path(tmp))
         scores = run_photo_eval(
             args.video,
             photo,

@@ -358,8 +358,8 @@ def _fmt(box: FaceBox) -> str:
 NO_FACE = (
     "no face found in the photo: use a sharp, well-lit, frontal photo of one face (a "
     "synthetic face from `facecast make-reference` works as the PNG it writes, unchanged), "
-    "or frame the face by hand: --face-box X,Y,W,H on the command line, ?face_box=X,Y,W,H "
-    "on POST /photos, or drag a box on the page"
+    "or frame the face by hand: --face-box X,Y,W,H[,ANGLE] on the command line, "
+    "?face_box=X,Y,W,H[,ANGLE] on POST /photos, or drag a box around it on the page."
 )
 
 

@@ -145,22 +145,12 @@ class WarpDecoder:
     def render(self, params_TP: np.ndarray) -> np.ndarray:
         """(T, len(PARAMS)) → uint8 (T, H, W, 3) frames of the whole video size."""
         p = torch.from_numpy(np.ascontiguousarray(params_TP, np.float32)).to(self.device)
-        jaw, width, rounding, teeth, blink, hx, hy, roll = (c.view(-1, 1, 1) for c in p.unbind(1))
+        jaw, width, rounding, teeth, blink = (c.view(-1, 1, 1) for c in p[:, :5].unbind(1))
         w = self.face.box[2]
-        T = p.shape[0]
-        X, Y = self.X.expand(T, -1, -1), self.Y.expand(T, -1, -1)
+        X, Y = self.X.expand(p.shape[0], -1, -1), self.Y.expand(p.shape[0], -1, -1)
 
         # 1. head: undo a rotation by roll about the neck and a shift, where the head is
-        px, py = self.pivot
-        cos, sin = torch.cos(roll), torch.sin(roll)
-        Xc, Yc, wt = self.Xc, self.Yc, self.head_weight
-        hx, hy = self._from_face(hx * w, hy * w)  # sway and nod along the face's own axes
-        dx, dy = Xc - px - hx, Yc - py - hy
-        d_T2hw = torch.stack(
-            [wt * (px + cos * dx + sin * dy - Xc), wt * (py - sin * dx + cos * dy - Yc)], dim=1
-        )
-        d_T2HW = F.interpolate(d_T2hw, size=X.shape[1:], mode="bilinear", align_corners=True)
-        qx, qy = X + d_T2HW[:, 0], Y + d_T2HW[:, 1]
+        qx, qy = self._head(p[:, 5:])
         sx, sy = qx.clone(), qy.clone()
         alpha = torch.zeros_like(qx)
 
@@ -191,6 +181,39 @@ class WarpDecoder:
         a = alpha[:, ys, xs].unsqueeze(1)
         frames[:, :, ys, xs] = frames[:, :, ys, xs] * (1 - a) + paint * 255.0 * a
         return self._assemble(frames, (sx - X).abs() + (sy - Y).abs() + alpha > 1e-3)
+
+    def _head(self, head_T3: Tensor) -> tuple[Tensor, Tensor]:
+        """Where each ROI pixel (T, H, W) comes from in the photo under the head's motion
+        (head_x, head_y, head_roll a frame): a rotation about the neck and a shift, weighted
+        by the head's soft ellipse, worked out on the coarse grid and interpolated."""
+        hx, hy, roll = (c.view(-1, 1, 1) for c in head_T3.unbind(1))
+        w = self.face.box[2]
+        px, py = self.pivot
+        cos, sin = torch.cos(roll), torch.sin(roll)
+        Xc, Yc, wt = self.Xc, self.Yc, self.head_weight
+        hx, hy = self._from_face(hx * w, hy * w)  # sway and nod along the face's own axes
+        dx, dy = Xc - px - hx, Yc - py - hy
+        d_T2hw = torch.stack(
+            [wt * (px + cos * dx + sin * dy - Xc), wt * (py - sin * dx + cos * dy - Yc)], dim=1
+        )
+        d_T2HW = F.interpolate(d_T2hw, size=self.X.shape, mode="bilinear", align_corners=True)
+        return self.X + d_T2HW[:, 0], self.Y + d_T2HW[:, 1]
+
+    @torch.inference_mode()
+    def head_map(self, params_TP: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(T, len(PARAMS)) → float32 (T, H, W) x and y: where each pixel of the whole frame
+        comes from in the photo under the head's motion alone (pixel centres at +0.5; the
+        photo's own pixel outside the head). What `render` moves the head by, for measuring
+        what else changed (the photo posed by it, `tests/support/hard_faces.posed`)."""
+        p = torch.from_numpy(np.ascontiguousarray(params_TP, np.float32)).to(self.device)
+        qx, qy = self._head(p[:, 5:])
+        H, W = self.photo.shape[:2]
+        ys, xs = np.mgrid[0:H, 0:W].astype(np.float32) + 0.5
+        mx, my = np.repeat(xs[None], len(p), axis=0), np.repeat(ys[None], len(p), axis=0)
+        r = self.roi
+        mx[:, r.y0 : r.y1, r.x0 : r.x1] = qx.cpu().numpy()
+        my[:, r.y0 : r.y1, r.x0 : r.x1] = qy.cpu().numpy()
+        return mx, my
 
     def _mouth(self, qx: Tensor, qy: Tensor, jaw: Tensor, teeth: Tensor, k: Tensor):
         """Backward maps of the jaw (the lips part along the lip line) and the lips

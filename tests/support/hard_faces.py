@@ -6,6 +6,12 @@ The truth comes from the upright, evenly lit portrait (its landmarks' seam betwe
 lips, and its face box), carried through the same rotation: nothing here asks the photo
 stack about the hard photo itself. `opening_centre` is where a clip's frames move against
 the rest frame most: where the mouth opens, measured without the stack's geometry.
+
+`talk` renders a clip and keeps the motion each frame was drawn with; `posed` is the photo
+moved by that motion's head sway alone (the warp's own head map, resampled with Lanczos):
+what a frame should look like outside the mouth and eyes, so SSIM against it counts what
+else changed, not the intended sway (which alone costs 0.15-0.2 SSIM against the rest
+frame on these portraits: a whole-pixel shift of the face, nothing blurred, already does).
 """
 
 from __future__ import annotations
@@ -14,8 +20,11 @@ from dataclasses import dataclass
 
 import cv2
 import numpy as np
+import torch
 
+from pipeline.clock import MODEL_RATE
 from pipeline.media import ASSETS, load_image
+from pipeline.photo.warp import WarpDecoder
 
 
 @dataclass(frozen=True)
@@ -75,3 +84,42 @@ def opening_centre(frames: np.ndarray, rest: np.ndarray, box) -> np.ndarray:
     ys, xs = np.nonzero(strong)
     wts = change[strong]
     return np.array([(xs + 0.5) @ wts / wts.sum(), (ys + 0.5) @ wts / wts.sum()])
+
+
+class _Recording:
+    """A stream's decoder that keeps the motion parameters of every frame it draws."""
+
+    def __init__(self, decoder: WarpDecoder) -> None:
+        self.decoder, self.params = decoder, list[np.ndarray]()
+
+    def render(self, params_TP: np.ndarray) -> np.ndarray:
+        self.params.append(np.array(params_TP))
+        return self.decoder.render(params_TP)
+
+
+def talk(engine, prepared, audio: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The photo stack's frames of `audio` (pushed a second at a time, seed 0), and the
+    (T, len(PARAMS)) motion each was drawn with."""
+    stream = engine.new_stream(prepared, seed=0)
+    stream.decoder = recording = _Recording(stream.decoder)
+    batches = []
+    for i in range(0, len(audio), MODEL_RATE):
+        stream.push_audio(audio[i : i + MODEL_RATE])
+        batches += stream.generate_ready()
+    batches += stream.finish()
+    frames = np.concatenate([b.frames for b in batches])
+    return frames, np.concatenate(recording.params)[: len(frames)]
+
+
+def posed(prepared, params: np.ndarray) -> np.ndarray:
+    """uint8 (T, H, W, 3): the framed photo moved by each frame's head motion alone (no
+    mouth, no blink), resampled with Lanczos from where the warp's head map says."""
+    decoder = WarpDecoder(prepared.framed, prepared.face, 0.0, torch.device("cpu"))
+    xs, ys = decoder.head_map(params)
+    lanczos, edge = cv2.INTER_LANCZOS4, cv2.BORDER_REPLICATE
+    return np.stack(
+        [
+            cv2.remap(prepared.framed, x - 0.5, y - 0.5, lanczos, borderMode=edge)
+            for x, y in zip(xs, ys, strict=True)
+        ]
+    )
