@@ -48,7 +48,7 @@ from support.fleet import (  # noqa: E402
     session_of,
 )
 
-from realtime.fleet import speech as fleet_speech  # noqa: E402
+from realtime.fleet import speech_relay as fleet_speech  # noqa: E402
 from realtime.fleet.front import build_front_app  # noqa: E402
 from realtime.fleet.pool import WorkerPool, WorkerView  # noqa: E402
 from realtime.fleet.registry import REGISTRY  # noqa: E402
