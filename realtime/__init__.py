@@ -39,10 +39,11 @@ Modules, by job:
   `connection` (the peer connection, freed at close), `sinks` (per-session sink
   factories), `kvs/` (mirror to Kinesis Video Streams, attached through `build_app(...,
   sink_factories=[...])`);
-- clients and beyond one server: `client` (aiortc client library), `call` (a call from the
-  command line, and its A/V analysis), `fleet/` (`serve --cluster ray`), `integrations/`
-  (Pipecat).
+- beyond one server: `fleet/` (`serve --cluster ray`).
+
+What calls a server (the Python client, `facecast call`, the Pipecat service) is a package
+of its own, `facecast_client`, which no module here imports.
 
 Run: `facecast serve --config tiny` then open http://127.0.0.1:8080/ (or
-`python -m realtime.call http://127.0.0.1:8080 --wav speech.wav --out avatar.mp4`).
+`facecast call http://127.0.0.1:8080 --wav speech.wav --out avatar.mp4`).
 """
