@@ -72,12 +72,12 @@ typecheck: setup
 	$(VENV)/bin/mypy
 
 lint: setup
-	$(VENV)/bin/ruff check facecast pipeline realtime tests bench
-	$(VENV)/bin/ruff format --check facecast pipeline realtime tests bench
+	$(VENV)/bin/ruff check facecast facecast_client pipeline realtime tests bench
+	$(VENV)/bin/ruff format --check facecast facecast_client pipeline realtime tests bench
 
 format: setup
-	$(VENV)/bin/ruff format facecast pipeline realtime tests bench
-	$(VENV)/bin/ruff check --fix facecast pipeline realtime tests bench
+	$(VENV)/bin/ruff format facecast facecast_client pipeline realtime tests bench
+	$(VENV)/bin/ruff check --fix facecast facecast_client pipeline realtime tests bench
 
 serve: setup
 	$(VENV)/bin/facecast serve $(ARGS)

@@ -32,14 +32,14 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from pipeline.clock import OUTPUT_RATE, OUTPUT_SAMPLES_PER_PACKET
-from realtime.client import (
+from facecast_client import (
     FacecastClient,
     PcmSource,
     SpeechSocket,
     read_pcm,
     wait_until_ready,
 )
+from pipeline.clock import OUTPUT_RATE, OUTPUT_SAMPLES_PER_PACKET
 
 TEXT = "Hello there, how can I help you today?"
 LOUD = 1000

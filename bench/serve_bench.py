@@ -28,9 +28,9 @@ from pathlib import Path
 
 import aiohttp
 
+from facecast_client import FacecastClient, PcmSource, read_pcm, wait_until_ready
+from facecast_client.call import call_stats
 from pipeline.clock import OUTPUT_RATE
-from realtime.call import call_stats
-from realtime.client import FacecastClient, PcmSource, read_pcm, wait_until_ready
 
 SECTION = "## Live serving (`bench/serve_bench.py`)"
 

@@ -43,8 +43,8 @@ import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from facecast_client import wait_until_ready
 from pipeline.clock import OUTPUT_RATE, OUTPUT_SAMPLES_PER_PACKET
-from realtime.client import wait_until_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 STALL_S = 0.2

@@ -33,8 +33,9 @@ from aiortc.mediastreams import MediaStreamError
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_bench import free_port, gpu_name, metric_values  # noqa: E402
 
+from facecast_client import FacecastClient, PcmSource, wait_until_ready  # noqa: E402
 from pipeline.clock import FPS, VIDEO_TICKS_PER_FRAME  # noqa: E402
-from realtime.client import FacecastClient, PcmSource, read_audio, wait_until_ready  # noqa: E402
+from pipeline.media import read_audio  # noqa: E402
 
 
 class Player:

@@ -1,2 +1,3 @@
-"""The `facecast` command, above both packages: `pipeline` (the engine) and `realtime`
-(serving). Neither imports this one, and `pipeline` never imports `realtime`."""
+"""The `facecast` command, above the other packages: `pipeline` (the engine), `realtime`
+(serving) and `facecast_client` (calling a server: `facecast call`). None imports this one,
+`pipeline` never imports `realtime`, and neither imports `facecast_client`."""

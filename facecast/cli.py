@@ -15,7 +15,6 @@ from pathlib import Path
 
 from pipeline.config import DEFAULT_CONFIG
 from pipeline.errors import FacecastError
-from pipeline.module import resolve_device
 
 # the stacks that frame a reference photo around its face (and so take --face-box)
 FRAMED_STACKS = ("photo", "flashhead", "liveavatar")
@@ -97,6 +96,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, default_config: str) -
 
 def engine_options(args: argparse.Namespace, warmup: bool = True, device=None, **extra):
     from pipeline.config import parse_overrides
+    from pipeline.module import resolve_device
     from pipeline.startup import EngineOptions
 
     return EngineOptions(
@@ -145,6 +145,7 @@ def setup_logging(level: str) -> None:
 def cmd_render(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
     from pipeline.media import default_reference, probe_audio
+    from pipeline.module import resolve_device
     from pipeline.render import render_file
     from pipeline.startup import start_engine
 
@@ -499,6 +500,10 @@ def build_parser(with_serve_options: bool = True) -> argparse.ArgumentParser:
 
 def _passthrough(name: str):
     """Tools with their own argument parsers, run as `facecast NAME ...`."""
+    if name == "call":  # the client side: it starts without torch
+        from facecast_client.call import main as call_main
+
+        return call_main
     if name == "eval":
         from pipeline.eval.commands import eval_main
 
@@ -512,7 +517,7 @@ def _passthrough(name: str):
     }[name]
 
 
-PASSTHROUGH = ("eval", "make-reference", "make-dataset", "make-sample-speech")
+PASSTHROUGH = ("call", "eval", "make-reference", "make-dataset", "make-sample-speech")
 
 
 def join_face_box(argv: list[str]) -> list[str]:

@@ -16,6 +16,7 @@
     peer connection  PeerLink         aiortc's connection, freed at once when closed
                      (connection)
 
+The parts share two buffers and a clock (`buffers`), so none imports one that imports it.
 An interrupt is one `Interrupt` message through the parts (`PeerSession.interrupt`).
 
 Modules, by job:
@@ -30,17 +31,19 @@ Modules, by job:
   channel over a WebSocket);
 - one session: `session` (PeerSession: its parts in order, the interrupt path, close),
   `session_config` (how a session behaves: margins, timeouts, silence fill),
-  `audio_in` (decode, resample, timeline, VAD feed), `vad`, `generation` (the engine thread
-  and feed), `playout` (the delay from the latency budget, the clock, its control loop),
+  `buffers` (what the parts share: the playback timeline, the frame queue, the playout
+  clock), `audio_in` (decode, resample, VAD feed), `vad`, `generation` (the engine thread
+  and feed), `playout` (the delay from the latency budget, its control loop),
   `tracks` (paced A/V, sinks, speech-to-lips), `control` (events out, the interrupt
   message), `events` (event messages, playback), `utterance` (an agent's pushed speech),
   `connection` (the peer connection, freed at close), `sinks` (per-session sink
   factories), `kvs/` (mirror to Kinesis Video Streams, attached through `build_app(...,
   sink_factories=[...])`);
-- clients and beyond one server: `client` (aiortc client library), `call` (a call from the
-  command line, and its A/V analysis), `fleet/` (`serve --cluster ray`), `integrations/`
-  (Pipecat).
+- beyond one server: `fleet/` (`serve --cluster ray`).
+
+What calls a server (the Python client, `facecast call`, the Pipecat service) is a package
+of its own, `facecast_client`, which no module here imports.
 
 Run: `facecast serve --config tiny` then open http://127.0.0.1:8080/ (or
-`python -m realtime.call http://127.0.0.1:8080 --wav speech.wav --out avatar.mp4`).
+`facecast call http://127.0.0.1:8080 --wav speech.wav --out avatar.mp4`).
 """

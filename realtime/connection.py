@@ -15,7 +15,8 @@ bound methods of itself to its ICE gatherer, ICE transports and DTLS transports
 (`statechange`) and to its SCTP transport (`datachannel`). `RTCPeerConnection.close()`
 removes only the listeners on the connection itself, so `release_peer_connection` removes
 the rest once the connection is closed; no event can fire on a closed transport anyway.
-The client (`realtime.client`) and WHEP viewers (`realtime.whep`) free theirs the same way.
+The client (`facecast_client.client`) and WHEP viewers (`realtime.whep`) free theirs the same
+way.
 
 A few small cycles are left to the collector, none holding media, codecs or threads: a
 closed asyncio socket transport (its read callback is a bound method of itself), aioice's

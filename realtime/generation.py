@@ -30,10 +30,10 @@ import numpy as np
 from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME
 from pipeline.schedule import StreamStep
 from pipeline.stream import AvatarStream, FrameBatch, ready_pieces
+from realtime.buffers import FrameQueue, PlayoutClock
 from realtime.control import Interrupt
 from realtime.metrics import RealtimeMetrics
-from realtime.playout import PlayoutClock, PlayoutControl
-from realtime.tracks import FrameQueue
+from realtime.playout import PlayoutControl
 
 log = logging.getLogger(__name__)
 

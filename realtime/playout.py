@@ -22,7 +22,6 @@ instead (`realtime.generation`), and the delay covers two steps.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Callable
@@ -33,12 +32,12 @@ import numpy as np
 
 from pipeline.clock import FPS, FRAME_SECONDS, OUTPUT_RATE
 from pipeline.schedule import StreamStep
+from realtime.buffers import FrameQueue, PlayoutClock
 from realtime.events import message
 
 if TYPE_CHECKING:
     from realtime.control import Interrupt
     from realtime.metrics import RealtimeMetrics
-    from realtime.tracks import FrameQueue
 
 # Step time in serve over step time at warm-up, by (device, engine in its own process),
 # and the spread of step times (a fraction of a step, added to the margin), all measured
@@ -184,29 +183,6 @@ class EngineTiming:
             return None
         late = max(0.0, steady_seconds - self.steady_seconds)
         return self.first_frames_first, self.first_frames_steady + late
-
-
-class PlayoutClock:
-    """The one clock both tracks pace from: t0 on `time.monotonic()`, set once."""
-
-    def __init__(self) -> None:
-        self._started = asyncio.Event()
-        self.t0: float | None = None
-
-    def start(self, t0: float) -> None:
-        if self.t0 is None:
-            self.t0 = t0
-            self._started.set()
-
-    async def wait_started(self) -> float:
-        await self._started.wait()
-        assert self.t0 is not None
-        return self.t0
-
-    def frame_now(self) -> int:
-        """Index of the video frame due now (0 before start); safe from any thread."""
-        t0 = self.t0
-        return 0 if t0 is None else max(0, int((time.monotonic() - t0) * FPS))
 
 
 PROBE_S = 0.1  # the first audio is held this long to tell a microphone from a push

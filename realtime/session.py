@@ -10,8 +10,10 @@
                       playback events, the agent's utterances
     peer connection   PeerLink (realtime.connection): aiortc's connection, freed at close
 
-Two buffers join them: the `PlaybackTimeline` (audio in → audio track) and the
-`FrameQueue` (engine feed → video track).
+What they share lives below them all (`realtime.buffers`): the `PlaybackTimeline` (audio
+in → audio track), the `FrameQueue` (engine feed → video track) and the `PlayoutClock`
+(started by playout, read by the tracks and the engine feed). So the parts import each
+other one way only: audio in → the engine feed and the tracks → playout → control.
 
 Each part is given the parts it needs, explicitly; a part reaches the session only to end
 it (`close`, `_fail`) or to pass it an interrupt (`interrupt`, `_splice`). An interrupt is
@@ -39,7 +41,8 @@ from aiortc.mediastreams import MediaStreamTrack
 
 from pipeline.clock import FPS
 from pipeline.stream import AvatarStream
-from realtime.audio_in import AudioIn, PlaybackTimeline
+from realtime.audio_in import AudioIn
+from realtime.buffers import FrameQueue, PlaybackTimeline
 from realtime.connection import PeerLink
 from realtime.control import ControlChannel, Interrupt
 from realtime.errors import RealtimeError, SessionClosed
@@ -51,7 +54,6 @@ from realtime.session_config import SessionConfig
 from realtime.tracks import (
     AvatarAudioTrack,
     AvatarVideoTrack,
-    FrameQueue,
     MediaSink,
     OutgoingTracks,
     ms,

@@ -313,8 +313,8 @@ async def test_the_server_admits_the_sessions_its_engine_measured_it_carries(rel
     import aiohttp
     from support.realtime import make_speech_wav, running_server
 
+    from facecast_client import FacecastClient, PcmSource
     from pipeline.warmup import capacity
-    from realtime.client import FacecastClient, PcmSource
 
     engine = await asyncio.to_thread(served_engine, release)
     fits = engine.capacity
@@ -527,7 +527,7 @@ async def test_serve_a_random_release_to_an_aiortc_client_for_30_seconds(release
     import aiohttp
     from support.realtime import make_speech_wav, served
 
-    from realtime.client import FacecastClient, PcmSource
+    from facecast_client import FacecastClient, PcmSource
 
     weights, wav2vec = release
     speech = make_speech_wav(tmp_path / "speech.wav", [0.5, "Hello, I am a real model now.", 1.0])

@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 from support.realtime import REAL_TIME_ON_A_SHARED_CPU, make_speech_wav, normalized_xcorr_peak
 
+from facecast_client import FacecastClient, PcmSource, wait_until_ready
+from facecast_client.call import call_stats
 from pipeline.startup import EngineOptions
-from realtime.call import call_stats
-from realtime.client import FacecastClient, PcmSource, wait_until_ready
 from realtime.fleet.options import CPU_WORKER, NAMESPACE, FleetOptions, worker_resources
 from realtime.service import ServerConfig
 

@@ -29,8 +29,8 @@ from support.photos import PORTRAIT, write_bad_photos
 from support.realtime import RATE, espeak, make_offer, wait_until, whip_publish
 from support.whep import whep_watch
 
+from facecast_client import SpeechSocket
 from pipeline.startup import EngineOptions
-from realtime.client import SpeechSocket
 from realtime.fleet.options import FleetOptions
 from realtime.ice_servers import link_header, parse_ice_server
 from realtime.service import ServerConfig
@@ -48,7 +48,7 @@ from support.fleet import (  # noqa: E402
     session_of,
 )
 
-from realtime.fleet import speech as fleet_speech  # noqa: E402
+from realtime.fleet import speech_relay as fleet_speech  # noqa: E402
 from realtime.fleet.front import build_front_app  # noqa: E402
 from realtime.fleet.pool import WorkerPool, WorkerView  # noqa: E402
 from realtime.fleet.registry import REGISTRY  # noqa: E402

@@ -33,8 +33,8 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.workers.runner import WorkerRunner
 from support.realtime import RATE, espeak, load_test_engine, normalized_xcorr_peak, wait_until
 
-from realtime.client import wait_until_ready
-from realtime.integrations.pipecat import FacecastVideoService
+from facecast_client import wait_until_ready
+from facecast_client.pipecat import FacecastVideoService
 
 # A served call and an in-process engine, each driven for seconds of speech.
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ import pytest
 from support.kvs import AWS_TEST_KEY, AWS_TEST_SECRET, FakeKvsEndpoint
 from support.realtime import REAL_TIME_ON_A_SHARED_CPU, running_server
 
-from realtime.client import FacecastClient, PcmSource
+from facecast_client import FacecastClient, PcmSource
 from realtime.kvs import KvsMirror, KvsOptions
 from realtime.service import SERVICE
 

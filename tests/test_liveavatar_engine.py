@@ -298,7 +298,7 @@ async def test_serve_a_random_release_to_an_aiortc_client_for_30_seconds(release
     import aiohttp
     from support.realtime import make_speech_wav, served
 
-    from realtime.client import FacecastClient, PcmSource
+    from facecast_client import FacecastClient, PcmSource
 
     weights, lora = release
     speech = make_speech_wav(tmp_path / "speech.wav", [0.5, "Hello, I am a big model.", 1.0])

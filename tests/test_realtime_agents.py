@@ -21,7 +21,7 @@ from support.realtime import (
     wait_until,
 )
 
-from realtime.client import FacecastClient, PcmSource
+from facecast_client import FacecastClient, PcmSource
 from realtime.service import SERVICE
 
 LONG = "This is a long sentence that keeps going for quite a while, so we can cut it off."
@@ -127,7 +127,8 @@ async def test_killed_peer_is_cleaned_up_within_10_s(tmp_path):
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "realtime.call",
+            "facecast",
+            "call",
             url,
             "--wav",
             str(speech.path),

@@ -6,7 +6,8 @@ import av
 import numpy as np
 from support.realtime import RATE
 
-from realtime.audio_in import InputResampler, PlaybackTimeline
+from realtime.audio_in import InputResampler
+from realtime.buffers import PlaybackTimeline
 
 
 def stereo_frame(pcm: np.ndarray) -> av.AudioFrame:

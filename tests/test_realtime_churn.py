@@ -21,7 +21,7 @@ import weakref
 import pytest
 from support.realtime import make_speech_wav, running_server, wait_until
 
-from realtime.client import FacecastClient, PcmSource
+from facecast_client import FacecastClient, PcmSource
 from realtime.service import SERVICE
 from realtime.session_config import SessionConfig
 
@@ -93,7 +93,7 @@ async def test_thirty_calls_measured_alone(tmp_path):
 
         async def killed_call() -> None:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "realtime.call", url, "--wav", str(speech.path),
+                sys.executable, "-m", "facecast", "call", url, "--wav", str(speech.path),
                 "--seconds", "60",
                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
             )  # fmt: skip

@@ -1,4 +1,4 @@
-"""`python -m realtime.call` as a user runs it: raw PCM in, faster than real time, MP4 out."""
+"""`facecast call` as a user runs it: raw PCM in, faster than real time, MP4 out."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ async def test_cli_streams_raw_pcm_and_records_mp4(tmp_path):
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "realtime.call",
+            "facecast",
+            "call",
             url,
             "--pcm",
             str(raw),

@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 from support.realtime import REAL_TIME_ON_A_SHARED_CPU, make_speech_wav
 
-from realtime.call import call_stats
-from realtime.client import FacecastClient, PcmSource, wait_until_ready
+from facecast_client import FacecastClient, PcmSource, wait_until_ready
+from facecast_client.call import call_stats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAN = [0.5, "Hello, I am the avatar, and I say what you say.", 1.2,

@@ -7,8 +7,7 @@ import time
 
 import numpy as np
 
-from realtime.playout import PlayoutClock
-from realtime.tracks import FrameQueue
+from realtime.buffers import FrameQueue, PlayoutClock
 
 
 class ScriptedEngineSession:

@@ -9,7 +9,7 @@ import pytest
 from support.kvs import AWS_TEST_KEY, AWS_TEST_SECRET, FakeKvsEndpoint
 from support.realtime import make_speech_wav, running_server
 
-from realtime.client import FacecastClient, PcmSource
+from facecast_client import FacecastClient, PcmSource
 from realtime.kvs import KvsOptions
 from realtime.service import SERVICE
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from support.realtime import make_speech_wav
 
-from realtime.client import FacecastClient, PcmSource, wait_until_ready
+from facecast_client import FacecastClient, PcmSource, wait_until_ready
 
 # Starts `facecast serve` as a process and calls it, once per signal.
 pytestmark = pytest.mark.slow

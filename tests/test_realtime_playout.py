@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from support.realtime import REAL_TIME_ON_A_SHARED_CPU, ScriptedEngine, running_server
 
-from realtime.client import FacecastClient, PcmSource
+from facecast_client import FacecastClient, PcmSource
 from realtime.playout import PROBE_S, plan_playout, required_delay
 from realtime.service import SERVICE
 

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from facecast.cli import build_parser, engine_options, main
-from realtime.client import FacecastClient, PcmSource, read_pcm
+from facecast_client import FacecastClient, PcmSource, read_pcm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(ROOT, "pipeline", "assets", "sample_speech.wav")

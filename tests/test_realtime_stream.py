@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from support.realtime import REAL_TIME_ON_A_SHARED_CPU, make_speech_wav, running_server
 
-from realtime.call import call_stats
-from realtime.client import FacecastClient, PcmSource
+from facecast_client import FacecastClient, PcmSource
+from facecast_client.call import call_stats
 from realtime.service import SERVICE
 
 # Seconds of speech over WebRTC through the real server.

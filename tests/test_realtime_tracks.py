@@ -7,10 +7,9 @@ import time
 import numpy as np
 from support.realtime import RATE
 
-from realtime.audio_in import PlaybackTimeline
+from realtime.buffers import FrameQueue, PlaybackTimeline, PlayoutClock
 from realtime.metrics import RealtimeMetrics
-from realtime.playout import PlayoutClock
-from realtime.tracks import AvatarAudioTrack, AvatarVideoTrack, FrameQueue
+from realtime.tracks import AvatarAudioTrack, AvatarVideoTrack
 
 
 async def test_tracks_pace_from_one_clock_with_exact_pts():

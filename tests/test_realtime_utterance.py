@@ -20,8 +20,8 @@ from support.realtime import (
     wait_until,
 )
 
+from facecast_client import FacecastClient, PcmSource, SpeechSocket
 from pipeline.clock import OUTPUT_SAMPLES_PER_PACKET
-from realtime.client import FacecastClient, PcmSource, SpeechSocket
 from realtime.errors import BadRequest
 from realtime.service import SERVICE
 from realtime.session_config import SessionConfig

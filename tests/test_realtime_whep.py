@@ -3,7 +3,7 @@
 The test's own player is what any WHEP player does, with aiohttp and aiortc and none of
 Facecast's client code: a recvonly offer POSTed as application/sdp, the 201's answer and
 Location, DELETE to leave. The session it watches is driven by an aiortc client speaking a
-WAV (realtime.client). GStreamer's webrtcbin plays it too (tests/support/gst_peer.py): Debian 12's
+WAV (facecast_client). GStreamer's webrtcbin plays it too (tests/support/gst_peer.py): Debian 12's
 GStreamer 1.22 has no `whepsrc` (gst-plugins-rs is not packaged).
 """
 
@@ -33,9 +33,9 @@ from support.realtime import (
 )
 from support.whep import Watcher, whep_watch
 
+from facecast_client import FacecastClient, PcmSource
+from facecast_client.call import arrival_skew_ms
 from pipeline.clock import FPS, OUTPUT_RATE, VIDEO_CLOCK, VIDEO_TICKS_PER_FRAME
-from realtime.call import arrival_skew_ms
-from realtime.client import FacecastClient, PcmSource
 from realtime.ice_servers import parse_ice_server
 from realtime.service import SERVICE
 from realtime.whep import (

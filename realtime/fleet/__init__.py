@@ -9,6 +9,7 @@ runs the server's own session machinery (`realtime.server.Service`): it hosts th
 its sessions. The front serves the page and the HTTP API, keeps a view of the workers
 (`fleet/pool.py`), and finds a session's worker through the session registry, a named
 detached actor (`fleet/registry.py`), so any front sees every session. WHIP and WHEP
-signalling (`fleet/relay.py`) and the agent's speech WebSocket (`fleet/speech.py`) are
-relayed by the front to the session's worker.
+signalling (`fleet/relay.py`) and the agent's speech WebSocket (`fleet/speech_relay.py`) are
+relayed by the front to the session's worker; the worker's end of that socket is a channel
+(`fleet/speech_channels.py`).
 """

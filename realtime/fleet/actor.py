@@ -18,7 +18,7 @@ and a report the registry missed (it was down) is made good.
 
 Beside /offer the worker answers what the front relays for its sessions: WHIP and WHEP
 signalling (the routes' own functions, `realtime.whip` and `realtime.whep`, on this
-worker's app) and the speech socket's channel (`fleet/speech.py`).
+worker's app) and the speech socket's channel (`fleet/speech_channels.py`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from aiortc import RTCSessionDescription
 from pipeline.startup import EngineOptions
 from realtime.errors import EngineStarting, RealtimeError, ServerFull, SessionNotFound
 from realtime.fleet.answers import failure
-from realtime.fleet.speech import SpeechChannels
+from realtime.fleet.speech_channels import SpeechChannels
 from realtime.negotiation import open_session
 from realtime.offer import OfferRequest
 from realtime.server import build_app, metrics_text

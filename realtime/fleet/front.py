@@ -12,7 +12,7 @@ Routes (as the server's, with the same token, same-origin guard and request limi
     DELETE /sessions/{id}           ended on its worker, wherever it runs
     POST /sessions/{id}/interrupt   flushed on its worker → {played_ms}
     GET  /sessions/{id}/speech      the utterance WebSocket, relayed to its worker
-                                    (fleet/speech.py)
+                                    (fleet/speech_relay.py)
     POST /whip, DELETE|PATCH /whip/{id}, POST /whep/{id}, DELETE|PATCH /whep/{id}/{viewer}
                                     WHIP and WHEP, relayed to the session's worker
                                     (fleet/relay.py)
@@ -50,7 +50,7 @@ from realtime.fleet.options import CPU_WORKER, FleetOptions
 from realtime.fleet.photos import add_photo_routes, offer_photo
 from realtime.fleet.pool import POOL, WorkerPool
 from realtime.fleet.relay import add_relay_routes, place
-from realtime.fleet.speech import relay_speech
+from realtime.fleet.speech_relay import relay_speech
 from realtime.metrics import CONTENT_TYPE_LATEST
 from realtime.offer import json_body, parse_offer
 from realtime.server import http_app

@@ -40,8 +40,9 @@ a viewer whose sender falls that far behind has its queue emptied and resumes at
 keyframe (counted), and its audio drops the oldest 20 ms. The session's tracks never block.
 
 One module per part: `routes` (the HTTP surface above), `fanout` (a session's viewers),
-`viewer` (one player), `tracks` (its outgoing packet tracks), `encoder` (the shared
-encoder) and `metrics`.
+`viewer` (one player), `encoder` (the shared encoder), `tracks` (a viewer's outgoing packet
+tracks) and `metrics`, each importing only those after it; what a part asks of the one
+that holds it is a small Protocol beside it (`ViewerHost`, `Subscriber`, `TrackOwner`).
 
 Errors are JSON 4xx with a reason: 415 (not `application/sdp`), 400 (not SDP, no section
 that receives, a `sendonly`/`inactive` section, two of a kind, no common codec, no ICE

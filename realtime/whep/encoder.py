@@ -9,7 +9,7 @@ import math
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import av
 import numpy as np
@@ -19,7 +19,7 @@ from pipeline.clock import FPS, VIDEO_CLOCK, VIDEO_TICKS_PER_FRAME
 
 if TYPE_CHECKING:
     from realtime.whep.metrics import WhepMetrics
-    from realtime.whep.viewer import Viewer
+    from realtime.whep.tracks import ViewerVideoTrack
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,14 @@ def video_bitrate(width: int, height: int) -> int:
     return int(min(2_000_000, max(300_000, 0.06 * width * height * FPS)))
 
 
+class Subscriber(Protocol):
+    """What the encoder asks of a viewer (`realtime.whep.viewer.Viewer`): the video track
+    its packets go to, and a place for the encoder it is attached to."""
+
+    video: ViewerVideoTrack | None
+    encoder: SharedVideoEncoder | None
+
+
 class SharedVideoEncoder:
     """One encoder for all the viewers of a session that receive `codec`."""
 
@@ -44,7 +52,7 @@ class SharedVideoEncoder:
     ) -> None:
         self.codec = codec
         self.size = size
-        self.viewers: list[Viewer] = []
+        self.viewers: list[Subscriber] = []
         self.encoded = 0
         self.skipped = 0
         self._metrics = metrics
@@ -63,11 +71,11 @@ class SharedVideoEncoder:
             self._run(), name=f"whep-{self._label}-{session_id[:8]}"
         )
 
-    def attach(self, viewer: Viewer) -> None:
+    def attach(self, viewer: Subscriber) -> None:
         self.viewers.append(viewer)
         viewer.encoder = self
 
-    def detach(self, viewer: Viewer) -> None:
+    def detach(self, viewer: Subscriber) -> None:
         if viewer in self.viewers:
             self.viewers.remove(viewer)
         viewer.encoder = None

@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import av
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from pipeline.clock import FPS, VIDEO_TICKS_PER_FRAME
-
-if TYPE_CHECKING:
-    from realtime.whep.viewer import Viewer
-
+from realtime.whep.metrics import WhepMetrics
 
 VIEWER_BACKLOG = FPS  # 1 s of packets waiting for one viewer's sender
+
+
+class TrackOwner(Protocol):
+    """What a video track asks of its viewer (`realtime.whep.viewer.Viewer`): a keyframe
+    (it joins, or fell behind), and the metrics it counts its frames in."""
+
+    @property
+    def metrics(self) -> WhepMetrics: ...
+
+    def request_keyframe(self, now: bool = False) -> None: ...
 
 
 class PacketTrack(MediaStreamTrack):
@@ -77,10 +84,10 @@ class ViewerAudioTrack(PacketTrack):
 class ViewerVideoTrack(PacketTrack):
     kind = "video"
 
-    def __init__(self, viewer: Viewer) -> None:
+    def __init__(self, viewer: TrackOwner) -> None:
         super().__init__()
         self._viewer = viewer
-        self._sent_total = viewer.fanout.metrics.frames_sent
+        self._sent_total = viewer.metrics.frames_sent
         self._need_keyframe = True  # a decoder starts at a keyframe
         self.first_index: int | None = None  # the session frame this viewer started at
 

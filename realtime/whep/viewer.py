@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiortc import RTCPeerConnection
 
 from realtime.connection import release_peer_connection
-
-if TYPE_CHECKING:
-    from realtime.whep.encoder import SharedVideoEncoder
-    from realtime.whep.fanout import WhepFanout
-    from realtime.whep.tracks import ViewerAudioTrack, ViewerVideoTrack
+from realtime.whep.encoder import SharedVideoEncoder
+from realtime.whep.metrics import WhepMetrics
+from realtime.whep.tracks import ViewerAudioTrack, ViewerVideoTrack
 
 log = logging.getLogger(__name__)
 
@@ -21,12 +19,22 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 30.0  # a viewer that has not connected by then is closed
 
 
+class ViewerHost(Protocol):
+    """What a viewer asks of the fan-out it hangs on (`realtime.whep.fanout.WhepFanout`)."""
+
+    session_id: str
+    metrics: WhepMetrics
+
+    def forget(self, viewer: Viewer) -> None: ...
+
+
 class Viewer:
     """One WHEP player: a peer connection sending the session's shared packets."""
 
-    def __init__(self, fanout: WhepFanout, viewer_id: str, pc: RTCPeerConnection) -> None:
+    def __init__(self, fanout: ViewerHost, viewer_id: str, pc: RTCPeerConnection) -> None:
         self.id = viewer_id
         self.fanout = fanout
+        self.metrics = fanout.metrics  # its tracks count into the fan-out's
         self.pc = pc
         self.location = f"/whep/{fanout.session_id}/{viewer_id}"
         self.video: ViewerVideoTrack | None = None

@@ -16,8 +16,8 @@ import aiohttp
 import ray
 from ray.cluster_utils import Cluster
 
+from facecast_client import FacecastClient, PcmSource
 from pipeline.startup import EngineOptions
-from realtime.client import FacecastClient, PcmSource
 from realtime.fleet.options import CPU_WORKER, FleetOptions
 from realtime.service import ServerConfig
 

@@ -158,7 +158,7 @@ async def served(*args: str, ready_timeout: float = 240) -> AsyncIterator[str]:
     import sys
     import tempfile
 
-    from realtime.client import wait_until_ready
+    from facecast_client import wait_until_ready
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,6 +1,6 @@
 """Facecast as a Pipecat avatar: `FacecastVideoService`, placed right after the TTS.
 
-    from realtime.integrations.pipecat import FacecastVideoService
+    from facecast_client.pipecat import FacecastVideoService
 
     avatar = FacecastVideoService(url="http://gpu-node:8080", token=TOKEN)   # remote
     # or FacecastVideoService(engine=engine) with a started `pipeline` engine, in-process
@@ -18,10 +18,10 @@ stops where Facecast says it stopped playing (`playback_finished`). TTFB metrics
 `BotStartedSpeakingFrame`, whichever comes first). `StartFrame` connects, `EndFrame` lets
 queued speech finish first, `CancelFrame` hangs up at once.
 
-Two modes, one code path for everything after the connection:
+Two modes, one code path for everything after the connection (`facecast_client.links`):
 - remote (`url=`): a `facecast serve` elsewhere (the usual deployment: the GPU node is
-  not the bot's machine), through the project's WebRTC client (`realtime.client`) with no
-  microphone; the utterances go on its data channel;
+  not the bot's machine), through the project's WebRTC client with no microphone; the
+  utterances go on its data channel;
 - in-process (`engine=`): a `realtime.session.PeerSession` of this process around the
   engine, its paced tracks read directly (no codec, no network), the same messages handed
   to it.
@@ -34,13 +34,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from pipecat.frames.frames import (
@@ -59,22 +57,18 @@ from pipecat.frames.frames import (
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.ai_service import AIService
 
+from facecast_client.links import LocalLink, RemoteLink
+from facecast_client.speech import UtteranceSender
 from pipeline.clock import OUTPUT_RATE, VIDEO_CLOCK
 from pipeline.stream import Reference
-from realtime.client import FacecastClient, UtteranceSender
 from realtime.utterance import MAX_CHUNK_BYTES
-
-if TYPE_CHECKING:
-    from realtime.session import PeerSession
 
 RATE = OUTPUT_RATE  # the avatar's audio: mono int16
 NS = 1_000_000_000
 OUTBOX = 500  # the avatar's frames waiting for the pipeline (10 s of video)
-HOLD_S = 1.0
-SYNC_WAIT_S = 0.2  # the longest a video frame waits for its audio  # received audio kept until it is known to be (or not be) an utterance's
+HOLD_S = 1.0  # received audio kept until it is known to be (or not be) an utterance's
+SYNC_WAIT_S = 0.2  # the longest a video frame waits for its audio
 log = logging.getLogger(__name__)
-
-Media = Callable[[np.ndarray, int], None]  # (frame, pts on its own clock from 0)
 
 
 @dataclass
@@ -89,121 +83,6 @@ class _Spoken:
     emitted: int = 0  # samples of it emitted as SpeechOutputAudioRawFrame
     position: float | None = None  # playback_position reported, seconds
     interrupted: bool = False
-
-
-class _RemoteLink:
-    """A `facecast serve` over WebRTC: video and audio back, utterances on the channel."""
-
-    def __init__(self, url: str, token: str | None, seed: int) -> None:
-        self.url, self.token, self.seed = url, token, seed
-        self.client: FacecastClient | None = None
-
-    async def open(self, on_video: Media, on_audio: Media, on_event) -> UtteranceSender:
-        bases: dict[str, int] = {}
-
-        def relative(kind: str, pts: int) -> int:
-            return pts - bases.setdefault(kind, pts)  # RTP clocks start anywhere
-
-        self.client = FacecastClient(
-            self.url,
-            None,
-            token=self.token,
-            seed=self.seed,
-            record=False,
-            on_video=lambda rgb, pts, t: on_video(rgb, relative("video", pts)),
-            on_audio=lambda pcm, pts, t: on_audio(pcm, relative("audio", pts)),
-            on_event=on_event,
-        )
-        await self.client.connect()
-        await self.client.wait_channel_open()
-        return self.client.speech
-
-    @property
-    def session_id(self) -> str | None:
-        return self.client.session_id if self.client else None
-
-    async def close(self) -> None:
-        if self.client is not None:
-            await self.client.close()
-
-
-class _LocalLink:
-    """An in-process session around `engine` (a started `pipeline` engine)."""
-
-    def __init__(self, engine: Any, reference: Reference | None, seed: int, config) -> None:
-        self.engine, self.reference, self.seed, self.config = engine, reference, seed, config
-        self.session: PeerSession | None = None
-        self._pulls: list[asyncio.Task] = []
-
-    async def open(self, on_video: Media, on_audio: Media, on_event) -> UtteranceSender:
-        import json
-
-        from aiortc import RTCPeerConnection
-
-        from realtime.metrics import RealtimeMetrics
-        from realtime.playout import EngineTiming
-        from realtime.reference import load_reference
-        from realtime.session import PeerSession
-        from realtime.session_config import SessionConfig
-        from realtime.vad import VoiceActivityDetector
-
-        video = self.engine.cfg.video
-        size = (int(video.width), int(video.height))
-        reference = self.reference
-        if reference is None:
-            reference = load_reference(None, self.engine.cfg)
-
-        async def closed(session) -> None:
-            pass
-
-        session = PeerSession(
-            secrets.token_urlsafe(18),
-            RTCPeerConnection(),  # never negotiated: its tracks are read here
-            lambda seed: self.engine.new_stream(reference, seed=seed),
-            size,
-            self.config or SessionConfig(seed=self.seed),
-            RealtimeMetrics(),
-            closed,
-            await asyncio.to_thread(VoiceActivityDetector),
-            EngineTiming.of(self.engine),
-        )
-        self.session = session
-        session.listeners.append(lambda text: on_event(json.loads(text)))
-        session.start()  # no microphone: it idles until the first utterance
-        loop = asyncio.get_running_loop()
-        self._pulls = [
-            loop.create_task(self._pull(session.video, on_video, video=True)),
-            loop.create_task(self._pull(session.audio, on_audio, video=False)),
-        ]
-
-        def send(data: str | bytes) -> None:
-            session.handle_message(data, lambda text: on_event(json.loads(text)))
-
-        return UtteranceSender(send)
-
-    async def _pull(self, track, deliver: Media, video: bool) -> None:
-        from aiortc.mediastreams import MediaStreamError
-
-        try:
-            while True:
-                frame = await track.recv()  # paced by the track: one frame per deadline
-                if video:
-                    deliver(frame.to_ndarray(format="rgb24"), int(frame.pts))
-                else:
-                    deliver(frame.to_ndarray().reshape(-1), int(frame.pts))
-        except MediaStreamError:
-            return
-
-    @property
-    def session_id(self) -> str | None:
-        return self.session.id if self.session else None
-
-    async def close(self) -> None:
-        if self.session is not None:
-            await self.session.close("the pipeline ended")
-        for task in self._pulls:
-            task.cancel()
-        await asyncio.gather(*self._pulls, return_exceptions=True)
 
 
 class FacecastVideoService(AIService):
@@ -227,9 +106,9 @@ class FacecastVideoService(AIService):
             raise ValueError("FacecastVideoService needs url= (remote) or engine= (in-process)")
         super().__init__(**kwargs)
         if url is not None:
-            self._link: _RemoteLink | _LocalLink = _RemoteLink(url, token, seed)
+            self._link: RemoteLink | LocalLink = RemoteLink(url, token, seed)
         else:
-            self._link = _LocalLink(engine, reference, seed, session_config)
+            self._link = LocalLink(engine, reference, seed, session_config)
         self._end_timeout_s = end_timeout_s
         self._speech: UtteranceSender | None = None
         self._open: _Spoken | None = None  # receiving TTS audio

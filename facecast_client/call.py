@@ -1,6 +1,6 @@
 """One call from the command line, and what a client measured of its call.
 
-    python -m realtime.call http://127.0.0.1:8080 --wav hello.wav --out a.mp4
+    facecast call http://127.0.0.1:8080 --wav hello.wav --out a.mp4
 
 prints time to first frame, fps, the A/V offset and the round trip as JSON (`--utterance`
 sends the WAV through the utterance channel instead of the microphone track). Tests and
@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from facecast_client.client import FacecastClient
+from facecast_client.media import PcmSource, Received, read_pcm
 from pipeline.clock import (
     FPS,
     MODEL_RATE,
@@ -33,7 +35,6 @@ from pipeline.clock import (
     VIDEO_CLOCK,
 )
 from pipeline.media import resample, to_pcm16
-from realtime.client import FacecastClient, PcmSource, Received, read_pcm
 
 
 def call_stats(client: FacecastClient) -> dict:
@@ -195,7 +196,7 @@ async def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m realtime.call",
+        prog="facecast call",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

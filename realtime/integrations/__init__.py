@@ -1,1 +1,0 @@
-"""Adapters that put Facecast inside agent frameworks (Pipecat: `realtime.integrations.pipecat`)."""
