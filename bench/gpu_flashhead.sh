@@ -11,15 +11,18 @@
 #                     diffusers 0.35.2, loguru (their wav2vec2 subclass predates transformers 5)
 #   .gpu/             grace_square.png (the portrait framed here: OpenCV 5 there has no Haar)
 #                     and speech.wav (tests/support/realtime.make_speech_wav)
-#   sessions (alone): .whlserve/ with diffusers' wheel added (pipelines stripped), to stay
-#                     under the 64 MiB that travels; the portrait and speech are the
+#   sessions (alone): .whlserve/ with diffusers' wheel added (pipelines and modular_pipelines
+#                     stripped) and its pure/ folder as pure.zip (silero's .jit model only),
+#                     to stay under the 64 MiB that travels; the portrait and speech are the
 #                     project's own (pipeline/assets)
 # Usage there: bash bench/gpu_flashhead.sh parity|decode|speed|serve|sessions
 set -uo pipefail
 mode=${1:?parity|decode|speed|serve|sessions}
 wheels=.whl; [ "$mode" = sessions ] && wheels=.whlserve
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels/*.whl
-export PYTHONPATH=/tmp/site:$PWD/$wheels/pure:$PWD PYTHONUNBUFFERED=1
+# the pure-Python part of the bundle travels zipped where the tree is near its 64 MiB
+[ -f $wheels/pure.zip ] && python3 -m zipfile -e $wheels/pure.zip /tmp/pure
+export PYTHONPATH=/tmp/site:/tmp/pure:$PWD/$wheels/pure:$PWD PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}
 work=/tmp/fh
 mkdir -p "$work"
@@ -91,6 +94,12 @@ sessions)  # the product bench (batched steps, capacity), then serve: an agent a
   [ -n "${SKIP_BENCH:-}" ] || timeout 240 python3 -m facecast bench $w --compile --precision fp8 \
     $sets --seconds 20 --json "$out/bench_$model.json" 2>"$out/bench_$model.log" | tail -3 \
     || { echo "bench FAILED"; tail -5 "$out/bench_$model.log"; }
+  # FIRST_STEP=1: a call's first step against a steady one, stage by stage, eager, every
+  # kernel waited for (host times are then kernel times)
+  # shellcheck disable=SC2086
+  [ -z "${FIRST_STEP:-}" ] || CUDA_LAUNCH_BLOCKING=1 timeout 120 python3 -m facecast bench $w \
+    --precision fp8 --seconds 6 --json "$out/first_step_$model.json" 2>"$out/first_step.log" \
+    | tail -2 || { echo "first-step bench FAILED"; tail -5 "$out/first_step.log"; }
   args="--serve-arg=--model=$model --serve-arg=--weights=$work/float32/release"
   args+=" --serve-arg=--wav2vec=$work/float32/wav2vec --serve-arg=--reference=pipeline/assets/reference.png"
   args+=" --serve-arg=--set=flashhead.frame_reference=false --serve-arg=--set=flashhead.batch_streams=${BATCH:-3}"

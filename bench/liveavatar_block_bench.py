@@ -1,7 +1,7 @@
 """Time LiveAvatar's S2V transformer block by block on one GPU, at the release's shape.
 
     python bench/liveavatar_block_bench.py [--size 704x384] [--blocks 6] [--steps 4]
-        [--layers 40] [--json OUT] [--device cuda|cpu]
+        [--layers 40] [--attention sdpa,cudnn,int8] [--json OUT] [--device cuda|cpu]
 
 Random weights (drawn on the GPU: only the shapes matter here), bf16. It does what a
 stream does: prefill (prompt + sink), then per block (3 latent frames = 12 video frames,
@@ -21,13 +21,16 @@ import math
 import statistics
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.clock import FPS  # noqa: E402 (wan_s2v samples at the same rate)
+from pipeline.models.attention import Attention  # noqa: E402
 from pipeline.models.wan.s2v import S2VConfig, S2VTransformer  # noqa: E402
 
 
@@ -72,17 +75,11 @@ def main() -> None:
     p.add_argument("--blocks", type=int, default=6)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--layers", type=int, default=40)
+    p.add_argument("--attention", default="sdpa", help="comma-separated kernels, each timed")
     p.add_argument("--json")
     p.add_argument("--device", default="cuda")
     a = p.parse_args()
     dev = torch.device(a.device)
-    cuda = dev.type == "cuda"
-
-    def mark():
-        return torch.cuda.Event(enable_timing=True) if cuda else HostMark()
-
-    height, width = (int(v) for v in a.size.split("x"))
-    H, W = height // 8, width // 8
     full = S2VConfig()
     cfg = S2VConfig(
         num_layers=a.layers,
@@ -93,7 +90,38 @@ def main() -> None:
     model.to_empty(device=dev)  # allocated in bf16 at once: 33 GB, not 65 then 33
     random_on_device(model, 0)
     model = model.eval().requires_grad_(False)
+    reports = [run_blocks(model, cfg, a, dev, kernel) for kernel in a.attention.split(",")]
+    if a.json:
+        Path(a.json).write_text(json.dumps(reports if len(reports) > 1 else reports[0], indent=1))
+
+
+SDPA_KERNELS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+}
+
+
+def run_blocks(model: S2VTransformer, cfg: S2VConfig, a, dev: torch.device, kernel: str) -> dict:
+    """Prefill and `a.blocks` blocks on a fresh cache, every attention through `kernel`."""
+    for m in model.modules():
+        if isinstance(m, Attention):
+            m.backend = "int8" if kernel == "int8" else "sdpa"
+    context = sdpa_kernel([SDPA_KERNELS[kernel]]) if kernel in SDPA_KERNELS else nullcontext()
+    with context:
+        return _run_blocks(model, cfg, a, dev, kernel)
+
+
+def _run_blocks(model: S2VTransformer, cfg: S2VConfig, a, dev: torch.device, kernel: str) -> dict:
+    cuda = dev.type == "cuda"
+
+    def mark():
+        return torch.cuda.Event(enable_timing=True) if cuda else HostMark()
+
+    height, width = (int(v) for v in a.size.split("x"))
+    H, W = height // 8, width // 8
     if cuda:
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     fpb = cfg.frames_per_block
     g = torch.Generator(device=dev).manual_seed(1)
@@ -136,6 +164,7 @@ def main() -> None:
     tflops = forward_flops(cfg, tokens, keys) / (forward_ms / 1e3) / 1e12
     video_s = 4 * fpb / FPS
     report = {
+        "attention": kernel,
         "size": a.size,
         "layers": a.layers,
         "steps": a.steps,
@@ -153,13 +182,12 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name() if cuda else "cpu",
     }
     print(
-        f"{a.size} {a.layers} layers, {a.steps} steps: prefill {prefill_ms:.0f} ms, audio "
+        f"{kernel}: {a.size} {a.layers} layers, {a.steps} steps: prefill {prefill_ms:.0f} ms, audio "
         f"{audio_ms:.1f} ms, forward {forward_ms:.1f} ms ({tflops:.0f} TFLOP/s), block "
         f"{block_ms:.0f} ms for {video_s:.2f} s of video (x{report['realtime_factor']:.2f} "
         f"real time), cache {report['cache_gb']:.1f} GB, peak {report['peak_gb'] or 0:.1f} GB"
     )
-    if a.json:
-        Path(a.json).write_text(json.dumps(report, indent=1))
+    return report
 
 
 if __name__ == "__main__":

@@ -137,6 +137,16 @@ def main() -> None:  # noqa: C901 - a flat list of variants, each timed and chec
     p.add_argument("--json", type=Path)
     p.add_argument("--device", default="cuda", help="cpu: a dry run of the script (tiny sizes)")
     p.add_argument("--base-dim", type=int, default=96, help="the VAE's width (96 as released)")
+    p.add_argument(
+        "--reference-compiled", action="store_true", help="also diffusers' decoder compiled"
+    )
+    p.add_argument(
+        "--all-layouts",
+        action="store_true",
+        help="also plain upsampling and the 2-D convolutions of stacked frames",
+    )
+    p.add_argument("--autotune", action="store_true",
+                   help="also the whole pass under max-autotune (inductor's own convolution templates; minutes of tuning)")  # fmt: skip
     args = p.parse_args()
     dev, dtype = args.device, torch.bfloat16
     config = WanVAEConfig(base_dim=args.base_dim)
@@ -189,16 +199,16 @@ def main() -> None:  # noqa: C901 - a flat list of variants, each timed and chec
 
         run("reference eager", ref_vae, True)
         result["kernels_reference_eager"] = kernel_table(ref_vae, lat_b, True)
-        ref_vae.net.decoder.forward = torch.compile(ref_vae.net.decoder.forward)  # type: ignore[method-assign]
-        run("reference compiled", ref_vae, True)
+        if args.reference_compiled:  # 311 ms on the H200 (2026-12-02)
+            ref_vae.net.decoder.forward = torch.compile(ref_vae.net.decoder.forward)  # type: ignore[method-assign]
+            run("reference compiled", ref_vae, True)
         run("causal eager", fast_vae, False)
-        variants = {
-            "plain upsampling": dict(subpixel_upsample=False),
-            "sub-pixel upsampling": dict(),
-            "sub-pixel, 2-D below 128 ch": dict(stack_time_below=128),
-            "sub-pixel, 2-D below 256 ch": dict(stack_time_below=256),
-        }
-        best, best_ms = "", float("inf")
+        variants: dict[str, dict] = {"sub-pixel upsampling": {}}
+        if args.all_layouts:  # slower on the H200 (2026-12-02: 272, 397 and 617 ms against 260)
+            variants["plain upsampling"] = dict(subpixel_upsample=False)
+            variants["sub-pixel, 2-D below 128 ch"] = dict(stack_time_below=128)
+            variants["sub-pixel, 2-D below 256 ch"] = dict(stack_time_below=256)
+        best, best_ms, whole = "", float("inf"), "per function"
         for name, options in variants.items():
             fast_vae._causal_decoder = CausalDecoder(fast_vae.net.decoder, **options)
             fast_vae.causal_decoder.compile()
@@ -206,8 +216,25 @@ def main() -> None:  # noqa: C901 - a flat list of variants, each timed and chec
             ms = result["rows"][-1].get("ms", float("inf"))
             if ms < best_ms:
                 best, best_ms = name, ms
+        # one graph a pass: the glue between cuDNN's convolutions fused with the norms
+        for name, mode in [("whole pass", None), *([("whole pass, max-autotune", "max-autotune-no-cudagraphs")] if args.autotune else [])]:  # fmt: skip
+            fast_vae._causal_decoder = CausalDecoder(fast_vae.net.decoder, **variants[best])
+            fast_vae.causal_decoder.compile(mode=mode, whole_pass=True)
+            run(f"causal compiled, {best}, {name}", fast_vae, False)
+            ms = result["rows"][-1].get("ms", float("inf"))
+            if ms < best_ms:
+                best_ms, whole = ms, name
         fast_vae._causal_decoder = CausalDecoder(fast_vae.net.decoder, **variants[best])
-        fast_vae.causal_decoder.compile()
+        if whole == "per function":
+            fast_vae.causal_decoder.compile()
+        else:
+            autotune = "max-autotune-no-cudagraphs" if "autotune" in whole else None
+            fast_vae.causal_decoder.compile(mode=autotune, whole_pass=True)
+        best = f"{best}, {whole}"
+        if dev == "cuda":  # cuDNN's autotuner on the best graph so far
+            torch.backends.cudnn.benchmark = True
+            run(f"causal compiled, {best} + cudnn.benchmark", fast_vae, False)
+            torch.backends.cudnn.benchmark = False
         n = args.latent_frames
         run(f"causal compiled, {best}, passes 1+2+{n - 3}", fast_vae, False, [1, 2, n - 3])
         run(f"causal compiled, {best}, passes 1+8", fast_vae, False, [1, n - 1])

@@ -35,6 +35,7 @@ def bench_stream(opts: EngineOptions, seconds: float, command: str) -> dict:
     first_s: list[float] = []  # from a step's start to its first frames
     step_frames: list[int] = []
     memory: list[int] = []
+    first_stages: dict[str, float] = {}
     k = 0
     while stream.timeline.total < len(audio):
         need = min(len(audio), engine.stream_step(k).audio_frames * MODEL_SAMPLES_PER_FRAME)
@@ -49,6 +50,8 @@ def bench_stream(opts: EngineOptions, seconds: float, command: str) -> dict:
             first_s.append(first)
             step_frames.append(made)
             memory.append(torch.cuda.memory_allocated(device) if cuda else 0)
+            if k == 0:  # a call's first frames wait for this one: where its time goes
+                first_stages = dict(stream.times.seconds)
             k += 1
         elif stream.timeline.total < len(audio):
             raise RuntimeError(f"step {k} had the audio its schedule asks for and made no frame")
@@ -87,6 +90,7 @@ def bench_stream(opts: EngineOptions, seconds: float, command: str) -> dict:
             "first_frames_p50": percentile(first_s[1:] or first_s, 50),
         },
         "stages_per_step": {k: v / len(step_s) for k, v in stages.items()},
+        "stages_first_step": first_stages,
         "memory": {
             "peak_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
             "allocated_first_half_max": max(memory[:half] or memory),

@@ -221,8 +221,8 @@ class FlashHeadEngine:
 
     def compile(self, mode: str | None = None) -> int:
         """torch.compile each DiT block and, on a GPU, the VAE's decoder (Pro: the causal
-        decoder's norms, SiLUs and look-backs fused in front of cuDNN's convolutions);
-        returns how many blocks were compiled."""
+        decoder, one graph a pass: its norms, SiLUs, look-backs, residual adds and shuffles
+        fused between cuDNN's convolutions); returns how many blocks were compiled."""
         blocks = self.models.dit.audio_blocks()
         for block in blocks:
             block.forward = torch.compile(block.forward, mode=mode)  # type: ignore[method-assign]
@@ -230,7 +230,7 @@ class FlashHeadEngine:
             vae = self.models.vae
             self.match_colors = torch.compile(match_colors, mode=mode, dynamic=False)
             if isinstance(vae, WanVAE):
-                vae.causal_decoder.compile(mode)
+                vae.causal_decoder.compile(mode, whole_pass=True)
             else:
                 vae.network.decoder.forward = torch.compile(vae.network.decoder.forward, mode=mode)
         self.compiled = True

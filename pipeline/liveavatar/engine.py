@@ -207,7 +207,7 @@ class LiveAvatarEngine:
                 layer.after_attention, mode=mode, dynamic=False
             )
         if self.device.type == "cuda":
-            self.models.vae.causal_decoder.compile(mode)
+            self.models.vae.causal_decoder.compile(mode, whole_pass=True)
         self.compiled = True
         return len(layers)
 

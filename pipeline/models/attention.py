@@ -6,6 +6,8 @@ Backends (config `runtime.attention`):
 - `flex`: FlexAttention (compiled on CUDA) with a block mask whose blocks align with frames.
 - `facecast`: the project's Triton kernel (`pipeline.kernels.frame_attention`): block-sparse
   by construction, with the bounded ("unchained") softmax.
+- `int8`: unmasked attention with QK in INT8 (`pipeline.kernels.int8_attention`,
+  SageAttention's kernels); LiveAvatar's self-attention over its cache.
 
 Unmasked attention (the A2V DiT) always goes to SDPA; `sdpa_backends`, when set from outside
 (`pipeline.compile.pick_sdpa_backends`), pins the fastest SDPA kernel measured for each shape.
@@ -66,6 +68,10 @@ class Attention(torch.nn.Module):
         # compiled blocks call out to here: the attention kernels are picked and tuned on their
         # own (SDPA backend per shape, compiled FlexAttention, the Triton kernel)
         if window is None:
+            if self.backend == "int8":
+                from pipeline.kernels.int8_attention import int8_attention
+
+                return int8_attention(q, k, v)
             choice = self.sdpa_backends.get(tuple(q.shape))
             if choice is None:
                 return F.scaled_dot_product_attention(q, k, v)

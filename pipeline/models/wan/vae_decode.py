@@ -94,17 +94,53 @@ class CausalDecoder:
         self._phase_weights: dict[nn.Conv2d, tuple[Tensor, Tensor | None]] = {}
         self._stacked_weights: dict[nn.Conv3d, Tensor] = {}
         self.norm_silu_after: Callable[[Tensor, Tensor, Tensor], Tensor] = norm_silu_after
+        self._compiled_pass: Callable[..., tuple[Tensor, list[Tensor | None]]] | None = None
 
-    def compile(self, mode: str | None = None) -> None:
+    def compile(self, mode: str | None = None, whole_pass: bool = False) -> None:
         """Fuse each norm, SiLU and look-back concatenation into one kernel (the
         convolutions stay cuDNN's). Each level and pass length is its own static graph:
-        about 20 for a stream, past dynamo's default limit of 8 per function."""
+        about 20 for a stream, past dynamo's default limit of 8 per function.
+
+        `whole_pass`: one graph for a whole pass instead (per pass length, and the stream's
+        first pass apart), so the residual adds, the look-backs kept, the phase shuffles and
+        the time interleaves fuse with the norms around them rather than each being a
+        kernel of its own between cuDNN's convolutions."""
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        self.norm_silu_after = torch.compile(norm_silu_after, mode=mode, dynamic=False)
+        if whole_pass:
+            self._prepare_weights()  # filled here, not from inside a traced pass
+            self._compiled_pass = torch.compile(self._pass, mode=mode, dynamic=False)
+        else:
+            self.norm_silu_after = torch.compile(norm_silu_after, mode=mode, dynamic=False)
 
     def __call__(self, x_BCThw: Tensor, state: LookBack) -> Tensor:
         """One pass: latent frames (after `post_quant_conv`) → pixels (B, 3, T', H, W),
         T' = 1 for the stream's first latent frame alone, else 4 per latent frame."""
+        if self._compiled_pass is None:
+            return self._run(x_BCThw, state)
+        # the look-backs go in and out as a plain list, and whether this is the stream's
+        # first pass as a bool: the graph is specialised on those, not on a pass counter
+        y, frames = self._compiled_pass(x_BCThw, list(state.frames), state.passes == 0)
+        state.frames = frames
+        state.passes += 1
+        return y
+
+    def _pass(
+        self, x_BCThw: Tensor, frames: list[Tensor | None], first: bool
+    ) -> tuple[Tensor, list[Tensor | None]]:
+        state = LookBack(frames=frames, passes=0 if first else 1)
+        y = self._run(x_BCThw, state)
+        return y, state.frames
+
+    def _prepare_weights(self) -> None:
+        for module in self.net.modules():
+            if isinstance(module, WanResample) and module.mode in ("upsample2d", "upsample3d"):
+                if self.subpixel_upsample:
+                    self._phase_weight(module.resample[1])
+            elif isinstance(module, nn.Conv3d) and module.kernel_size == (3, 3, 3):
+                if module.in_channels < self.stack_time_below:
+                    self._stacked_weight(module)
+
+    def _run(self, x_BCThw: Tensor, state: LookBack) -> Tensor:
         net = self.net
         slots = iter(range(10_000))
         x = x_BCThw.contiguous(memory_format=CL3D)
@@ -150,17 +186,20 @@ class CausalDecoder:
 
     def _stacked_conv(self, conv: nn.Conv3d, xin_BCTHW: Tensor) -> Tensor:
         """A causal 3x3x3 convolution as a 2-D one over [frame t-2, t-1, t] along channels."""
-        if conv not in self._stacked_weights:
-            w = conv.weight.permute(0, 2, 1, 3, 4).reshape(conv.out_channels, -1, 3, 3)
-            self._stacked_weights[conv] = w.contiguous(memory_format=torch.channels_last)
         B, C, Tin, H, W = xin_BCTHW.shape
         T = Tin - LOOK_BACK
         stacked = xin_BCTHW.new_empty((B, 3 * C, T, H, W)).contiguous(memory_format=CL3D)
         for k in range(1 + LOOK_BACK):
             stacked[:, k * C : (k + 1) * C].copy_(xin_BCTHW[:, :, k : k + T])
         frames = stacked.permute(0, 2, 1, 3, 4).reshape(B * T, 3 * C, H, W)
-        out = F.conv2d(frames, self._stacked_weights[conv], conv.bias, padding=1)
+        out = F.conv2d(frames, self._stacked_weight(conv), conv.bias, padding=1)
         return out.view(B, T, -1, H, W).permute(0, 2, 1, 3, 4)
+
+    def _stacked_weight(self, conv: nn.Conv3d) -> Tensor:
+        if conv not in self._stacked_weights:
+            w = conv.weight.permute(0, 2, 1, 3, 4).reshape(conv.out_channels, -1, 3, 3)
+            self._stacked_weights[conv] = w.contiguous(memory_format=torch.channels_last)
+        return self._stacked_weights[conv]
 
     def _after(self, state: LookBack, slot: int, x_BCTHW: Tensor) -> Tensor:
         """[look-back ; x] along time: the input of a causal convolution with no norm in front."""

@@ -1,0 +1,143 @@
+"""LiveAvatar's self-attention at the release's shape, kernel by kernel (issue 31).
+
+A block's queries (3 latent frames at 704x384: 3,168 tokens, 40 heads of 128) attend to the
+sink (2,640 tokens) and the 12-frame window (12,672): 15,312 keys read as a prefix of the
+step's cache buffer, as `S2VCache` hands them over. About 1 TFLOP a call, 160 calls a block
+(40 layers x 4 steps): a third of the block's FLOPs.
+
+Each kernel is timed (median of CUDA-event timings) and compared with an fp32 computation of
+the same attention (cosine, largest difference, relative L2 error), beside bf16 SDPA's own
+distance from fp32. Queries and keys are RMS-normed random rows (the model norms them before
+attention) with a per-channel offset on the keys, which real keys carry and which INT8
+quantisation without smoothing handles worst.
+
+    python bench/liveavatar_attention_bench.py --json bench/results/liveavatar/attention_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.kernels.int8_attention import int8_attention  # noqa: E402
+
+
+def inputs(heads: int, queries: int, keys: int, cache: int, dim: int, dev: str, seed: int = 0):
+    """q (1, N, Lq, K); k, v as the first `keys` rows of a (1, N, cache, K) buffer."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+
+    def rms_rows(*shape: int) -> torch.Tensor:
+        x = torch.randn(*shape, generator=g, device=dev)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    q = rms_rows(1, heads, queries, dim) * 1.5
+    offset = torch.randn(1, heads, 1, dim, generator=g, device=dev) * 0.8
+    k_buf = torch.zeros(1, heads, cache, dim, device=dev)
+    k_buf[:, :, :keys] = rms_rows(1, heads, keys, dim) * 1.5 + offset
+    v_buf = torch.zeros(1, heads, cache, dim, device=dev)
+    v_buf[:, :, :keys] = torch.randn(1, heads, keys, dim, generator=g, device=dev)
+    return q, k_buf, v_buf
+
+
+def distance(out: torch.Tensor, exact: torch.Tensor) -> dict:
+    o, e = out.float().flatten(), exact.flatten()
+    return {
+        "cosine": round(F.cosine_similarity(o, e, dim=0).item(), 7),
+        "max_diff": round((o - e).abs().max().item(), 5),
+        "rel_l2": round(((o - e).norm() / e.norm()).item(), 6),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--heads", type=int, default=40)
+    p.add_argument("--queries", type=int, default=3168)
+    p.add_argument("--keys", type=int, default=2640 + 12672)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--json", type=Path)
+    a = p.parse_args()
+    dev = "cuda"
+    cache = a.keys + a.queries  # the buffer holds a slot more than is read (its ring)
+    q32, k_buf32, v_buf32 = inputs(a.heads, a.queries, a.keys, cache, a.dim, dev)
+    exact = F.scaled_dot_product_attention(q32, k_buf32[:, :, : a.keys], v_buf32[:, :, : a.keys])
+    q, k_buf, v_buf = (t.to(torch.bfloat16) for t in (q32, k_buf32, v_buf32))
+    k, v = k_buf[:, :, : a.keys], v_buf[:, :, : a.keys]  # a view, as the cache gives it
+    flops = 4 * a.heads * a.queries * a.keys * a.dim
+
+    def sdpa(backend: SDPBackend | None):
+        def run() -> torch.Tensor:
+            if backend is None:
+                return F.scaled_dot_product_attention(q, k, v)
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q, k, v)
+
+        return run
+
+    def sage(smooth_k: bool):
+        from sageattention import sageattn
+
+        return lambda: sageattn(q, k, v, tensor_layout="HND", smooth_k=smooth_k)
+
+    variants = {
+        "sdpa (torch's choice)": sdpa(None),
+        "sdpa flash": sdpa(SDPBackend.FLASH_ATTENTION),
+        "sdpa cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+        "sdpa efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION),
+        "int8 (SageAttention, smooth k)": lambda: int8_attention(q, k, v),
+        "SageAttention, no smoothing": sage(False),
+    }
+    rows = []
+    with torch.inference_mode():
+        for name, fn in variants.items():
+            try:
+                for _ in range(3):
+                    out = fn()
+                times = []
+                for _ in range(a.repeats):
+                    s, e = (
+                        torch.cuda.Event(enable_timing=True),
+                        torch.cuda.Event(enable_timing=True),
+                    )
+                    s.record()
+                    fn()
+                    e.record()
+                    torch.cuda.synchronize()
+                    times.append(s.elapsed_time(e))
+            except Exception as err:  # one kernel failing must not hide the others
+                rows.append({"kernel": name, "error": f"{type(err).__name__}: {err}"[:300]})
+                print(rows[-1], flush=True)
+                continue
+            ms = statistics.median(times)
+            row = {"kernel": name, "ms": round(ms, 3), "tflops": round(flops / ms / 1e9, 1)}
+            row.update(distance(out, exact))
+            rows.append(row)
+            print(row, flush=True)
+    result = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "shape": {"heads": a.heads, "queries": a.queries, "keys": a.keys, "dim": a.dim},
+        "tflop_per_call": flops / 1e12,
+        "rows": rows,
+    }
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(result, indent=2) + "\n")
+    print("\n| kernel | ms | TFLOP/s | cosine vs fp32 | max diff | rel L2 |")
+    for r in rows:
+        if "ms" in r:
+            print(f"| {r['kernel']} | {r['ms']} | {r['tflops']} | {r['cosine']} | "
+                  f"{r['max_diff']} | {r['rel_l2']} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
