@@ -70,13 +70,22 @@ class CausalDecoder:
     diffusers forward still runs on them), call it with each stream's own `LookBack`."""
 
     def __init__(
-        self, net: WanDecoder3d, subpixel_upsample: bool = True, stack_time_below: int = 0
+        self,
+        net: WanDecoder3d,
+        subpixel_upsample: bool = True,
+        stack_time_below: int = 0,
+        tap_convs_below: int = 128,
     ) -> None:
         """`subpixel_upsample`: each 2x nearest upsampling and the 3x3 convolution after it
         as one convolution of the small image into the four output phases (the same sums,
         the weights pre-added: no 4x-sized intermediate). `stack_time_below`: causal 3x3x3
         convolutions of fewer input channels than this run as 2-D convolutions of the three
-        frames stacked along channels (cuDNN's 2-D kernels against its 3-D ones)."""
+        frames stacked along channels (cuDNN's 2-D kernels against its 3-D ones).
+        `tap_convs_below`: those of fewer input channels than this as three 2-D
+        convolutions, one per temporal tap over the frames it reads, summed. At the top
+        level (96 channels, 512x512) cuDNN runs the 3-D convolution on an sm80 kernel of
+        256x32 tiles at ~250 TFLOP/s on the H200, the three 2-D ones at ~330
+        (`bench/wan_conv_bench.py`)."""
         if getattr(net, "is_residual", False) or any(
             not hasattr(block, "upsamplers") for block in net.up_blocks
         ):
@@ -84,6 +93,7 @@ class CausalDecoder:
         self.net = net
         self.subpixel_upsample = subpixel_upsample
         self.stack_time_below = stack_time_below
+        self.tap_convs_below = tap_convs_below
         for module in net.modules():  # the layout cuDNN's fast kernels read
             if isinstance(module, nn.Conv3d):
                 module.weight.data = module.weight.data.contiguous(memory_format=CL3D)
@@ -93,6 +103,7 @@ class CausalDecoder:
                 )
         self._phase_weights: dict[nn.Conv2d, tuple[Tensor, Tensor | None]] = {}
         self._stacked_weights: dict[nn.Conv3d, Tensor] = {}
+        self._tap_weights: dict[nn.Conv3d, list[Tensor]] = {}
         self.norm_silu_after: Callable[[Tensor, Tensor, Tensor], Tensor] = norm_silu_after
         self._compiled_pass: Callable[..., tuple[Tensor, list[Tensor | None]]] | None = None
 
@@ -137,7 +148,9 @@ class CausalDecoder:
                 if self.subpixel_upsample:
                     self._phase_weight(module.resample[1])
             elif isinstance(module, nn.Conv3d) and module.kernel_size == (3, 3, 3):
-                if module.in_channels < self.stack_time_below:
+                if module.in_channels < self.tap_convs_below:
+                    self._tap_weight(module)
+                elif module.in_channels < self.stack_time_below:
                     self._stacked_weight(module)
 
     def _run(self, x_BCThw: Tensor, state: LookBack) -> Tensor:
@@ -180,6 +193,8 @@ class CausalDecoder:
         """Convolve an input that starts with its look-back; keep its last frames as the next."""
         state.frames[slot] = xin_BCTHW[:, :, -LOOK_BACK:].clone()
         kt, kh, kw = conv.kernel_size
+        if (kt, kh, kw) == (3, 3, 3) and conv.in_channels < self.tap_convs_below:
+            return self._tap_convs(conv, xin_BCTHW)
         if (kt, kh, kw) == (3, 3, 3) and conv.in_channels < self.stack_time_below:
             return self._stacked_conv(conv, xin_BCTHW)
         return F.conv3d(xin_BCTHW, conv.weight, conv.bias, padding=(0, kh // 2, kw // 2))
@@ -194,6 +209,30 @@ class CausalDecoder:
         frames = stacked.permute(0, 2, 1, 3, 4).reshape(B * T, 3 * C, H, W)
         out = F.conv2d(frames, self._stacked_weight(conv), conv.bias, padding=1)
         return out.view(B, T, -1, H, W).permute(0, 2, 1, 3, 4)
+
+    def _tap_convs(self, conv: nn.Conv3d, xin_BCTHW: Tensor) -> Tensor:
+        """A causal 3x3x3 convolution as the sum over its temporal taps k of a 3x3 one over
+        frames k .. k + T - 1 of its input (look-back included)."""
+        B, C, Tin, H, W = xin_BCTHW.shape
+        T = Tin - LOOK_BACK
+        frames_BTCHW = xin_BCTHW.permute(0, 2, 1, 3, 4)  # channels-last: a view
+
+        def reading(k: int) -> Tensor:  # a view for one stream; batched streams copy here
+            return frames_BTCHW[:, k : k + T].reshape(B * T, C, H, W)
+
+        w = self._tap_weight(conv)
+        out = F.conv2d(reading(0), w[0], conv.bias, padding=1)
+        for k in range(1, 1 + LOOK_BACK):
+            out = out + F.conv2d(reading(k), w[k], None, padding=1)
+        return out.view(B, T, -1, H, W).permute(0, 2, 1, 3, 4)
+
+    def _tap_weight(self, conv: nn.Conv3d) -> list[Tensor]:
+        if conv not in self._tap_weights:
+            self._tap_weights[conv] = [
+                conv.weight[:, :, k].contiguous(memory_format=torch.channels_last)
+                for k in range(1 + LOOK_BACK)
+            ]
+        return self._tap_weights[conv]
 
     def _stacked_weight(self, conv: nn.Conv3d) -> Tensor:
         if conv not in self._stacked_weights:
