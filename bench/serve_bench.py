@@ -59,7 +59,11 @@ async def one_call(
     async with aiohttp.ClientSession() as http:
         before = metric_values(await (await http.get(f"{url}/metrics")).text())
         client = FacecastClient(url, source)
-        await client.connect()
+        try:
+            await client.connect()
+        except ConnectionError as e:  # the server full (503): a result, not a failed run
+            await client.close()
+            return {"mode": mode, "seconds": length, "speed": source.speed, "refused": str(e)}
         await asyncio.sleep(length)
         sessions = (await (await http.get(f"{url}/sessions")).json())["sessions"]
         after = metric_values(await (await http.get(f"{url}/metrics")).text())
@@ -130,6 +134,8 @@ async def measure(args: argparse.Namespace, cmd: list[str], port: int, script: s
 
 
 def summary(config: str, call: dict) -> str:
+    if "refused" in call:
+        return f"{config} {call['mode']} (call {call.get('call', 0) + 1} of {call.get('concurrent', 1)}): {call['refused']}"
     s, c = call["server"], call["client"]
     gb = call["gpu_memory_peak_bytes"]
     return (
@@ -159,6 +165,10 @@ def markdown(res: dict) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for call in res["calls"]:
+        if "refused" in call:
+            label = f"{call['mode']} ×{call['speed']:g}{together_label(call)}"
+            lines.append(f"| {label} | {call['refused']} |" + " |" * 8)
+            continue
         s, c = call["server"], call["client"]
         gb = call["gpu_memory_peak_bytes"]
         rtf = call["generation_rtf"]

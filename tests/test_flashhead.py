@@ -560,3 +560,35 @@ def test_serve_refuses_a_broken_release_before_it_listens(release, tmp_path):
     )  # fmt: skip
     assert run.returncode == 2, run.stderr[-500:]
     assert len(run.stderr.strip().splitlines()) == 1 and str(model) in run.stderr
+
+
+def test_a_second_stream_of_the_same_photo_reuses_its_reference_latents(release):
+    """Pro encodes a reference once per picture (33 still frames through the Wan VAE, a
+    call's first step waited for it): a second stream of the same photo makes the same
+    frames without encoding it again; another photo is encoded."""
+    engine, _ = start_engine(engine_options(release))
+    vae = engine.models.vae
+    encodes: list[tuple] = []
+    encode = vae.encode
+
+    def counting(video, *args, **kwargs):
+        encodes.append(tuple(video.shape))
+        return encode(video, *args, **kwargs)
+
+    vae.encode = counting
+    audio = (0.2 * np.sin(np.arange(int(1.5 * MODEL_RATE)) * 0.05)).astype(np.float32)
+    photo = np.full((48, 40, 3), 120, np.uint8)
+    runs = []
+    for _ in range(2):
+        encodes.clear()
+        stream = engine.new_stream(photo, seed=3)
+        references = [s for s in encodes if s[2] == engine.cfg.flashhead.chunk_frames]
+        stream.push_audio(audio)
+        runs.append((len(references), np.concatenate([b.frames for b in stream.generate_ready()])))
+        stream.close()
+    (first_encodes, first), (second_encodes, second) = runs
+    assert (first_encodes, second_encodes) == (1, 0)
+    assert np.array_equal(first, second)
+    encodes.clear()
+    engine.new_stream(np.full((48, 40, 3), 60, np.uint8), seed=3).close()
+    assert [s for s in encodes if s[2] == engine.cfg.flashhead.chunk_frames]
