@@ -5,12 +5,21 @@ benchmark's test card is fed `seconds` of speech-like audio step by step, each s
 just before it runs, so a step's wall time is what a live session waits for. Reported:
 generation fps and real-time factor, step times (first, p50, p90, max), seconds per stage
 per step, GPU memory at every step (flat over the run, or not) and the start-up.
+
+`bench_sessions` (`--sessions N`): N such streams at once, each on a thread of its own as
+a server's sessions are, as fast as the engine makes them; an engine that batches its
+sessions' steps (FlashHead) runs the steps waiting together as one batch, any other takes
+them in turn. Reported: the engine's aggregate fps, each session's fps and step times, and
+whether every session kept up with real time.
 """
 
 from __future__ import annotations
 
 import datetime
+import statistics
+import threading
 import time
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -99,6 +108,95 @@ def bench_stream(opts: EngineOptions, seconds: float, command: str) -> dict:
         "steps": step_s,
     }
     return res
+
+
+def bench_sessions(opts: EngineOptions, seconds: float, sessions: int, command: str) -> dict:
+    """N streams of `seconds` of audio each, started together, each made as fast as the
+    engine makes it (a step's audio pushed just before the step)."""
+    engine, report = start_engine(opts)
+    cfg, device = engine.cfg, engine.device
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    v = cfg.video
+    batches = getattr(engine, "batcher", None) is not None
+    turn = nullcontext() if batches else threading.Lock()  # one step at a time, as serve does
+    start = threading.Barrier(sessions)
+    results: list[dict | BaseException] = [RuntimeError("did not run")] * sessions
+
+    def one(i: int) -> None:
+        try:
+            audio = speech_like_audio(seconds, seed=i)
+            stream: Any = engine.new_stream(test_card(v.height, v.width), seed=i)
+            steps: list[float] = []
+            frames = k = 0
+            start.wait()
+            t0 = time.perf_counter()
+            while stream.timeline.total < len(audio):
+                need = min(len(audio), engine.stream_step(k).audio_frames * MODEL_SAMPLES_PER_FRAME)
+                stream.push_audio(audio[stream.timeline.total : need])
+                t = time.perf_counter()
+                with turn:
+                    made = sum(len(batch.frames) for batch in ready_pieces(stream))
+                if made:
+                    steps.append(time.perf_counter() - t)
+                    frames += made
+                    k += 1
+            wall = time.perf_counter() - t0
+            stream.close()
+            results[i] = {"frames": frames, "seconds": wall, "fps": frames / wall,
+                          "step_p50": statistics.median(steps), "step_max": max(steps)}  # fmt: skip
+        except BaseException as e:  # reported below, after every thread has ended
+            start.abort()
+            results[i] = e
+
+    threads = [threading.Thread(target=one, args=(i,), name=f"bench-session-{i}") for i in range(sessions)]  # fmt: skip
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    per = [r for r in results if isinstance(r, dict)]
+    wall = max(r["seconds"] for r in per)
+    return {
+        "command": command,
+        "meta": {
+            "config": cfg.name,
+            "date": datetime.date.today().isoformat(),
+            "gpu": torch.cuda.get_device_name(device) if cuda else "cpu",
+            "torch": torch.__version__,
+            "commit": git_commit(),
+            "compile": opts.compile,
+            "precision": opts.precision,
+            "seconds": seconds,
+            "sessions": sessions,
+        },
+        "startup": report.to_dict(),
+        "warmup_step_seconds": engine.step_seconds,
+        "capacity": getattr(engine, "capacity", None),
+        "batched": batches,
+        "aggregate_fps": sum(r["frames"] for r in per) / wall,
+        "every_session_real_time": all(r["fps"] >= FPS for r in per),
+        "sessions": per,
+        "peak_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
+    }
+
+
+def sessions_summary(res: dict) -> str:
+    m, per = res["meta"], res["sessions"]
+    each = ", ".join(f"{r['fps']:.1f}" for r in per)
+    steps = ", ".join(f"{r['step_p50']:.3f}" for r in per)
+    how = "batched" if res["batched"] else "in turn"
+    verdict = (
+        "every session at real time" if res["every_session_real_time"] else "not all at real time"
+    )
+    return (
+        f"{m['config']} compile={m['compile']} precision={m['precision']}, {m['sessions']} "
+        f"sessions ({how}): {res['aggregate_fps']:.1f} fps together; each {each} fps, step p50 "
+        f"{steps} s; {verdict} ({FPS} fps); capacity measured {res['capacity']}"
+    )
 
 
 def stream_summary(res: dict) -> str:
