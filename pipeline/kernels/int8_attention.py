@@ -20,7 +20,7 @@ from pipeline.errors import ConfigError
 def int8_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """softmax(q kᵀ / √K) v for (B, N, L, K) queries, keys and values, QK in INT8."""
     try:
-        from sageattention import sageattn
+        from sageattention import sageattn  # type: ignore[import-not-found]  # optional, GPU only
     except ImportError as e:
         raise ConfigError(
             "attention 'int8' needs SageAttention: pip install 'sageattention==1.0.6'"
