@@ -291,3 +291,15 @@ def test_facecast_backend_dispatch():
         q, k, v, backend="facecast", tokens_per_frame=F, window=W, ref_frames=R
     )
     assert _rel_err(out, _reference(q, k, v, F, W, R)) <= 1e-2
+
+
+def test_int8_attention_off_a_gpu_or_without_its_library_is_one_clear_error():
+    """`Attention("int8")` (SageAttention's INT8 QK kernels, a bench option for LiveAvatar)
+    says what it needs instead of failing inside the kernel library."""
+    from pipeline.errors import ConfigError
+    from pipeline.models.attention import Attention
+
+    q = torch.randn(1, 2, 64, 64)
+    with pytest.raises(ConfigError, match="attention 'int8'") as e:
+        Attention("int8")(q, q, q)
+    assert "\n" not in str(e.value)
