@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeline.bench import gpu_median_ms  # noqa: E402
 from pipeline.kernels.int8_attention import int8_attention  # noqa: E402
 
 
@@ -100,24 +100,11 @@ def main() -> None:
     with torch.inference_mode():
         for name, fn in variants.items():
             try:
-                for _ in range(3):
-                    out = fn()
-                times = []
-                for _ in range(a.repeats):
-                    s, e = (
-                        torch.cuda.Event(enable_timing=True),
-                        torch.cuda.Event(enable_timing=True),
-                    )
-                    s.record()
-                    fn()
-                    e.record()
-                    torch.cuda.synchronize()
-                    times.append(s.elapsed_time(e))
+                ms, out = gpu_median_ms(fn, a.repeats)
             except Exception as err:  # one kernel failing must not hide the others
                 rows.append({"kernel": name, "error": f"{type(err).__name__}: {err}"[:300]})
                 print(rows[-1], flush=True)
                 continue
-            ms = statistics.median(times)
             row = {"kernel": name, "ms": round(ms, 3), "tflops": round(flops / ms / 1e9, 1)}
             row.update(distance(out, exact))
             rows.append(row)

@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.bench import gpu_median_ms  # noqa: E402
 
 CL3D = torch.channels_last_3d
 
@@ -91,22 +95,11 @@ def main() -> None:
             torch.backends.cudnn.benchmark = benchmark
             for name, fn in variants.items():
                 try:
-                    for _ in range(3):
-                        out = fn()
-                    ms = []
-                    for _ in range(a.repeats):
-                        s = torch.cuda.Event(enable_timing=True)
-                        e = torch.cuda.Event(enable_timing=True)
-                        s.record()
-                        fn()
-                        e.record()
-                        torch.cuda.synchronize()
-                        ms.append(s.elapsed_time(e))
+                    t, out = gpu_median_ms(fn, a.repeats)
                 except Exception as err:  # one way failing must not hide the others
                     rows.append({"variant": name, "error": f"{type(err).__name__}: {err}"[:200]})
                     print(rows[-1], flush=True)
                     continue
-                t = statistics.median(ms)
                 diff = (out.float() - want).abs().max().item()
                 label = name + (" + cudnn.benchmark" if benchmark else "")
                 row = {"variant": label, "ms": round(t, 3), "tflops": round(flops / t / 1e9, 1),

@@ -180,6 +180,22 @@ def _work_key(stage: str, args: tuple) -> tuple:
     return (tuple(args[0].shape), cache is None)
 
 
+def gpu_median_ms(fn, repeats: int, warmup: int = 3):
+    """(median milliseconds of `fn()` between CUDA events, its last result), after `warmup`
+    calls (compilation, autotuners, caches)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), out
+
+
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q)) if values else float("nan")
 

@@ -31,11 +31,9 @@ from pipeline.stream import ready_pieces
 
 
 def bench_stream(opts: EngineOptions, seconds: float, command: str) -> dict:
-    engine, report = start_engine(opts)
+    engine, report = _started(opts)
     cfg, device = engine.cfg, engine.device
     cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
     v = cfg.video
     audio = speech_like_audio(seconds)
     # an in-process stream: its audio timeline and stage times are read here
@@ -73,16 +71,7 @@ def bench_stream(opts: EngineOptions, seconds: float, command: str) -> dict:
     half = len(memory) // 2
     res = {
         "command": command,
-        "meta": {
-            "config": cfg.name,
-            "date": datetime.date.today().isoformat(),
-            "gpu": torch.cuda.get_device_name(device) if cuda else "cpu",
-            "torch": torch.__version__,
-            "commit": git_commit(),
-            "compile": opts.compile,
-            "precision": opts.precision,
-            "seconds": seconds,
-        },
+        "meta": _meta(cfg, device, opts, seconds),
         "startup": report.to_dict(),
         # the warm-up's steps: alone, and batches of n streams ("steady_x<n>")
         "warmup_step_seconds": engine.step_seconds,
@@ -113,11 +102,9 @@ def bench_stream(opts: EngineOptions, seconds: float, command: str) -> dict:
 def bench_sessions(opts: EngineOptions, seconds: float, sessions: int, command: str) -> dict:
     """N streams of `seconds` of audio each, started together, each made as fast as the
     engine makes it (a step's audio pushed just before the step)."""
-    engine, report = start_engine(opts)
+    engine, report = _started(opts)
     cfg, device = engine.cfg, engine.device
     cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
     v = cfg.video
     batches = getattr(engine, "batcher", None) is not None
     turn = nullcontext() if batches else threading.Lock()  # one step at a time, as serve does
@@ -162,17 +149,7 @@ def bench_sessions(opts: EngineOptions, seconds: float, sessions: int, command: 
     wall = max(r["seconds"] for r in per)
     return {
         "command": command,
-        "meta": {
-            "config": cfg.name,
-            "date": datetime.date.today().isoformat(),
-            "gpu": torch.cuda.get_device_name(device) if cuda else "cpu",
-            "torch": torch.__version__,
-            "commit": git_commit(),
-            "compile": opts.compile,
-            "precision": opts.precision,
-            "seconds": seconds,
-            "sessions": sessions,
-        },
+        "meta": {**_meta(cfg, device, opts, seconds), "sessions": sessions},
         "startup": report.to_dict(),
         "warmup_step_seconds": engine.step_seconds,
         "capacity": getattr(engine, "capacity", None),
@@ -181,6 +158,27 @@ def bench_sessions(opts: EngineOptions, seconds: float, sessions: int, command: 
         "every_session_real_time": all(r["fps"] >= FPS for r in per),
         "sessions": per,
         "peak_bytes": torch.cuda.max_memory_allocated(device) if cuda else None,
+    }
+
+
+def _started(opts: EngineOptions):
+    """The engine started as every command starts it, GPU memory counted from here."""
+    engine, report = start_engine(opts)
+    if engine.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(engine.device)
+    return engine, report
+
+
+def _meta(cfg, device: torch.device, opts: EngineOptions, seconds: float) -> dict:
+    return {
+        "config": cfg.name,
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "commit": git_commit(),
+        "compile": opts.compile,
+        "precision": opts.precision,
+        "seconds": seconds,
     }
 
 
