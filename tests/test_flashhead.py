@@ -9,6 +9,7 @@ the DiT's inputs are re-made here from the same seeds.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -592,3 +593,18 @@ def test_a_second_stream_of_the_same_photo_reuses_its_reference_latents(release)
     encodes.clear()
     engine.new_stream(np.full((48, 40, 3), 60, np.uint8), seed=3).close()
     assert [s for s in encodes if s[2] == engine.cfg.flashhead.chunk_frames]
+
+
+def test_the_sessions_bench_runs_streams_together_as_one_batch_each(release):
+    """`facecast bench --sessions N`: N streams at once, their steps batched by the engine,
+    each with all its frames; the aggregate is what they made together over the run."""
+    from pipeline.stream_bench import bench_sessions, sessions_summary
+
+    opts = dataclasses.replace(engine_options(release, model="flashhead-lite"), warmup=True)
+    res = bench_sessions(opts, 2.0, 3, "facecast bench --sessions 3")
+    per = res["sessions"]
+    assert res["batched"] and len(per) == 3 and res["meta"]["sessions"] == 3
+    assert len({r["frames"] for r in per}) == 1 and per[0]["frames"] >= 2 * 24
+    wall = max(r["seconds"] for r in per)
+    assert res["aggregate_fps"] == pytest.approx(sum(r["frames"] for r in per) / wall)
+    assert "3 sessions (batched)" in sessions_summary(res)
