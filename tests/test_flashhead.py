@@ -9,7 +9,6 @@ the DiT's inputs are re-made here from the same seeds.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -600,8 +599,7 @@ def test_the_sessions_bench_runs_streams_together_as_one_batch_each(release):
     each with all its frames; the aggregate is what they made together over the run."""
     from pipeline.stream_bench import bench_sessions, sessions_summary
 
-    opts = dataclasses.replace(engine_options(release, model="flashhead-lite"), warmup=True)
-    res = bench_sessions(opts, 2.0, 3, "facecast bench --sessions 3")
+    res = bench_sessions(engine_options(release, model="flashhead-lite"), 2.0, 3, "bench")
     per = res["sessions"]
     assert res["batched"] and len(per) == 3 and res["meta"]["sessions"] == 3
     assert len({r["frames"] for r in per}) == 1 and per[0]["frames"] >= 2 * 24
