@@ -94,6 +94,7 @@ def test_every_transformers_load_goes_through_pretrained():
     assert calls == [], "load through pipeline.models.pretrained: " + ", ".join(calls)
 
 
+@pytest.mark.slow  # runs the command line in a process of its own
 def test_a_library_refusal_is_one_line_naming_the_library_and_its_version(release, tmp_path):
     # the installed transformers refuses for real: kernels asked for, the package absent
     assert importlib.util.find_spec("kernels") is None, "the lock holds no `kernels` package"
