@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline import families
 from pipeline.errors import ConfigError
 from pipeline.families import family_named, family_of
 from pipeline.flashhead.config import FlashHeadConfig
@@ -100,6 +101,8 @@ class FacecastConfig:
     flashhead: FlashHeadConfig = field(default_factory=FlashHeadConfig)
     liveavatar: LiveAvatarConfig = field(default_factory=LiveAvatarConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    # the sections of families added at run time, by stack (`load_config` fills it)
+    added_sections: dict[str, _Section] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def family(self) -> Family:
@@ -108,8 +111,12 @@ class FacecastConfig:
     @property
     def sections(self) -> dict[str, _Section]:
         """The sections this config's family reads, by key: the shared ones and its own."""
-        keys = [*SHARED_SECTIONS[:2], *self.family.sections, SHARED_SECTIONS[2]]
-        return {key: getattr(self, key) for key in keys}
+        family = self.family
+        keys = [*SHARED_SECTIONS[:2], *family.sections, SHARED_SECTIONS[2]]
+        out = {key: getattr(self, key) for key in keys}
+        if family.section is not None:  # an added family's: its preset's, or the defaults
+            out[family.stack] = self.added_sections.get(family.stack) or family.section()
+        return out
 
     def section(self, kind: type[_S]) -> _S:
         """The one section of type `kind` this config's family reads."""
@@ -157,7 +164,14 @@ def load_config(name_or_path: str | Path, overrides: dict | None = None) -> Face
     raw = _read_preset(name_or_path, seen=())
     for dotted, value in (overrides or {}).items():
         _set_dotted(raw, dotted, value)
+    # a section of a family added at run time (`pipeline.families.register`) is its own
+    own = {
+        f.stack: _build(f.section, raw.pop(f.stack), prefix=f"{f.stack}.")
+        for f in families.FAMILIES
+        if f.section is not None and isinstance(raw.get(f.stack), dict)
+    }
     cfg = _build(FacecastConfig, raw, prefix="")
+    cfg.added_sections = own
     cfg.validate()
     return cfg
 
@@ -221,7 +235,7 @@ def _build(cls: type, raw: dict, prefix: str):
     if not isinstance(raw, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'} must be a mapping, got {raw!r}")
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # a preset's keys
     unknown = set(raw) - set(fields)
     if unknown:
         raise ConfigError(

@@ -30,11 +30,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import ConfigError
-from pipeline.flashhead.config import FlashHeadConfig
 from pipeline.flashhead.config import check_config as check_flashhead
-from pipeline.liveavatar.config import LiveAvatarConfig
 from pipeline.liveavatar.config import check_config as check_liveavatar
-from pipeline.photo.config import PhotoConfig
 from pipeline.sections import check_latent_grid
 
 if TYPE_CHECKING:
@@ -76,6 +73,10 @@ class Family:
     preflight: str | None = None  # "module:function" (cfg): the cheap checks before serving
     # torch's CPU threads for an in-process engine on a GPU (None: leave them)
     gpu_torch_threads: int | None = None
+    # a family added at run time (`register`): the dataclass of its own section, read from
+    # the preset's key named after its stack (`FacecastConfig.section`); the families above
+    # have theirs as `FacecastConfig` fields, for typed access
+    section: type | None = None
 
     def engine_class(self) -> Any:
         """The engine class, imported now."""
@@ -178,13 +179,6 @@ FAMILIES: tuple[Family, ...] = (
         preflight="pipeline.liveavatar.weights:preflight",
     ),
 )
-
-# each family's own section type, by the config key it sits under
-SECTION_TYPES: dict[str, type] = {
-    "photo": PhotoConfig,
-    "flashhead": FlashHeadConfig,
-    "liveavatar": LiveAvatarConfig,
-}
 
 
 def register(family: Family) -> None:

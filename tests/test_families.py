@@ -6,7 +6,7 @@ import time
 
 import av
 import pytest
-from support.fakewan import FAKEWAN, PRESET
+from support.fakewan import FAKEWAN, PRESET, FakeWanConfig
 from support.realtime import tone_wav
 
 from facecast.cli import main
@@ -38,7 +38,13 @@ def test_a_registered_family_renders_through_the_command(fakewan, tmp_path):
 
 def test_a_family_reads_only_its_own_sections(fakewan):
     cfg = load_config(PRESET, {"flashhead.steps": 0})  # not its section: never read, never checked
-    assert cfg.family is fakewan and list(cfg.sections) == ["video", "schedule", "runtime"]
+    assert cfg.family is fakewan
+    assert list(cfg.sections) == ["video", "schedule", "runtime", "fakewan"]
+    assert cfg.section(FakeWanConfig).gain == 4.0
+    with pytest.raises(ConfigError, match=r"fakewan.gain: must be in \(0, 100\]"):
+        load_config(PRESET, {"fakewan.gain": 0})
+    with pytest.raises(ConfigError, match="unknown config key 'fakewan.gian'"):
+        load_config(PRESET, {"fakewan.gian": 1})
     assert cfg.vae_temporal_stride == 4 and cfg.lookahead_frames == 0
     with pytest.raises(ConfigError, match="flashhead.steps"):
         load_config("flashhead-pro", {"flashhead.steps": 0})

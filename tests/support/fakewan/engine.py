@@ -14,6 +14,7 @@ from pipeline.family_engine import EngineBase
 from pipeline.schedule import Chunk, ChunkPlan, StreamStep
 from pipeline.stream import FrameBatch, Reference, no_prompt
 from pipeline.windowed_stream import WindowedStream
+from support.fakewan import FakeWanConfig
 
 WINDOW_FRAMES = 8  # audio frames a chunk reads
 
@@ -45,6 +46,7 @@ class FakeWanStream(WindowedStream):
         self, cfg: FacecastConfig, reference: np.ndarray, sinks: list[Callable[[FrameBatch], None]]
     ) -> None:
         super().__init__(cfg, WINDOW_FRAMES * MODEL_SAMPLES_PER_FRAME, sinks)
+        self.gain = cfg.section(FakeWanConfig).gain
         v = cfg.video
         with self.times.stage("init"):  # the reference at the video's size, nearest pixels
             rows = np.arange(v.height) * reference.shape[0] // v.height
@@ -57,7 +59,8 @@ class FakeWanStream(WindowedStream):
     def make_chunk(self, k: int, chunk: Chunk) -> Iterator[np.ndarray]:
         with self.times.stage("dit"):
             audio, _ = self.window_audio(k)
-            loud = min(1.0, 4 * float(np.sqrt(np.mean(audio**2)))) if len(audio) else 0.0
+            rms = float(np.sqrt(np.mean(audio**2))) if len(audio) else 0.0
+            loud = min(1.0, self.gain * rms)
             frame = (1 - loud) * self.reference + loud * 255
         yield np.repeat(frame.astype(np.uint8)[None], chunk.length, axis=0)
 
