@@ -16,9 +16,6 @@ from pathlib import Path
 from pipeline.config import DEFAULT_CONFIG
 from pipeline.errors import FacecastError
 
-# the stacks that frame a reference photo around its face (and so take --face-box)
-FRAMED_STACKS = ("photo", "flashhead", "liveavatar")
-
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line on stderr (and exit 2), not a usage dump."""
@@ -29,15 +26,13 @@ class OneLineParser(argparse.ArgumentParser):
 
 def add_engine_arguments(parser: argparse.ArgumentParser, default_config: str) -> None:
     """The engine flags every engine command shares (`pipeline.startup.EngineOptions`)."""
-    from pipeline.families import REAL_MODELS
+    from pipeline.families import REAL_MODELS, model_flags_help, models_taking
+
+    def models(flag: str) -> str:  # the models that take a flag, for its help
+        return ", ".join(models_taking(flag))
 
     parser.add_argument("--config", default=default_config, help="config name or YAML path")
-    parser.add_argument(
-        "--model",
-        choices=REAL_MODELS,
-        help="a real open model from its published weights (instead of --config); "
-        "needs --weights, and --wav2vec (FlashHead) or --lora (LiveAvatar)",
-    )
+    parser.add_argument("--model", choices=REAL_MODELS, help=model_flags_help())
     parser.add_argument(
         "--weights",
         help="--model's release folder as downloaded (huggingface-cli download "
@@ -55,7 +50,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, default_config: str) -
     )
     parser.add_argument(
         "--prompt",
-        help="LiveAvatar: what the video shows, in words (umT5 reads it once a session; "
+        help=f"{models('prompt')}: what the video shows, in words (read once a session; "
         "default: a person talking to the camera)",
     )
     parser.add_argument(
@@ -156,7 +151,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             "(without it the bundled portrait is used, and it needs no box)"
         )
     args.reference = args.reference or str(default_reference(cfg))
-    if args.face_box is not None and cfg.runtime.stack not in FRAMED_STACKS:
+    if args.face_box is not None and not cfg.family.face_box:
         raise FacecastError(
             f"--face-box frames a photo for the photo stack or a real model; config "
             f"{cfg.name!r} is neither"
@@ -209,11 +204,11 @@ def prepare_reference_early(path: str, cfg, face_box):
 
     if not Path(path).is_file():
         raise FacecastError(f"reference image not found: {path}")
-    if cfg.runtime.stack == "photo":  # from the bytes: a synthetic PNG names its face
+    if cfg.family.photos:  # from the bytes: a synthetic PNG names its face
         from pipeline.photo.reference import load_prepared
 
         return load_prepared(path, cfg, face_box)
-    if cfg.runtime.stack in FRAMED_STACKS:
+    if cfg.family.face_box:
         return load_reference(path, cfg, face_box)
     load_reference(path, cfg)
     return path
@@ -240,7 +235,7 @@ def _diffusion_only(args: argparse.Namespace, command: str, instead: str) -> Non
     from pipeline.config import load_config
 
     cfg = load_config(*engine_options(args, warmup=False).config_and_overrides())
-    if cfg.runtime.stack == "photo":
+    if not cfg.family.dits:
         raise FacecastError(
             f"facecast {command} measures a diffusion model's DiTs; config {cfg.name!r} is "
             f"the photo stack: {instead}"
@@ -287,14 +282,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# what `bench_command` writes for a real model's files
+PLACEHOLDERS = {"weights": "W", "wav2vec": "W2V", "lora": "LORA"}
+
+
 def bench_command(args: argparse.Namespace) -> str:
     """The command line that reproduces a bench run, for the results table."""
-    which = (
-        f"--model {args.model} --weights W --wav2vec W2V"
-        if args.model
-        else f"--config {args.config}"
-    )
-    parts = ["facecast bench", which, f"--seconds {args.seconds:g}"]
+    parts = ["facecast bench"]
+    if args.model:  # the files it needs, as placeholders (the user's paths stay theirs)
+        from pipeline.families import real_model
+
+        parts.append(f"--model {args.model}")
+        parts += [f"--{flag} {PLACEHOLDERS[flag]}" for flag in real_model(args.model).family.needs]
+    else:
+        parts.append(f"--config {args.config}")
+    parts.append(f"--seconds {args.seconds:g}")
     for name in ("attention", "memory_cap_gb", "offload_budget_gb", "json"):
         if getattr(args, name) is not None:
             parts.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
@@ -313,7 +315,7 @@ def bench_command(args: argparse.Namespace) -> str:
 
 def cmd_gate(args: argparse.Namespace) -> int:
     from pipeline import gate
-    from pipeline.compile import compile_engine, pick_sdpa_backends
+    from pipeline.compile import pick_sdpa_backends
     from pipeline.startup import start_engine
 
     _diffusion_only(args, "gate", "it has no kernels to swap")
@@ -336,20 +338,12 @@ def cmd_gate(args: argparse.Namespace) -> int:
         from pipeline.startup import FP8_SCALING
 
         apply_fp8(engine, FP8_SCALING[args.precision])
-    if args.model is None:  # the project's diffusion stack: its kernel picks and compile
-        if args.sdpa_pick:
-            pick_sdpa_backends(engine)
-        if args.compile:
-            compile_engine(engine)
-    elif args.compile:  # a real model's family compiles its own parts
-        from pipeline.families import family_of
-        from pipeline.flashhead.engine import FlashHeadEngine
-        from pipeline.liveavatar.engine import LiveAvatarEngine
-
-        family = family_of(engine.cfg)
+    family = engine.cfg.family
+    if args.sdpa_pick and family.picks_sdpa:  # the project's diffusion stack's kernel picks
+        pick_sdpa_backends(engine)
+    if args.compile:  # each family compiles its own parts (`FamilyEngine.compile`)
         if not family.compiles:
             raise FacecastError(f"--compile does not apply to {family.summary}")
-        assert isinstance(engine, FlashHeadEngine | LiveAvatarEngine), "the real models compile"
         engine.compile()
     report = gate.check(engine, args.baseline, args.tolerance_db)
     if args.precision != "default":
@@ -369,30 +363,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     opts = engine_options(args, device=args.device)
     opts.validate()
     cfg = load_config(*opts.config_and_overrides())
-    if cfg.runtime.stack == "flashhead":  # a broken download fails here, not after listening
-        from pipeline.flashhead.weights import check_release
-
-        fh = cfg.flashhead
-        assert fh.weights and fh.wav2vec, "EngineOptions.validate asks for both"
-        check_release(fh.weights, fh.wav2vec, fh.variant)
-    if cfg.runtime.stack == "liveavatar":
-        from pipeline.liveavatar.weights import check_release as check_liveavatar
-
-        la = cfg.liveavatar
-        assert la.weights and la.lora, "EngineOptions.validate asks for both"
-        check_liveavatar(la.weights, la.lora)
-    if cfg.runtime.stack == "photo":  # this process prepares every session's photo
-        from pipeline.photo.landmarks import check_models
-
-        check_models()
-    if args.face_box is not None and (
-        args.reference is None or cfg.runtime.stack not in FRAMED_STACKS
-    ):
+    family = cfg.family
+    family.run_preflight(cfg)  # a broken download fails here, not after listening
+    if args.face_box is not None and (args.reference is None or not family.face_box):
         raise FacecastError(
             "--face-box frames the --reference photo of the photo stack or a real model: give "
             "--reference too, with --config photo or --model NAME"
         )
-    if args.reference is not None and cfg.runtime.stack == "photo":
+    if args.reference is not None and family.photos:
         # a photo without one clear face fails here too, not in the first peer's session
         from pipeline.photo.reference import load_prepared
 

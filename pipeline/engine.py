@@ -13,7 +13,6 @@ Nothing grows with the stream's duration.
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -25,6 +24,7 @@ from torch import Tensor, nn
 from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
 from pipeline.errors import ConfigError
+from pipeline.family_engine import EngineBase
 from pipeline.models.build import build_models, module_dtype
 from pipeline.models.vae import Cache
 from pipeline.module import Module, resolve_weights_dir
@@ -40,27 +40,20 @@ from pipeline.stream import FrameBatch, StageTimes, no_prompt
 from pipeline.timeline import AudioTimeline
 
 if TYPE_CHECKING:
-    from pipeline.startup import StartupReport
     from pipeline.stream import Reference
 
 log = logging.getLogger("facecast.engine")
 
 
-class Engine:
+class Engine(EngineBase):
     """Models and stages shared by all sessions of one config on one device."""
 
     def __init__(self, cfg: FacecastConfig, modules: dict[str, Module]) -> None:
-        self.cfg = cfg
+        super().__init__(cfg, modules["vae"].device)
         self.modules = modules
-        self.device = modules["vae"].device
         self.offloader: OffloadManager | None = None  # set when DiT blocks are offloaded
         # called with a model's name at the stage boundary before it runs (offload prefetch)
         self.stage_hooks: list[Callable[[str], None]] = []
-        self.warmup_seconds: float | None = None
-        # Wall seconds of one warm `generate_ready()` step, measured by `warmup()`:
-        # {"first": step 0, "steady": the slowest later step}. Serving plans playout on it.
-        self.step_seconds: dict[str, float] | None = None
-        self.startup: StartupReport | None = None  # once started by `start_engine`
 
     @classmethod
     def load(
@@ -69,7 +62,7 @@ class Engine:
         """Build (or load) the models on `device`, placed as `placement` plans: by default
         every weight resident; `pipeline.placement.plan_placement` plans for a GPU. For any
         config, photo stack included, use `pipeline.startup.load_engine`."""
-        if cfg.runtime.stack != "diffusion":
+        if not issubclass(cls, cfg.family.engine_class()):
             raise ConfigError(
                 f"config {cfg.name!r} is the {cfg.runtime.stack} stack: load it with "
                 "pipeline.startup.load_engine"
@@ -89,23 +82,11 @@ class Engine:
         apply_placement(engine, placement, manager)
         return engine
 
-    def warmup(self, seed: int = 0) -> float:
-        """Every chunk shape once, then a timed session for `step_seconds`
-        (`pipeline.warmup`)."""
-        from pipeline.warmup import warm_up
+    def compile(self, mode: str | None = None) -> int:
+        """torch.compile every DiT block (`pipeline.compile.compile_engine`)."""
+        from pipeline.compile import compile_engine
 
-        return warm_up(self, seed)
-
-    def run_every_shape(self, seed: int = 0) -> None:
-        """One throwaway session over every chunk shape (warm-up's first pass; FP8's
-        calibration records its inputs)."""
-        from pipeline.warmup import warm_session
-
-        warm_session(self, seed, timed=False)
-
-    def warmup_reference(self) -> np.ndarray:
-        h, w = self.cfg.video.height, self.cfg.video.width
-        return np.full((h, w, 3), 127, np.uint8)
+        return compile_engine(self, mode)
 
     def fp8_targets(self, scaling: str) -> list[tuple[nn.Module, str]]:
         """(parent, attribute) of every linear layer FP8 replaces (`pipeline.precision`)."""
@@ -164,9 +145,8 @@ class Stream:
         self.times = StageTimes()
         self.timeline = AudioTimeline()
 
-        t = time.perf_counter()
-        self.ref: ReferenceCond | None = InitStage(m["vae"], cfg).run(reference_rgb)
-        self.times.add("init", time.perf_counter() - t)
+        with self.times.stage("init"):
+            self.ref: ReferenceCond | None = InitStage(m["vae"], cfg).run(reference_rgb)
 
         self.next_n = 0  # index of the next N chunk to generate
         self.latents: dict[int, Tensor] = {}  # absolute latent pos → (1, C, 1, h, w), rolling
@@ -248,12 +228,10 @@ class Stream:
 
     def _generate(self, chunk: Chunk) -> Tensor:
         self.chunk_log.append(chunk)
-        t = time.perf_counter()
-        ctx = self.context.run(self.timeline, chunk, self.latents)
-        self.times.add("context", time.perf_counter() - t)
-        t = time.perf_counter()
-        lat = self.a2v.run(ctx, self._reference())
-        self.times.add("a2v", time.perf_counter() - t)
+        with self.times.stage("context"):
+            ctx = self.context.run(self.timeline, chunk, self.latents)
+        with self.times.stage("a2v"):
+            lat = self.a2v.run(ctx, self._reference())
         return lat
 
     def _reference(self) -> ReferenceCond:
@@ -281,18 +259,16 @@ class Stream:
         if self.total_frames is not None and first_frame >= self.total_frames:
             return []
         assert first_frame == self.frames_emitted, "frames must leave in order, each once"
-        t = time.perf_counter()
-        ctx_n = 0 if self.sr_context is None else self.sr_context.shape[2]
-        seq = low if self.sr_context is None else torch.cat([self.sr_context, low], dim=2)
-        full = self.sr.run(seq, ctx_n, self._reference(), self.segments)
-        w = self.cfg.sr.window
-        self.sr_context = seq[:, :, seq.shape[2] - min(w, seq.shape[2]) :] if w else None
-        self.times.add("sr", time.perf_counter() - t)
+        with self.times.stage("sr"):
+            ctx_n = 0 if self.sr_context is None else self.sr_context.shape[2]
+            seq = low if self.sr_context is None else torch.cat([self.sr_context, low], dim=2)
+            full = self.sr.run(seq, ctx_n, self._reference(), self.segments)
+            w = self.cfg.sr.window
+            self.sr_context = seq[:, :, seq.shape[2] - min(w, seq.shape[2]) :] if w else None
         if next_model:
             self._hand_over(next_model)  # before decode, whose frame copy syncs the host
-        t = time.perf_counter()
-        frames, self.vae_cache = self.decode.run(full, self.vae_cache)
-        self.times.add("decode", time.perf_counter() - t)
+        with self.times.stage("decode"):
+            frames, self.vae_cache = self.decode.run(full, self.vae_cache)
         self.segments += 1
         if self.total_frames is not None:
             frames = frames[: max(0, self.total_frames - first_frame)]

@@ -31,9 +31,7 @@ ASSETS = Path(__file__).resolve().parent / "assets"
 def default_reference(cfg) -> Path:
     """The bundled identity of a config: a real public-domain portrait for the photo stack
     and the real models, a synthetic-world face for the project's diffusion stacks."""
-    if cfg.runtime.stack in ("photo", "flashhead"):
-        return ASSETS / "portraits" / "grace_hopper.jpg"
-    return ASSETS / "reference.png"
+    return ASSETS / cfg.family.default_reference
 
 
 def load_reference(path: str | Path, cfg, face_box=None) -> np.ndarray:
@@ -43,7 +41,8 @@ def load_reference(path: str | Path, cfg, face_box=None) -> np.ndarray:
     face-centred square (`pipeline.flashhead.framing`), LiveAvatar's cover-and-crop
     (`pipeline.liveavatar.framing`). `face_box` frames the face by hand (x, y, w, h[, angle]
     in the photo's pixels) instead of the face finder."""
-    if cfg.runtime.stack not in ("photo", "flashhead", "liveavatar"):
+    family = cfg.family
+    if not family.face_box:
         return load_image(path)
     from pipeline.photo.face import check_face_box, load_photo
 
@@ -52,19 +51,8 @@ def load_reference(path: str | Path, cfg, face_box=None) -> np.ndarray:
     rgb = load_photo(str(path), cfg.photo)
     if face_box is not None:  # the same checks as the photo stack's: one line, no engine
         check_face_box(face_box, rgb.shape)
-    if cfg.runtime.stack == "flashhead":
-        from pipeline.flashhead.framing import crop_square, face_square
-
-        if face_box is not None:
-            return crop_square(rgb, face_box, cfg.flashhead.face_ratio, cfg.video.width)
-        if not cfg.flashhead.frame_reference:
-            return rgb
-        return face_square(rgb, cfg.flashhead.face_ratio, cfg.video.width)
-    if cfg.runtime.stack == "liveavatar":
-        from pipeline.liveavatar.framing import frame_reference
-
-        return frame_reference(rgb, cfg.video.width, cfg.video.height, face_box)
-    return rgb  # the photo stack: framed and measured by `pipeline.photo.reference`
+    # the photo stack's is framed and measured by `pipeline.photo.reference`
+    return family.frame_reference(rgb, cfg, face_box)
 
 
 def load_image(path: str | Path) -> np.ndarray:

@@ -49,7 +49,7 @@ def render_file(
     (and an angle) in the photo's pixels."""
     if not isinstance(reference, str | Path):
         image: Reference = reference
-    elif engine.cfg.runtime.stack == "photo":  # from the bytes: a synthetic PNG names its face
+    elif engine.cfg.family.photos:  # from the bytes: a synthetic PNG names its face
         from pipeline.photo.reference import load_prepared
 
         image = load_prepared(reference, engine.cfg, face_box)

@@ -18,13 +18,13 @@ import torch
 
 from pipeline.config import ATTENTION_BACKENDS, DEFAULT_CONFIG, load_config
 from pipeline.errors import ConfigError
-from pipeline.families import family_of, real_model
+from pipeline.families import check_model_flags, family_of, real_model
 from pipeline.module import resolve_device
 
 if TYPE_CHECKING:
     from pipeline.config import FacecastConfig
+    from pipeline.family_engine import FamilyEngine
     from pipeline.placement import Placement
-    from pipeline.stream import StreamingEngine
 
 # "fp8": FP8 DiT linears with static activation scales calibrated at start-up;
 # "fp8-rowwise": scales computed per token on every call (pipeline/precision.py)
@@ -81,25 +81,14 @@ class EngineOptions:
         self._validate_model()
 
     def _validate_model(self) -> None:
-        """--model's files are there, and no model flag came without --model."""
-        given = {"weights": self.weights, "wav2vec": self.wav2vec, "lora": self.lora}
-        if self.model is None:
-            stray = [f"--{flag}" for flag, value in given.items() if value]
-            stray += ["--prompt"] if self.prompt else []
-            if stray:
-                raise ConfigError(f"{' and '.join(stray)} go with --model NAME")
-            return
-        model = real_model(self.model)
-        missing = [f"--{flag}" for flag in model.needs if not given[flag]]
-        if missing:
-            raise ConfigError(
-                f"--model {model.name} needs {' and '.join(missing)} (--weights: "
-                f"{model.download}): README, 'Run a real model'"
-            )
-        if self.lora and model.section != "liveavatar":
-            raise ConfigError(f"--lora goes with --model liveavatar, not {model.name}")
-        if self.prompt is not None and model.section != "liveavatar":
-            raise ConfigError(f"--prompt goes with --model liveavatar, not {model.name}")
+        """--model's files are there, and no model flag came without --model (the family
+        rows say which flags each model needs and takes)."""
+        check_model_flags(self.model, self._model_flags())
+
+    def _model_flags(self) -> dict[str, str | None]:
+        return {"weights": self.weights, "wav2vec": self.wav2vec, "lora": self.lora} | {
+            "prompt": self.prompt
+        }
 
     def config_and_overrides(self) -> tuple[str, dict]:
         """The preset to load and the dotted overrides on it (`--model` picks a real
@@ -109,10 +98,8 @@ class EngineOptions:
             overrides["runtime.attention"] = self.attention
         if self.model is None:
             return self.config, overrides
-        section = real_model(self.model).section
-        given = {"weights": self.weights, "wav2vec": self.wav2vec, "lora": self.lora}
-        given["prompt"] = self.prompt
-        for key, value in given.items():
+        (section,) = real_model(self.model).family.sections
+        for key, value in self._model_flags().items():
             if value is not None:
                 overrides[f"{section}.{key}"] = value
         return self.model, overrides
@@ -128,12 +115,16 @@ class StartupReport:
         return {"load_seconds": self.load_seconds, **self.prepare, "startup_seconds": self.seconds}
 
 
-def load_engine(cfg: FacecastConfig, device: str = "cpu", placement: Placement | None = None):
+def load_engine(
+    cfg: FacecastConfig, device: str = "cpu", placement: Placement | None = None
+) -> FamilyEngine:
     """The engine of a config's model family (`pipeline.families`), loaded, not warmed."""
-    return family_of(cfg).load(cfg, device, placement)
+    from pipeline.family_engine import engine_of
+
+    return engine_of(cfg, device, placement)
 
 
-def start_engine(opts: EngineOptions) -> tuple[StreamingEngine, StartupReport]:
+def start_engine(opts: EngineOptions) -> tuple[FamilyEngine, StartupReport]:
     """Load the engine `opts` describe and make it ready for work; returns (engine, report).
     The same for every family: load; FP8 (before compile: the graphs are traced with it);
     kernel picks, compile and warm-up where the family has them."""

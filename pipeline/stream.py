@@ -11,7 +11,9 @@ child-process `realtime.engine_process` proxy satisfy them; the type checker hol
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, Union
 
@@ -39,6 +41,23 @@ class StageTimes:
 
     def add(self, stage: str, dt: float) -> None:
         self.seconds[stage] = self.seconds.get(stage, 0.0) + dt
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """`with times.stage("dit"):` adds the block's wall seconds to `name` (a block that
+        raises adds nothing: its time is no stage's)."""
+        with stage_of([self], name):
+            yield
+
+
+@contextmanager
+def stage_of(times: list[StageTimes], name: str) -> Iterator[None]:
+    """A batch's stage: its wall seconds go to every stream's times (each waited for it)."""
+    t = time.perf_counter()
+    yield
+    seconds = time.perf_counter() - t
+    for each in times:
+        each.add(name, seconds)
 
 
 # Who the avatar is: an identity image (uint8 H x W x 3), or a photo the photo stack has

@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 
 from pipeline.config import FacecastConfig
+from pipeline.families import family_named
 from pipeline.schedule import StreamStep
 from pipeline.startup import EngineOptions, StartupReport, start_engine
 from pipeline.stream import AvatarStream, Reference, StreamingEngine
@@ -123,9 +124,9 @@ def torch_threads_in_process(options: EngineOptions, stack: str) -> int | None:
     100 % fresh at 25 fps (bench/RESULTS.md, "The photo stack at 720p"). The diffusion
     engine keeps its threads: with one, rt720-low-latency's served steps took 0.55-0.78 s
     against 0.44 s, and its first live call waited 33 s for a frame."""
-    if options.threads is not None or options.device == "cpu" or stack != "photo":
+    if options.threads is not None or options.device == "cpu":
         return None
-    return 1
+    return family_named(stack).gpu_torch_threads
 
 
 def host_engine(options: EngineOptions, own_process: bool | None = None) -> HostedEngine:
@@ -140,7 +141,7 @@ def host_engine(options: EngineOptions, own_process: bool | None = None) -> Host
         torch.set_num_threads(1)  # this process only runs the VAD now
         return hosted
     engine, _ = start_engine(options)
-    threads = torch_threads_in_process(options, engine.cfg.runtime.stack)
+    threads = torch_threads_in_process(options, engine.cfg.family.stack)
     if threads is not None:
         torch.set_num_threads(threads)
     return InProcessEngine(engine)

@@ -95,7 +95,7 @@ class Photos(Protocol):
 
 
 def _check_stack(cfg) -> None:
-    if cfg.runtime.stack != "photo":
+    if not cfg.family.photos:
         raise BadRequest(
             f"this server runs config {cfg.name!r}, which animates its own identity; "
             "start it with --config photo to animate uploaded photos"

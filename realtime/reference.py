@@ -27,7 +27,7 @@ def load_reference(
         if not packaged.exists():
             return _placeholder_reference(width, height)
         path = str(packaged)
-    if cfg.runtime.stack == "photo":
+    if cfg.family.photos:
         from pipeline.photo.reference import load_prepared
 
         return load_prepared(path, cfg, face_box)

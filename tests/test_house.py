@@ -289,3 +289,57 @@ def test_the_realtime_package_lists_every_module():
     names += [f"{p.name}/" for p in realtime.iterdir() if (p / "__init__.py").is_file()]
     missing = [n for n in sorted(names) if f"`{n}`" not in doc]
     assert not missing, f"realtime/__init__.py does not mention {missing}"
+
+
+# Where a config's family is decided: everything else asks the family's row
+# (`pipeline.families.Family`) what it does, never which family it is.
+STACK_READER = ROOT / "pipeline" / "families.py"
+
+
+def _stack_comparisons(path: Path) -> list[str]:
+    """`runtime.stack` compared (==, !=, in, not in) in `path`'s code, as file:line."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        if any(ast.unparse(s).endswith("runtime.stack") for s in sides):
+            found.append(
+                f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{node.lineno}"
+            )
+    return found
+
+
+def test_runtime_stack_is_compared_only_in_the_families_module():
+    found = [
+        hit
+        for path in _sources(*PACKAGES, "bench")
+        if path != STACK_READER
+        for hit in _stack_comparisons(path)
+    ]
+    assert not found, f"ask the family's row (pipeline.families) instead: {found}"
+
+
+def test_the_stack_check_sees_what_it_should(tmp_path):
+    code = tmp_path / "code.py"
+    code.write_text(
+        "a = cfg.runtime.stack == 'photo'\n"
+        "b = engine.cfg.runtime.stack in ('photo', 'flashhead')\n"
+        "c = 'x' != cfg.runtime.stack\n"
+        "d = cfg.runtime.stack  # read, not compared: fine\n"
+        "e = cfg.family.photos\n"
+    )
+    assert [hit.rpartition(":")[2] for hit in _stack_comparisons(code)] == ["1", "2", "3"]
+
+
+# The start-up contract and the family rows type-check strictly: each says so on its first
+# lines, so the rule travels with the file (mypy reads the comment).
+STRICT_MODULES = ("pipeline/families.py", "pipeline/family_engine.py")
+STRICT = "# mypy: disallow-untyped-defs"
+
+
+def test_the_family_contract_modules_type_check_strictly():
+    lax = [
+        name for name in STRICT_MODULES if STRICT not in (ROOT / name).read_text().splitlines()[:40]
+    ]
+    assert not lax, f"{lax} must carry {STRICT!r} near the top"

@@ -44,8 +44,6 @@ def _framed_as_the_model_saw_it(
     its engine frames it at the video's size (around the hand-drawn box, if one was drawn;
     a tilted face turned upright), and that box in the framed image's pixels (None: the
     detector's on it)."""
-    from pipeline.flashhead.framing import square_box
-    from pipeline.liveavatar.framing import framed_box
     from pipeline.media import load_reference, write_png
 
     try:
@@ -60,10 +58,7 @@ def _framed_as_the_model_saw_it(
     if box is None:
         return framed, None
     shape = load_image(photo).shape
-    if cfg.runtime.stack == "flashhead":
-        inside = square_box(shape, box, cfg.flashhead.face_ratio, width)
-    else:
-        inside = framed_box(shape, box, width, height)
+    inside = cfg.family.box_in_frame(shape, box, cfg)
     return framed, tuple(float(v) for v in inside)
 
 
@@ -79,7 +74,7 @@ def _photo_eval(args: argparse.Namespace) -> int:
     probe_audio(args.audio)
     audio = np.concatenate([b.model for b in iter_audio(args.audio)] or [np.zeros(0, np.float32)])
     with tempfile.TemporaryDirectory() as tmp:
-        if args.model and load_config(args.model).runtime.stack in ("flashhead", "liveavatar"):
+        if args.model and load_config(args.model).family.frame is not None:
             # a real model sees the photo framed its own way (FlashHead a face-centred square,
             # LiveAvatar the photo cropped to the video; a tilted face turned upright): score
             # the video against that, not the photo stack's framing of it

@@ -37,6 +37,7 @@ from pipeline.batching import StepBatcher
 from pipeline.clock import FPS, MODEL_RATE, MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
 from pipeline.errors import ConfigError
+from pipeline.family_engine import EngineBase
 from pipeline.flashhead.color import ColorMatch, match_colors
 from pipeline.flashhead.framing import cover_and_crop
 from pipeline.flashhead.weights import load_dit, release_paths
@@ -46,7 +47,7 @@ from pipeline.models.wan.vae import WanVAE, load_wan_vae
 from pipeline.models.wav2vec2 import SpeechFeatures
 from pipeline.module import DTYPES
 from pipeline.schedule import Chunk, ChunkPlan, StreamStep
-from pipeline.stream import FrameBatch, no_prompt
+from pipeline.stream import FrameBatch, no_prompt, stage_of
 from pipeline.windowed_stream import WindowedStream, to_uint8_frames
 
 REFERENCES_KEPT = 8  # pictures whose latents an engine keeps (~1 MB each for Pro at 512x512)
@@ -133,26 +134,20 @@ class FlashHeadModels:
     speech: SpeechFeatures
 
 
-class FlashHeadEngine:
+class FlashHeadEngine(EngineBase):
     """The release's models, loaded once; every stream shares them."""
 
+    warmup_steps = 3  # one chunk shape: the first step, then two steady ones
+
     def __init__(self, cfg: FacecastConfig, models: FlashHeadModels, device: torch.device):
-        self.cfg = cfg
+        super().__init__(cfg, device)
         self.models = models
-        self.device = device
         self.dtype = model_dtype(cfg, device)
-        self.offloader = None
-        self.compiled = False
-        self.precision = "default"
-        self.warmup_seconds: float | None = None
-        self.step_seconds: dict[str, float] | None = None
-        self.startup = None
-        self.warmup_steps = 3  # one chunk shape: the first step, then two steady ones
         fh = cfg.flashhead
         self.timesteps = sampling_timesteps(fh.steps, fh.shift, device)
-        self.stride = cfg.vae_temporal_stride
-        self.motion_frames = (fh.motion_latents - 1) * self.stride + 1
-        self.new_frames = cfg.flashhead_new_frames
+        self.stride = fh.temporal_stride
+        self.motion_frames = fh.motion_frames
+        self.new_frames = fh.new_frames
         per_pass = fh.decode_pass_latents
         if per_pass is None:
             per_pass = 2 if device.type == "cuda" else 0
@@ -161,7 +156,6 @@ class FlashHeadEngine:
         )
         self.match_colors = match_colors  # compiled on a GPU (`compile`)
         self.chunk_seconds = self.new_frames / FPS  # the play time one step makes
-        self.capacity: int | None = None  # sessions at real time, measured by the warm-up
         self.batcher: StepBatcher[tuple[FlashHeadStream, int], np.ndarray] = StepBatcher(
             self.run_batch, fh.batch_streams, name="flashhead-steps"
         )
@@ -187,7 +181,7 @@ class FlashHeadEngine:
             vae = load_wan_vae(vae_path, dev, dtype, config=None)
         else:
             vae = load_ltx_vae(vae_path, dev, dtype)
-        if dit.cfg.vae_stride[0] != cfg.vae_temporal_stride:
+        if dit.cfg.vae_stride[0] != fh.temporal_stride:
             raise ConfigError(
                 f"{dit_dir / 'config.json'}: vae_stride {dit.cfg.vae_stride} is not the "
                 f"{fh.variant} variant's"
@@ -228,20 +222,6 @@ class FlashHeadEngine:
             while len(self._reference_latents) > REFERENCES_KEPT:
                 self._reference_latents.popitem(last=False)
         return latents
-
-    def warmup_reference(self) -> np.ndarray:
-        v = self.cfg.video
-        return np.full((v.height, v.width, 3), 127, np.uint8)
-
-    def warmup(self, seed: int = 0) -> float:
-        from pipeline.warmup import warm_up
-
-        return warm_up(self, seed)
-
-    def run_every_shape(self, seed: int = 0) -> None:
-        from pipeline.warmup import warm_session
-
-        warm_session(self, seed, timed=False)
 
     def fp8_targets(self, scaling: str) -> list[tuple[torch.nn.Module, str]]:
         """(parent, attribute) of the linears FP8 replaces: the blocks' token-wise ones."""
@@ -298,17 +278,17 @@ class FlashHeadEngine:
     def _sample(self, jobs: list[tuple[FlashHeadStream, int]]) -> Tensor:
         """The batch's latents (B, C, T, h, w): each chunk's audio features, the DiT's steps."""
         streams = [s for s, _ in jobs]
-        t = time.perf_counter()
-        audio = self._audio_features([s.window_audio(k)[0] for s, k in jobs]).to(self.device)
-        _add_time(streams, "audio", t)
-        t = time.perf_counter()
-        ref = torch.stack([s.live_reference() for s in streams])
-        motion = torch.stack([s.live_motion() for s in streams])
-        ctx = self.models.dit.project_audio(audio)
-        gens = [s.generator for s in streams]
-        noise = torch.stack([draw(ref.shape[1:], ref, g) for g in gens])
-        lat = sample_chunks(self.models.dit, noise, motion, ref, ctx, self.timesteps, gens)
-        _add_time(streams, "dit", t)
+        times = [s.times for s in streams]
+        with stage_of(times, "audio"):
+            windows = [s.window_audio(k)[0] for s, k in jobs]
+            audio = self._audio_features(windows).to(self.device)
+        with stage_of(times, "dit"):
+            ref = torch.stack([s.live_reference() for s in streams])
+            motion = torch.stack([s.live_motion() for s in streams])
+            ctx = self.models.dit.project_audio(audio)
+            gens = [s.generator for s in streams]
+            noise = torch.stack([draw(ref.shape[1:], ref, g) for g in gens])
+            lat = sample_chunks(self.models.dit, noise, motion, ref, ctx, self.timesteps, gens)
         return lat
 
     def _audio_features(self, windows: list[np.ndarray]) -> Tensor:
@@ -345,15 +325,15 @@ class FlashHeadEngine:
             yield list(pieces)
             t = time.perf_counter()
         _add_time(streams, "decode", t)
-        t = time.perf_counter()
-        motion = self.models.vae.encode(torch.cat(tail, dim=2)[:, :, -self.motion_frames :])
-        for i, s in enumerate(streams):
-            s.motion = motion[i]
-        _add_time(streams, "encode", t)
+        with stage_of([s.times for s in streams], "encode"):
+            motion = self.models.vae.encode(torch.cat(tail, dim=2)[:, :, -self.motion_frames :])
+            for i, s in enumerate(streams):
+                s.motion = motion[i]
 
 
 def _add_time(streams: list[FlashHeadStream], stage: str, since: float) -> None:
-    """A batch's stage time is each of its streams' (each waited that long for it)."""
+    """A batch's stage time is each of its streams' (each waited that long for it). By hand
+    where a stage yields its pieces midway (`stage_of` would count the consumer's time)."""
     seconds = time.perf_counter() - since
     for s in streams:
         s.times.add(stage, seconds)
@@ -373,18 +353,17 @@ class FlashHeadStream(WindowedStream):
         super().__init__(engine.cfg, fh.audio_window_seconds * MODEL_RATE, sinks)
         self.engine = engine
         self.generator = torch.Generator(device=engine.device).manual_seed(seed)
-        t = time.perf_counter()
-        v, dev, dtype = self.cfg.video, engine.device, engine.dtype
-        with torch.inference_mode():
-            image = np.array(cover_and_crop(reference_rgb, v.width, v.height))
-            ref = torch.from_numpy(image).to(dev).permute(2, 0, 1)[None, :, None].to(dtype)
-            ref = (ref / 255 - 0.5) * 2  # (1, 3, 1, H, W) in [-1, 1], in the model's dtype
-            self.color = ColorMatch(ref[:, :, 0], fh.color_correction)
-            self.ref_lat: Tensor | None = engine.reference_latents(
-                image, lambda: self._encode(ref.repeat(1, 1, fh.chunk_frames, 1, 1))[0]
-            )
-            self.motion: Tensor | None = self.ref_lat[:, :1].clone()
-        self.times.add("init", time.perf_counter() - t)
+        with self.times.stage("init"):
+            v, dev, dtype = self.cfg.video, engine.device, engine.dtype
+            with torch.inference_mode():
+                image = np.array(cover_and_crop(reference_rgb, v.width, v.height))
+                ref = torch.from_numpy(image).to(dev).permute(2, 0, 1)[None, :, None].to(dtype)
+                ref = (ref / 255 - 0.5) * 2  # (1, 3, 1, H, W) in [-1, 1], in the model's dtype
+                self.color = ColorMatch(ref[:, :, 0], fh.color_correction)
+                self.ref_lat: Tensor | None = engine.reference_latents(
+                    image, lambda: self._encode(ref.repeat(1, 1, fh.chunk_frames, 1, 1))[0]
+                )
+                self.motion: Tensor | None = self.ref_lat[:, :1].clone()
 
     def audio_end(self, k: int) -> int:
         """Chunk k's audio ends with its last frame (no lookahead)."""
@@ -419,12 +398,10 @@ class FlashHeadStream(WindowedStream):
     def finish_chunk(self, decoded_B3FHW: Tensor) -> np.ndarray:
         """Lite: a whole chunk's pixels: colour, the motion for the next chunk (sampled from
         the stream's own generator), the new frames."""
-        t = time.perf_counter()
-        video = self.color(decoded_B3FHW)
-        self.times.add("decode", time.perf_counter() - t)
-        t = time.perf_counter()
-        self.motion = self._encode(video[:, :, -self.engine.motion_frames :])[0]
-        self.times.add("encode", time.perf_counter() - t)
+        with self.times.stage("decode"):
+            video = self.color(decoded_B3FHW)
+        with self.times.stage("encode"):
+            self.motion = self._encode(video[:, :, -self.engine.motion_frames :])[0]
         return to_uint8_frames(video[0, :, self.engine.motion_frames :])
 
     def release(self) -> None:

@@ -121,3 +121,20 @@ def _cover(shape: tuple[int, ...], width: int, height: int) -> tuple[tuple[int, 
     scale = max(height / h, width / w)
     nh, nw = int(np.ceil(scale * h)), int(np.ceil(scale * w))
     return (nw, nh), (int(round((nw - width) / 2.0)), int(round((nh - height) / 2.0)))
+
+
+def frame_for_model(rgb: np.ndarray, cfg, face_box=None) -> np.ndarray:
+    """A checked photo as FlashHead takes it (`pipeline.families`' `frame`): the face-centred
+    square, framed by `face_box` when given, or the photo as it is where the config says
+    it is already framed."""
+    fh = cfg.flashhead
+    if face_box is not None:
+        return crop_square(rgb, face_box, fh.face_ratio, cfg.video.width)
+    if not fh.frame_reference:
+        return rgb
+    return face_square(rgb, fh.face_ratio, cfg.video.width)
+
+
+def box_for_model(shape: tuple[int, ...], box, cfg) -> np.ndarray:
+    """Where `box` (in the photo) lands in `frame_for_model`'s square."""
+    return square_box(shape, box, cfg.flashhead.face_ratio, cfg.video.width)

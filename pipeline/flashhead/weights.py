@@ -70,6 +70,14 @@ def release_paths(weights: str | Path, variant: str) -> tuple[Path, Path]:
     return dit, vae
 
 
+def preflight(cfg) -> None:
+    """FlashHead's check before a server listens (`pipeline.families`): a broken download
+    fails here, not after listening."""
+    fh = cfg.flashhead
+    assert fh.weights and fh.wav2vec, "EngineOptions.validate asks for both"
+    check_release(fh.weights, fh.wav2vec, fh.variant)
+
+
 def check_release(weights: str | Path, wav2vec: str | Path, variant: str) -> None:
     """The cheap checks a server makes before it listens: the folders and files are there,
     the DiT's config reads, every safetensors file's header and length are whole. The full

@@ -47,6 +47,7 @@ from torch import Tensor
 from pipeline.clock import FPS, MODEL_RATE, MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
 from pipeline.errors import CheckpointError, ConfigError
+from pipeline.family_engine import EngineBase
 from pipeline.flashhead.framing import cover_and_crop
 from pipeline.liveavatar.weights import read_merged_state, read_transformer_config, release_paths
 from pipeline.models.s2v_speech import S2VSpeechFeatures, to_feature_rate, to_video_frames
@@ -82,21 +83,15 @@ class LiveAvatarModels:
     prompts: PromptEncoder  # umT5-XXL: in host memory between prompts
 
 
-class LiveAvatarEngine:
+class LiveAvatarEngine(EngineBase):
     """The release's models, loaded once; a stream holds its own KV cache."""
 
+    warmup_steps = 2  # one block shape: the first block (empty cache), then a later one
+
     def __init__(self, cfg: FacecastConfig, models: LiveAvatarModels, device: torch.device):
-        self.cfg = cfg
+        super().__init__(cfg, device)
         self.models = models
-        self.device = device
         self.dtype = model_dtype(cfg, device)
-        self.offloader = None
-        self.compiled = False
-        self.precision = "default"
-        self.warmup_seconds: float | None = None
-        self.step_seconds: dict[str, float] | None = None
-        self.startup = None
-        self.warmup_steps = 2  # one block shape: the first block (empty cache), then a later one
         la = cfg.liveavatar
         timesteps, sigmas = euler_sigmas(la.steps, la.shift)
         self.timesteps, self.sigmas = timesteps.to(device), sigmas.to(device)
@@ -173,20 +168,6 @@ class LiveAvatarEngine:
         features = self.prompt_features(prompt or self.cfg.liveavatar.prompt)
         return LiveAvatarStream(self, reference_rgb, seed, sinks or [], features)
 
-    def warmup_reference(self) -> np.ndarray:
-        v = self.cfg.video
-        return np.full((v.height, v.width, 3), 127, np.uint8)
-
-    def warmup(self, seed: int = 0) -> float:
-        from pipeline.warmup import warm_up
-
-        return warm_up(self, seed)
-
-    def run_every_shape(self, seed: int = 0) -> None:
-        from pipeline.warmup import warm_session
-
-        warm_session(self, seed, timed=False)
-
     def fp8_targets(self, scaling: str) -> list[tuple[torch.nn.Module, str]]:
         """(parent, attribute) of the linears FP8 replaces: each layer's token-wise ones."""
         return wan_fp8_targets(self.models.transformer.layers(), scaling)
@@ -252,26 +233,25 @@ class LiveAvatarStream(WindowedStream):
         self.engine = engine
         self.lookahead = self.cfg.lookahead_frames * MODEL_SAMPLES_PER_FRAME
         self.generator = torch.Generator(device=engine.device).manual_seed(seed)
-        t = time.perf_counter()
-        v, dev, dtype = self.cfg.video, engine.device, engine.dtype
-        models = engine.models
-        s2v = models.transformer.cfg
-        with torch.inference_mode():
-            image = np.array(cover_and_crop(reference_rgb, v.width, v.height))
-            ref = torch.from_numpy(image).to(dev).permute(2, 0, 1)[None, :, None].to(dtype)
-            ref = (ref / 255 - 0.5) * 2  # (1, 3, 1, H, W) in [-1, 1]
-            ref_lat = models.vae.encode(ref.repeat(1, 1, REFERENCE_CLIP_FRAMES, 1, 1))[:, :, 1:]
-            motion = models.vae.encode(ref.repeat(1, 1, s2v.motion_frames, 1, 1))
-            h, w = ref_lat.shape[-2:]
-            self.cache: S2VCache | None = models.transformer.new_cache(
-                1, (h, w), la.steps, dev, dtype
-            )
-            models.transformer.prefill(self.cache, prompt_features, ref_lat, motion)
-            # the decoder continues from the motion frames, as the authors' first clip does
-            self.decoder: WanDecodeStream | None = models.vae.stream()
-            self.decoder.decode(motion)
-        self.latent_hw = (h, w)
-        self.times.add("init", time.perf_counter() - t)
+        with self.times.stage("init"):
+            v, dev, dtype = self.cfg.video, engine.device, engine.dtype
+            models = engine.models
+            s2v = models.transformer.cfg
+            with torch.inference_mode():
+                image = np.array(cover_and_crop(reference_rgb, v.width, v.height))
+                ref = torch.from_numpy(image).to(dev).permute(2, 0, 1)[None, :, None].to(dtype)
+                ref = (ref / 255 - 0.5) * 2  # (1, 3, 1, H, W) in [-1, 1]
+                ref_lat = models.vae.encode(ref.repeat(1, 1, REFERENCE_CLIP_FRAMES, 1, 1))[:, :, 1:]
+                motion = models.vae.encode(ref.repeat(1, 1, s2v.motion_frames, 1, 1))
+                h, w = ref_lat.shape[-2:]
+                self.cache: S2VCache | None = models.transformer.new_cache(
+                    1, (h, w), la.steps, dev, dtype
+                )
+                models.transformer.prefill(self.cache, prompt_features, ref_lat, motion)
+                # the decoder continues from the motion frames, as the authors' first clip does
+                self.decoder: WanDecodeStream | None = models.vae.stream()
+                self.decoder.decode(motion)
+            self.latent_hw = (h, w)
 
     def audio_end(self, k: int) -> int:
         """Block k's window ends `audio_lookahead_frames` after its last frame."""
@@ -297,28 +277,25 @@ class LiveAvatarStream(WindowedStream):
         engine = self.engine
         models, dev, dtype = engine.models, engine.device, engine.dtype
         transformer, la = models.transformer, self.cfg.liveavatar
-        t = time.perf_counter()
         with torch.inference_mode():
-            feats = self._audio(k, chunk)
-            self.times.add("audio", time.perf_counter() - t)
-            t = time.perf_counter()
-            audio = transformer.encode_audio(feats)
-            h, w = self.latent_hw
-            shape = (1, transformer.cfg.out_dim, transformer.cfg.frames_per_block, h, w)
-            x = torch.randn(shape, dtype=dtype, device=dev, generator=self.generator)
-            sigmas, timesteps = engine.sigmas, engine.timesteps
-            for i in range(la.steps):
-                flow = transformer.forward_block(
-                    x, timesteps[i : i + 1], audio, self.cache, i, None, la.ref_distance
-                )
-                # diffusers' Euler step, as the authors' scheduler takes it: in fp32, the
-                # result back in the model's dtype
-                x = (x.float() + (sigmas[i + 1] - sigmas[i]) * flow.float()).to(dtype)
-            self.cache.advance()
-            self.times.add("dit", time.perf_counter() - t)
-            t = time.perf_counter()
-            video = self.decoder.decode(x)  # (1, 3, 12, H, W) in [-1, 1]
-            self.times.add("decode", time.perf_counter() - t)
+            with self.times.stage("audio"):
+                feats = self._audio(k, chunk)
+            with self.times.stage("dit"):
+                audio = transformer.encode_audio(feats)
+                h, w = self.latent_hw
+                shape = (1, transformer.cfg.out_dim, transformer.cfg.frames_per_block, h, w)
+                x = torch.randn(shape, dtype=dtype, device=dev, generator=self.generator)
+                sigmas, timesteps = engine.sigmas, engine.timesteps
+                for i in range(la.steps):
+                    flow = transformer.forward_block(
+                        x, timesteps[i : i + 1], audio, self.cache, i, None, la.ref_distance
+                    )
+                    # diffusers' Euler step, as the authors' scheduler takes it: in fp32, the
+                    # result back in the model's dtype
+                    x = (x.float() + (sigmas[i + 1] - sigmas[i]) * flow.float()).to(dtype)
+                self.cache.advance()
+            with self.times.stage("decode"):
+                video = self.decoder.decode(x)  # (1, 3, 12, H, W) in [-1, 1]
             return to_uint8_frames(video[0])
 
     def release(self) -> None:

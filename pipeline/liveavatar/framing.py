@@ -28,3 +28,13 @@ def framed_box(shape: tuple[int, ...], face_box, width: int, height: int) -> np.
     """Face box x, y, w, h[, angle] of a photo of `shape` → the upright box x, y, w, h in
     the pixels of its `frame_reference` (the turn keeps the box's centre and size)."""
     return cover_box(shape, face_box[:4], width, height)
+
+
+def frame_for_model(rgb: np.ndarray, cfg, face_box=None) -> np.ndarray:
+    """A checked photo as LiveAvatar takes it (`pipeline.families`' `frame`)."""
+    return frame_reference(rgb, cfg.video.width, cfg.video.height, face_box)
+
+
+def box_for_model(shape: tuple[int, ...], box, cfg) -> np.ndarray:
+    """Where `box` (in the photo) lands in `frame_for_model`'s frame."""
+    return framed_box(shape, box, cfg.video.width, cfg.video.height)

@@ -127,6 +127,13 @@ def release_paths(ckpt_dir: str | Path) -> ReleasePaths:
     return paths
 
 
+def preflight(cfg) -> None:
+    """LiveAvatar's check before a server listens (`pipeline.families`)."""
+    la = cfg.liveavatar
+    assert la.weights and la.lora, "EngineOptions.validate asks for both"
+    check_release(la.weights, la.lora)
+
+
 def check_release(ckpt_dir: str | Path, lora: str | Path | None) -> ReleasePaths:
     """The cheap checks a server makes before it listens: every file there and readable
     (safetensors headers and lengths, the `.pth` archives' directories), the index and its

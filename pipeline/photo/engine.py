@@ -17,7 +17,6 @@ audio the next chunk reads, the idle motion's few floats and next blinks.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable
 
@@ -26,6 +25,7 @@ import torch
 
 from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
+from pipeline.family_engine import EngineBase
 from pipeline.module import Module, build_seeded, resolve_weights_dir
 from pipeline.photo.face import FaceGeometry, PreparedPhoto, prepare_photo
 from pipeline.photo.idle import IdleMotion
@@ -36,17 +36,13 @@ from pipeline.stream import FrameBatch, StageTimes, no_prompt
 from pipeline.timeline import AudioTimeline
 
 
-class PhotoEngine:
-    """The audio→motion model, loaded once; sessions each hold their own photo."""
+class PhotoEngine(EngineBase):
+    """The audio→motion model, loaded once; sessions each hold their own photo. Nothing
+    to offload, compile or cast to FP8: the model is 1 MB."""
 
     def __init__(self, cfg: FacecastConfig, modules: dict[str, Module]) -> None:
-        self.cfg = cfg
+        super().__init__(cfg, modules["motion"].device)
         self.modules = modules
-        self.device = modules["motion"].device
-        self.offloader = None  # nothing to offload: the model is 1 MB
-        self.warmup_seconds: float | None = None
-        self.step_seconds: dict[str, float] | None = None
-        self.startup = None
 
     @classmethod
     def load(cls, cfg: FacecastConfig, device: str = "cpu") -> PhotoEngine:
@@ -68,17 +64,6 @@ class PhotoEngine:
     ) -> PhotoStream:
         no_prompt(self.cfg, prompt)
         return PhotoStream(self, reference_rgb, seed, sinks or [])
-
-    def warmup(self, seed: int = 0) -> float:
-        """Every chunk shape once, then a timed pass for `step_seconds` (`pipeline.warmup`)."""
-        from pipeline.warmup import warm_up
-
-        return warm_up(self, seed)
-
-    def run_every_shape(self, seed: int = 0) -> None:
-        from pipeline.warmup import warm_session
-
-        warm_session(self, seed, timed=False)
 
     def warmup_reference(self) -> PreparedPhoto:
         return warmup_photo(self.cfg)
@@ -120,16 +105,15 @@ class PhotoStream:
         self.plan = ChunkPlan(cfg.schedule)
         self.times = StageTimes()
         self.timeline = AudioTimeline()
-        t = time.perf_counter()
-        v = cfg.video
-        if not isinstance(reference, PreparedPhoto):
-            reference = prepare_photo(reference, v.width, v.height, cfg.photo)
-        self.photo: PreparedPhoto | None = reference
-        self.decoder = WarpDecoder(
-            reference.framed, reference.face, cfg.photo.jaw_open, engine.device
-        )
-        self.idle = IdleMotion(seed, cfg.photo.head_motion, cfg.photo.blink)
-        self.times.add("init", time.perf_counter() - t)
+        with self.times.stage("init"):
+            v = cfg.video
+            if not isinstance(reference, PreparedPhoto):
+                reference = prepare_photo(reference, v.width, v.height, cfg.photo)
+            self.photo: PreparedPhoto | None = reference
+            self.decoder = WarpDecoder(
+                reference.framed, reference.face, cfg.photo.jaw_open, engine.device
+            )
+            self.idle = IdleMotion(seed, cfg.photo.head_motion, cfg.photo.blink)
         self.next_n = 0
         self.frames_emitted = 0
         self.total_frames: int | None = None
@@ -175,15 +159,13 @@ class PhotoStream:
         chunk = self.plan.n_chunk(self.next_n)
         self.chunk_log.append(chunk)
         lo, hi = self._window(self.next_n)
-        t = time.perf_counter()
-        with torch.inference_mode():
-            audio = torch.from_numpy(self.timeline.read(lo, hi))[None].to(self.net.device)
-            mouth = self.net.model.run_window(audio, chunk.length)[0].cpu().numpy()
-        self.times.add("motion", time.perf_counter() - t)
-        t = time.perf_counter()
-        idle = self.idle.frames(chunk.start, mouth[:, 0])
-        frames = self.decoder.render(np.concatenate([mouth, idle], axis=1))
-        self.times.add("warp", time.perf_counter() - t)
+        with self.times.stage("motion"):
+            with torch.inference_mode():
+                audio = torch.from_numpy(self.timeline.read(lo, hi))[None].to(self.net.device)
+                mouth = self.net.model.run_window(audio, chunk.length)[0].cpu().numpy()
+        with self.times.stage("warp"):
+            idle = self.idle.frames(chunk.start, mouth[:, 0])
+            frames = self.decoder.render(np.concatenate([mouth, idle], axis=1))
         self.next_n += 1
         self.timeline.drop_before(self._window(self.next_n)[0])
         if self.total_frames is not None:

@@ -284,3 +284,9 @@ def _mesh_in(rgb: np.ndarray, centre: np.ndarray, side: float, roll: float) -> M
     uv = points.reshape(-1, 3)[:, :2].astype(np.float64)
     presence = 1.0 / (1.0 + np.exp(-float(flag.reshape(-1)[0])))
     return Mesh(uv @ A.T + b, presence)
+
+
+def preflight(cfg) -> None:
+    """The photo family's check before a server listens (`pipeline.families`): this process
+    prepares every session's photo, so its face models must load."""
+    check_models()

@@ -182,12 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"schedule.seam_latents": 0} if args.no_seams else {}
     overrides.update(parse_overrides(args.set))
     cfg = load_config(args.config, overrides or None)
-    photo = cfg.runtime.stack == "photo"
+    photo = cfg.family.photos
     if args.recon and photo:
         raise ConfigError(f"--recon scores a VAE; config {cfg.name!r} is the photo stack")
     if cfg.video.width != cfg.video.height:
         raise ConfigError(f"the synthetic world is square; config {cfg.name!r} is not")
     engine = load_engine(cfg)
+    assert isinstance(engine, Engine | PhotoEngine), "the synthetic world's stacks train"
     identity = identity_for(EVAL_SEED, args.identity)
     reference = render_reference(identity, cfg.video.width)
     audio = held_out_speech(args.seconds)

@@ -1,0 +1,81 @@
+"""LiveAvatar's config section (`liveavatar:` in a preset), and the rules it sets on the
+shared schedule and video size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pipeline.clock import FPS
+from pipeline.sections import DTYPES, check
+
+if TYPE_CHECKING:
+    from pipeline.config import FacecastConfig
+
+LIVEAVATAR_BLOCK_FRAMES = 12  # video frames a block adds: 3 latent frames of the Wan VAE
+DEFAULT_PROMPT = (
+    "A person talks to the camera, looking straight ahead, with natural expressions and "
+    "small head movements; soft, even lighting; a plain background; realistic, sharp detail."
+)
+
+
+@dataclass
+class LiveAvatarConfig:
+    """LiveAvatar (Wan2.2-S2V-14B with the Live-Avatar LoRA) from its published checkpoint
+    (`runtime.stack: liveavatar`, `pipeline/liveavatar/`). Numbers are the authors'
+    streaming settings (`infinite_inference_single_gpu.sh`)."""
+
+    weights: str | None = None  # the Wan2.2-S2V-14B folder; --weights
+    lora: str | None = None  # the Live-Avatar LoRA file or folder; --lora
+    wav2vec: str | None = None  # default: the release's wav2vec2-large-xlsr-53-english/
+    prompt: str = DEFAULT_PROMPT  # what the umT5 encoder reads; --prompt, an offer's "prompt"
+    steps: int = 4  # Euler steps a block, no guidance (the LoRA is distilled to 4)
+    shift: float = 3.0  # the sampler's timestep shift
+    ref_distance: int = 30  # latent frames the reference sits ahead of a block (authors: 4..30)
+    audio_window_seconds: float = 4.0  # wav2vec2 re-reads this much audio every block
+    audio_lookahead_frames: int = 2  # a block waits for this much audio past its end
+    dtype: str = "auto"  # auto: bfloat16 on a GPU (as the authors run it), float32 on a CPU
+
+    def validate(self) -> None:
+        check(1 <= self.steps <= 50, "liveavatar.steps", "must be in [1, 50]")
+        check(self.shift > 0, "liveavatar.shift", "must be > 0")
+        check(0 <= self.ref_distance <= 64, "liveavatar.ref_distance", "must be in [0, 64]")
+        check(
+            1.0 <= self.audio_window_seconds <= 30.0,
+            "liveavatar.audio_window_seconds",
+            "must be in [1, 30]",
+        )
+        check(
+            abs(self.audio_window_seconds * FPS - round(self.audio_window_seconds * FPS)) < 1e-9,
+            "liveavatar.audio_window_seconds",
+            f"must be a whole number of frames (a multiple of {1 / FPS:g} s)",
+        )
+        check(
+            1 <= self.audio_lookahead_frames <= FPS,
+            "liveavatar.audio_lookahead_frames",
+            f"must be in [1, {FPS}] (wav2vec2's last state of a window falls short of its end)",
+        )
+        check(bool(self.prompt.strip()), "liveavatar.prompt", "must not be empty")
+        check(
+            self.dtype in ("auto", *DTYPES), "liveavatar.dtype", f"must be auto or one of {DTYPES}"
+        )
+
+
+def check_config(cfg: FacecastConfig) -> None:
+    """LiveAvatar's rules across sections: blocks of 12 frames, no seams, a size the
+    packed motion latents divide."""
+    sch, v = cfg.schedule, cfg.video
+    block = LIVEAVATAR_BLOCK_FRAMES
+    check(
+        sch.chunk_latents == block and sch.first_chunk_latents == block,
+        "schedule",
+        f"a LiveAvatar block adds {block} frames: chunk_latents and first_chunk_latents "
+        f"must be {block}, seam and boundary 0",
+    )
+    check(sch.seam_latents == 0 and sch.boundary_latents == 0, "schedule", "no seams")
+    check(
+        v.width % 64 == 0 and v.height % 64 == 0,
+        "video",
+        f"LiveAvatar needs a size divisible by 64 (got {v.width}x{v.height}): the "
+        "motion latents are packed 4x after the 2x2 patch",
+    )
