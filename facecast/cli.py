@@ -247,17 +247,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from pipeline.config import parse_overrides
 
     _diffusion_only(args, "bench", "use python bench/photo_bench.py")
-    if args.model is not None:  # a real model: its stream, timed as a session runs it
+    if args.model is not None or args.sessions > 1:
+        # a real model's stream, or several sessions at once, timed as a server runs them
         import json
 
-        from pipeline.stream_bench import bench_stream, stream_summary
+        from pipeline import stream_bench
 
         stream_opts = engine_options(args, warmup=not args.no_warmup)
-        res = bench_stream(stream_opts, args.seconds, args.command_line or bench_command(args))
+        command = args.command_line or bench_command(args)
+        if args.sessions > 1:
+            res = stream_bench.bench_sessions(stream_opts, args.seconds, args.sessions, command)
+            line = stream_bench.sessions_summary(res)
+        else:
+            res = stream_bench.bench_stream(stream_opts, args.seconds, command)
+            line = stream_bench.stream_summary(res)
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(res, indent=2, default=str))
-        print(stream_summary(res))
+        print(line)
         return 0
 
     opts = BenchOptions(
@@ -297,6 +304,8 @@ def bench_command(args: argparse.Namespace) -> str:
     else:
         parts.append(f"--config {args.config}")
     parts.append(f"--seconds {args.seconds:g}")
+    if getattr(args, "sessions", 1) > 1:
+        parts.append(f"--sessions {args.sessions}")
     for name in ("attention", "memory_cap_gb", "offload_budget_gb", "json"):
         if getattr(args, name) is not None:
             parts.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
@@ -441,6 +450,14 @@ def build_parser(with_serve_options: bool = True) -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmark the streaming pipeline (GPU numbers)")
     add_engine_arguments(bench, "rt720")
     bench.add_argument("--seconds", type=_positive_float, default=20.0, help="seconds of video")
+    bench.add_argument(
+        "--sessions",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="N sessions at once, each on its own thread as serve runs them (batched where "
+        "the engine batches): the engine's aggregate fps and each session's",
+    )
     bench.add_argument("--json", help="write the full results here (bench/results/*.json)")
     bench.add_argument("--markdown", help="append a table to this file (bench/RESULTS.md)")
     bench.add_argument("--no-warmup", action="store_true", help="skip start-up warm-up")
