@@ -228,9 +228,13 @@ class ScriptedEngine:
     def __init__(self, rtf: float, first: int = 8, chunk: int = 16, lookahead: int = 2):
         from types import SimpleNamespace
 
+        from pipeline.families import family_named
+
         self.rtf, self.first, self.chunk, self.lookahead = rtf, first, chunk, lookahead
         self.cfg = SimpleNamespace(
-            video=SimpleNamespace(width=32, height=32), runtime=SimpleNamespace(stack="diffusion")
+            video=SimpleNamespace(width=32, height=32),
+            runtime=SimpleNamespace(stack="diffusion"),
+            family=family_named("diffusion"),  # its reference is the diffusion stacks' default
         )
         self.device = SimpleNamespace(type="scripted")  # no serve slowdown, no spread
         self.step_seconds = {"first": rtf * first / 25, "steady": rtf * chunk / 25}
