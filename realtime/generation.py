@@ -29,7 +29,7 @@ import numpy as np
 
 from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME
 from pipeline.schedule import StreamStep
-from pipeline.stream import AvatarStream, FrameBatch, ready_pieces
+from pipeline.stream import AvatarStream, FrameBatch, ready_pieces, samples_wanted
 from realtime.buffers import FrameQueue, PlayoutClock
 from realtime.control import Interrupt
 from realtime.metrics import RealtimeMetrics
@@ -193,7 +193,11 @@ class GenerationWorker:
             if pending < need:
                 return False
             self._skip_for_slack(pending - need)
-            parts = self._take(need)
+            # a stream that starts its next step beside this one (`samples_wanted`) gets that
+            # step's audio too where the backlog holds all of it
+            extra = max(0, samples_wanted(stream) - stream.samples_needed())
+            backlog = sum(p.size for p in self._pending) - need
+            parts = self._take(need + (extra if 0 < extra <= backlog else 0))
             self.pushed += sum(p.size for p in parts)  # under the lock: rebase sees one split
             if self._pad:  # zeros that rebase already counted in `pushed` go in first
                 parts.insert(0, np.zeros(self._pad, np.float32))
@@ -215,9 +219,14 @@ class GenerationWorker:
 
     def frames_ahead_needed(self) -> float:
         """How many frame times after now new audio's first frame must be due for it to
-        exist by then (`_skip_for_slack`): margin + max(G, 2G - (E - carry))."""
+        exist by then (`_skip_for_slack`): margin + max(G, 2G - (E - carry)), and G more for
+        a stream that reads a step ahead."""
         g = self._gen_seconds * FPS  # in frame times
-        return self._margin_s * FPS + max(g, 2 * g - (self._step_frames - self._carry_frames))
+        # a stream that reads ahead (`samples_wanted`) makes new audio's frames a step later
+        later = g * getattr(self._engine, "read_ahead", 0)
+        return (
+            self._margin_s * FPS + later + max(g, 2 * g - (self._step_frames - self._carry_frames))
+        )
 
     def _skip_for_slack(self, surplus: int) -> None:
         """At a step boundary, with `surplus` samples of backlog beyond the step's need: skip
