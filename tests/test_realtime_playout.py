@@ -153,6 +153,33 @@ async def test_engine_slower_than_real_time_shows_every_frame_it_makes_in_sync()
     assert sync_lag(sink) == 0  # each frame is shown with the audio it was made from
 
 
+@pytest.mark.slow  # a served call for seconds
+@pytest.mark.timeout(60)
+@REAL_TIME_ON_A_SHARED_CPU
+async def test_a_slow_engine_that_stalls_keeps_its_cadence_after_with_no_burst():
+    """Below real time (20 fps of frames) with one step 1.5 s late (a GPU hiccup): the viewer
+    sees one longer freeze, then the same steady cadence as before, each fresh frame with its
+    own audio: the stalled step's frames are not shown late or fast, the audio behind them is
+    skipped, and the next steps' frames are on time."""
+    engine = ScriptedEngine(rtf=1.25, stalls={6: 1.5})
+    sink, stats, _budget, _session = await serve_scripted(engine, seconds=12.0)
+    # the stalled step's own frames came too late to show; nothing after it was
+    made = stats["frames_generated"]
+    assert stats["frames_dropped"] <= engine.chunk + 0.05 * made, stats
+    assert sync_lag(sink) == 0  # in sync before and after the stall
+    shown = [i for i, _rgb, new in sink.video if new]
+    gaps = np.diff(shown)
+    # one freeze as long as the stall and a step (~60 frame times), no other beyond a step
+    assert 30 <= gaps.max() <= 75, gaps.max()
+    assert sorted(gaps)[-2] <= 25, sorted(gaps)[-4:]
+    stall = shown[int(np.argmax(gaps))]
+    before = [i for i in shown if i < stall]
+    after = [i for i in shown if i > stall + 60]
+    for part in (before, after):  # the engine's own rate on each side: 20 fps, no burst
+        fps = len(part) / ((part[-1] - part[0]) / 25)
+        assert 17.0 <= fps <= 22.0, (fps, len(part))
+
+
 def test_a_session_opened_beside_others_plans_on_their_batched_step():
     """An engine that batches its sessions' steps measured a batch of each size; a session
     opened while another is live plans on the batch of both, one alone on its own step,
