@@ -50,6 +50,7 @@ class EngineFeed:
     ) -> None:
         timing = playout.timing
         self._sid = session_id
+        self._step_frames = playout.steady_step.frames
         self.frames = frames
         self._playout = playout
         self._metrics = metrics
@@ -127,7 +128,13 @@ class EngineFeed:
         self._fail = _ignore
 
     def stats(self) -> dict:
+        step = self.worker.step_seconds
+        engine_fps = None if step <= 0 else round(self._step_frames / step, 1)
         return {
+            # the frames a second the engine makes (a steady step's over its measured time);
+            # below the clock's rate it shows that many fresh frames a second, each in sync
+            "engine_fps": engine_fps,
+            "below_real_time": engine_fps is not None and engine_fps < FPS,
             "frames_generated": self.generated,
             "frames_skipped": self.worker.skipped_frames_total,
             "frames_queued": self.frames.depth(),  # made, not yet due
