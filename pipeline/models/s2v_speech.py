@@ -168,7 +168,7 @@ def write_random_wav2vec2(folder: Path, config_kwargs: dict, seed: int) -> Path:
         Wav2Vec2ForCTC,
     )
 
-    from pipeline.flashhead.weights import randomise_module
+    from pipeline.random_weights import randomise_module
 
     folder.mkdir(parents=True, exist_ok=True)
     config = Wav2Vec2Config(**{**XLSR53_LARGE, **config_kwargs})

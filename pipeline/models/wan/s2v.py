@@ -9,7 +9,7 @@ sink and to the last `window_frames` latent frames (its own included) of keys an
 
 What a caller does, per stream and per block:
 
-    model = S2VTransformer(cfg)                                # weights: s2v_weights.load_published
+    model = S2VTransformer(cfg)            # weights: pipeline.liveavatar.s2v_weights.load_published
     cache = model.new_cache(batch, (lat_h, lat_w), steps=4, device=dev, dtype=dt)
     model.prefill(cache, prompt_BLC, ref_BC1HW, motion_BCTHW)   # once: text K/V + sink K/V
     for each block:                                             # 3 latent frames = 12 video frames
@@ -49,7 +49,8 @@ Facts of the authors' inference path this module reproduces (see the parity scri
 
 Beside this file: `s2v_sink` (the sink's tokens, every token's RoPE position), `s2v_audio`
 (the audio encoder and injection), `s2v_cache` (the stream's state and how a forward reads
-it), `s2v_weights` (the published names, random release-shaped weights).
+it). The published names and random release-shaped weights are LiveAvatar's
+(`pipeline.liveavatar.s2v_weights`).
 
 Legend: B batch, C latent channels, T latent frames, H/W latent height/width, h/w token
 grid, L tokens, P tokens per latent frame, D model width, N heads, K head dim, S wav2vec2
