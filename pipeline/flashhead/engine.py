@@ -39,10 +39,11 @@ from pipeline.config import FacecastConfig
 from pipeline.errors import ConfigError
 from pipeline.family_engine import EngineBase
 from pipeline.flashhead.color import ColorMatch, match_colors
+from pipeline.flashhead.dit import WanAudioDiT
 from pipeline.flashhead.framing import cover_and_crop
 from pipeline.flashhead.weights import load_dit, release_paths
 from pipeline.models.ltx.vae import LtxVae, load_ltx_vae
-from pipeline.models.wan.dit import WanAudioDiT, wan_fp8_targets
+from pipeline.models.wan.layers import wan_fp8_targets
 from pipeline.models.wan.vae import WanVAE, load_wan_vae
 from pipeline.models.wav2vec2 import SpeechFeatures
 from pipeline.module import DTYPES

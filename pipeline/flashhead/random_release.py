@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 
 from pipeline.clock import MODEL_RATE
+from pipeline.flashhead.dit import WanDiTConfig
 from pipeline.flashhead.weights import random_dit_state, write_release_dit
 from pipeline.models.ltx.vae import RELEASE as LTX_RELEASE
 from pipeline.models.ltx.vae import TINY as LTX_TINY
 from pipeline.models.ltx.vae import LtxVaeConfig, build_network
-from pipeline.models.wan.dit import WanDiTConfig
 from pipeline.models.wan.vae import WAN21_VAE, WAN21_VAE_TINY, WanVAEConfig, random_checkpoint
 from pipeline.random_weights import randomise_module
 

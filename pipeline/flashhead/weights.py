@@ -30,7 +30,7 @@ from torch import Tensor
 
 from pipeline.checkpoints import load_mapped, read_diffusers_weights, read_json
 from pipeline.errors import CheckpointError
-from pipeline.models.wan.dit import WanAudioDiT, WanDiTConfig
+from pipeline.flashhead.dit import WanAudioDiT, WanDiTConfig
 from pipeline.random_weights import random_value
 
 VARIANT_DIRS = {"pro": ("Model_Pro", "VAE_Wan/Wan2.1_VAE.pth"), "lite": ("Model_Lite", "VAE_LTX")}

@@ -69,7 +69,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pipeline.models.attention import Attention
-from pipeline.models.wan.dit import RMSNorm, apply_rope, sinusoid
+from pipeline.models.layers import apply_rope
+from pipeline.models.wan.layers import RMSNorm, sinusoid
 from pipeline.models.wan.s2v_audio import (
     AudioInjector,
     AudioTokens,
@@ -198,10 +199,11 @@ class CausalSelfAttention(nn.Module):
         values (B, L, N, K)."""
         B, L, _ = x_BLD.shape
         q, k, v = self.qkv(x_BLD).chunk(3, dim=-1)
-        q_BLNK = apply_rope(self.norm_q(q).view(B, L, self.heads, -1), *rope)
+        q_BLNK = apply_rope(self.norm_q(q).view(B, L, self.heads, -1), *rope, tokens_first=True)
         k_BLNK = self.norm_k(k).view(B, L, self.heads, -1)
         v_BLNK = v.view(B, L, self.heads, -1)
-        return q_BLNK.transpose(1, 2), k_BLNK, apply_rope(k_BLNK, *rope), v_BLNK
+        k_rot = apply_rope(k_BLNK, *rope, tokens_first=True)
+        return q_BLNK.transpose(1, 2), k_BLNK, k_rot, v_BLNK
 
     def attend_to(self, q_BNLK: Tensor, kv: Attended) -> Tensor:
         k_all, v_all, mask = kv
