@@ -6,5 +6,5 @@ makes the face-centred square the model expects; `color` is the colour correctio
 keeps long sessions from drifting; `engine` is the family's engine and stream behind
 `pipeline.stream`'s seam. The shared networks it runs are `pipeline.models.wan.vae` (Pro's
 Wan 2.1 VAE), `pipeline.models.ltx.vae` (Lite's LTX-Video VAE) and
-`pipeline.models.wav2vec2`.
+`pipeline.models.encoders.wav2vec2`.
 """

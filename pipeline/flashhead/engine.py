@@ -42,10 +42,10 @@ from pipeline.flashhead.color import ColorMatch, match_colors
 from pipeline.flashhead.dit import WanAudioDiT
 from pipeline.flashhead.framing import cover_and_crop
 from pipeline.flashhead.weights import load_dit, release_paths
+from pipeline.models.encoders.wav2vec2 import SpeechFeatures
 from pipeline.models.ltx.vae import LtxVae, load_ltx_vae
 from pipeline.models.wan.layers import wan_fp8_targets
 from pipeline.models.wan.vae import WanVAE, load_wan_vae
-from pipeline.models.wav2vec2 import SpeechFeatures
 from pipeline.module import DTYPES
 from pipeline.schedule import Chunk, ChunkPlan, StreamStep
 from pipeline.stream import FrameBatch, no_prompt, stage_of

@@ -22,6 +22,7 @@ import torch
 from pipeline.clock import MODEL_RATE
 from pipeline.flashhead.dit import WanDiTConfig
 from pipeline.flashhead.weights import random_dit_state, write_release_dit
+from pipeline.models.encoders.wav2vec2 import WAV2VEC2_TINY
 from pipeline.models.ltx.vae import RELEASE as LTX_RELEASE
 from pipeline.models.ltx.vae import TINY as LTX_TINY
 from pipeline.models.ltx.vae import LtxVaeConfig, build_network
@@ -61,15 +62,7 @@ SHAPES = {
             context_tokens=4,
         ),
         WAN21_VAE_TINY,
-        dict(
-            hidden_size=16,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=32,
-            conv_dim=(8,) * 7,
-            num_conv_pos_embeddings=16,
-            num_conv_pos_embedding_groups=2,
-        ),
+        WAV2VEC2_TINY,
         LTX_TINY,
     ),
 }

@@ -5,6 +5,6 @@ from the published checkpoints.
 folder and the `liveavatar.safetensors` LoRA) and writes random releases of the same
 layout for tests and benchmarks; `s2v_weights` is the transformer's key table (published
 names onto `pipeline.models.wan.s2v`) and draws random weights of its shapes. The LoRA is
-merged by `pipeline.lora`, the prompt is encoded by `pipeline.models.umt5`, speech by
-`pipeline.models.s2v_speech`.
+merged by `pipeline.lora`, the prompt is encoded by `pipeline.models.encoders.umt5`, speech by
+`pipeline.models.encoders.s2v_speech`.
 """

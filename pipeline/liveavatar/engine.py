@@ -51,8 +51,8 @@ from pipeline.family_engine import EngineBase
 from pipeline.flashhead.framing import cover_and_crop
 from pipeline.liveavatar.s2v_weights import load_published
 from pipeline.liveavatar.weights import read_merged_state, read_transformer_config, release_paths
-from pipeline.models.s2v_speech import S2VSpeechFeatures, to_feature_rate, to_video_frames
-from pipeline.models.umt5 import PromptEncoder
+from pipeline.models.encoders.s2v_speech import S2VSpeechFeatures, to_feature_rate, to_video_frames
+from pipeline.models.encoders.umt5 import PromptEncoder
 from pipeline.models.wan.layers import wan_fp8_targets
 from pipeline.models.wan.s2v import S2VConfig, S2VTransformer, euler_sigmas
 from pipeline.models.wan.s2v_cache import S2VCache

@@ -2,7 +2,7 @@
 
 The release carries `wav2vec2-large-xlsr-53-english/` (a transformers `Wav2Vec2ForCTC`
 folder); the network is the `Wav2Vec2Model` inside it, the CTC head unused. What S2V adds
-is which states it keeps and its timing, unlike FlashHead's (`pipeline.models.wav2vec2`):
+is which states it keeps and its timing, unlike FlashHead's (`pipeline.models.encoders.wav2vec2`):
 
 1. the whole clip is normalised (the feature extractor) and run through the model at its
    own 50 states a second;
@@ -34,7 +34,7 @@ from torch import Tensor
 
 from pipeline.clock import FPS, MODEL_RATE
 from pipeline.errors import CheckpointError
-from pipeline.models.pretrained import load_files, load_model
+from pipeline.models.encoders.pretrained import load_files, load_model
 
 STATES_PER_SECOND = 50  # wav2vec2's convolutions: one state per 20 ms at 16 kHz
 FEATURE_RATE = 30  # the authors' AudioEncoder.video_rate: the grid the states are resampled to
