@@ -37,10 +37,10 @@ from pipeline.batching import StepBatcher
 from pipeline.clock import FPS, MODEL_RATE, MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
 from pipeline.errors import ConfigError
+from pipeline.faces.framing import cover_and_crop
 from pipeline.family_engine import EngineBase
 from pipeline.flashhead.color import ColorMatch, match_colors
 from pipeline.flashhead.dit import WanAudioDiT
-from pipeline.flashhead.framing import cover_and_crop
 from pipeline.flashhead.weights import load_dit, release_paths
 from pipeline.models.encoders.wav2vec2 import SpeechFeatures
 from pipeline.models.ltx.vae import LtxVae, load_ltx_vae

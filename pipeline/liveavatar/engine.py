@@ -47,8 +47,8 @@ from torch import Tensor
 from pipeline.clock import FPS, MODEL_RATE, MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
 from pipeline.errors import CheckpointError, ConfigError
+from pipeline.faces.framing import cover_and_crop
 from pipeline.family_engine import EngineBase
-from pipeline.flashhead.framing import cover_and_crop
 from pipeline.liveavatar.s2v_weights import load_published
 from pipeline.liveavatar.weights import read_merged_state, read_transformer_config, release_paths
 from pipeline.models.encoders.s2v_speech import S2VSpeechFeatures, to_feature_rate, to_video_frames
