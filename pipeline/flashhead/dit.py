@@ -28,9 +28,8 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from pipeline.models.attention import Attention
 from pipeline.models.layers import apply_rope, grid_positions, rope_angles
-from pipeline.models.wan.layers import FrameCrossAttention, RMSNorm, sinusoid
+from pipeline.models.wan.layers import FrameCrossAttention, WanSelfAttention, sinusoid
 
 
 @dataclass(frozen=True)
@@ -64,15 +63,8 @@ class WanDiTConfig:
         return self.vae_stride[0]
 
 
-class SelfAttention(nn.Module):
-    def __init__(self, dim: int, heads: int, eps: float) -> None:
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.o = nn.Linear(dim, dim)
-        self.norm_q = RMSNorm(dim, eps)
-        self.norm_k = RMSNorm(dim, eps)
-        self.attend = Attention("sdpa")
+class SelfAttention(WanSelfAttention):
+    """Every token attends to every token of the chunk."""
 
     def forward(self, x_BLD: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
         B, L, D = x_BLD.shape

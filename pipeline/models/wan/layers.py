@@ -1,8 +1,9 @@
 """The Wan 2.x layers that FlashHead's DiT and LiveAvatar's S2V transformer share.
 
-Both networks are Wan DiTs: RMS-normed queries and keys, Wan's timestep sinusoid, and a
-cross-attention of each latent frame's tokens to that frame's audio tokens (FlashHead's
-every block, S2V's audio injection). `wan_fp8_targets` names the linears FP8 replaces in
+Both networks are Wan DiTs: attention weights laid out as Wan publishes them, with
+RMS-normed queries and keys (`WanSelfAttention`, `WanCrossAttention`), Wan's timestep
+sinusoid, and a cross-attention of each latent frame's tokens to that frame's audio tokens
+(FlashHead's every block, S2V's audio injection). `wan_fp8_targets` names the linears FP8 replaces in
 either's blocks. RoPE is the project's one `pipeline.models.layers.apply_rope`.
 
 Legend: B batch, L tokens, T latent frames, P tokens per latent frame, M audio tokens per
@@ -16,6 +17,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from pipeline.models.attention import Attention
 
 
 class RMSNorm(nn.Module):
@@ -42,8 +45,23 @@ def sinusoid(t_B: Tensor, dim: int) -> Tensor:
     return torch.cat([torch.cos(args), torch.sin(args)], dim=1)
 
 
-class FrameCrossAttention(nn.Module):
-    """Each latent frame's tokens attend to that frame's audio tokens, and nothing else."""
+class WanSelfAttention(nn.Module):
+    """Self-attention's weights as Wan publishes them (q, k, v fused at load): RMS norms over
+    the whole width on queries and keys. Each model says how its tokens attend."""
+
+    def __init__(self, dim: int, heads: int, eps: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.o = nn.Linear(dim, dim)
+        self.norm_q = RMSNorm(dim, eps)
+        self.norm_k = RMSNorm(dim, eps)
+        self.attend = Attention("sdpa")
+
+
+class WanCrossAttention(nn.Module):
+    """Cross-attention's weights as Wan publishes them (k, v fused at load): queries from
+    the tokens, keys and values from a context, RMS norms on queries and keys."""
 
     def __init__(self, dim: int, heads: int, eps: float) -> None:
         super().__init__()
@@ -53,6 +71,10 @@ class FrameCrossAttention(nn.Module):
         self.o = nn.Linear(dim, dim)
         self.norm_q = RMSNorm(dim, eps)
         self.norm_k = RMSNorm(dim, eps)
+
+
+class FrameCrossAttention(WanCrossAttention):
+    """Each latent frame's tokens attend to that frame's audio tokens, and nothing else."""
 
     def forward(self, x_BLD: Tensor, ctx_BTMD: Tensor) -> Tensor:
         B, L, D = x_BLD.shape
