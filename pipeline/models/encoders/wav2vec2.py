@@ -89,3 +89,18 @@ class SpeechFeatures:
             for hook in hooks:
                 hook.remove()
         return torch.stack(layers, dim=2).float()
+
+
+def write_feature_extractor(folder: Path, attention_mask: bool) -> None:
+    """The feature extractor's config as wav2vec2 releases carry it, for random ones: 16 kHz
+    mono, each clip normalised; an attention mask where the release takes one (the large
+    XLSR models do, wav2vec2-base does not)."""
+    from transformers import Wav2Vec2FeatureExtractor
+
+    Wav2Vec2FeatureExtractor(
+        feature_size=1,
+        sampling_rate=MODEL_RATE,
+        padding_value=0.0,
+        do_normalize=True,
+        return_attention_mask=attention_mask,
+    ).save_pretrained(str(folder))
