@@ -1,7 +1,7 @@
 """Building blocks shared by the two DiTs: 3D RoPE, adaLN modulation, the transformer block.
 
-`rope_angles`, `grid_positions` and `apply_rope` are every model's RoPE (the Wan models'
-too: `pipeline.models.wan`).
+`apply_rope` is every model's RoPE, the Wan models' too (`pipeline.models.wan`, FlashHead's
+DiT: tokens first).
 
 Legend: B batch, L tokens, D model dim, N heads, H head dim, T latent frames.
 """
