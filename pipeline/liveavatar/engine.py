@@ -47,15 +47,15 @@ from torch import Tensor
 from pipeline.clock import FPS, MODEL_RATE, MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
 from pipeline.errors import CheckpointError, ConfigError
+from pipeline.faces.framing import cover_and_crop
 from pipeline.family_engine import EngineBase
-from pipeline.flashhead.framing import cover_and_crop
+from pipeline.liveavatar.s2v_weights import load_published
 from pipeline.liveavatar.weights import read_merged_state, read_transformer_config, release_paths
-from pipeline.models.s2v_speech import S2VSpeechFeatures, to_feature_rate, to_video_frames
-from pipeline.models.umt5 import PromptEncoder
-from pipeline.models.wan.dit import wan_fp8_targets
+from pipeline.models.encoders.s2v_speech import S2VSpeechFeatures, to_feature_rate, to_video_frames
+from pipeline.models.encoders.umt5 import PromptEncoder
+from pipeline.models.wan.layers import wan_fp8_targets
 from pipeline.models.wan.s2v import S2VConfig, S2VTransformer, euler_sigmas
 from pipeline.models.wan.s2v_cache import S2VCache
-from pipeline.models.wan.s2v_weights import load_published
 from pipeline.models.wan.vae import WanDecodeStream, WanVAE, load_wan_vae
 from pipeline.module import DTYPES
 from pipeline.schedule import Chunk, ChunkPlan, StreamStep
