@@ -41,6 +41,7 @@ from pipeline.faces.framing import cover_and_crop
 from pipeline.family_engine import EngineBase
 from pipeline.flashhead.color import ColorMatch, match_colors
 from pipeline.flashhead.dit import WanAudioDiT
+from pipeline.flashhead.sampling import draw, sample_chunks, sampling_timesteps, window_indices
 from pipeline.flashhead.weights import load_dit, release_paths
 from pipeline.models.encoders.wav2vec2 import SpeechFeatures
 from pipeline.models.ltx.vae import LtxVae, load_ltx_vae
@@ -59,59 +60,6 @@ def model_dtype(cfg: FacecastConfig, device: torch.device) -> torch.dtype:
     if cfg.flashhead.dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return DTYPES[cfg.flashhead.dtype]
-
-
-def sampling_timesteps(steps: int, shift: float, device: torch.device) -> list[Tensor]:
-    """The distilled sampler's timesteps (0..1000, then 0), shifted toward the noisy end:
-    t' = shift·t / (1 + (shift − 1)·t) on t in [0, 1]."""
-    if steps == 4:
-        ts = [1000.0, 750.0, 500.0, 250.0]
-    elif steps == 2:
-        ts = [1000.0, 500.0]
-    else:
-        ts = [float(t) for t in np.linspace(1000, 1, steps, dtype=np.float32)]
-    out = []
-    for t in [*ts, 0.0]:
-        u = torch.tensor([t], device=device) / 1000
-        out.append(shift * u / (1 + (shift - 1) * u) * 1000)
-    return out
-
-
-def sample_chunks(
-    dit: WanAudioDiT,
-    noise_BCTHW: Tensor,
-    motion_BCTHW: Tensor,
-    ref_BCTHW: Tensor,
-    ctx_BTMD: Tensor,
-    timesteps: list[Tensor],
-    generators: list[torch.Generator],
-) -> Tensor:
-    """Chunks' latents from their noise, one per stream of a batch, each stream's fresh
-    noise from its own generator (so a stream draws the same numbers alone or batched):
-    the hot path (no host syncs)."""
-    x = noise_BCTHW
-    m = motion_BCTHW.shape[2]
-    for i in range(len(timesteps) - 1):
-        x[:, :, :m] = motion_BCTHW
-        flow = dit(x, timesteps[i], ctx_BTMD, ref_BCTHW)
-        t_now = (timesteps[i] / 1000).to(x.dtype)
-        t_next = (timesteps[i + 1] / 1000).to(x.dtype)
-        clean = x - flow * t_now
-        fresh = torch.stack([draw(clean.shape[1:], x, g) for g in generators])
-        x = (1 - t_next) * clean + t_next * fresh
-    x[:, :, :m] = motion_BCTHW
-    return x
-
-
-def draw(shape: torch.Size, like: Tensor, generator: torch.Generator) -> Tensor:
-    return torch.randn(shape, dtype=like.dtype, device=like.device, generator=generator)
-
-
-def window_indices(frames: int, end: int) -> Tensor:
-    """(frames, 5) feature rows: each of the last `frames` frames before `end` with its
-    neighbours ±2, clamped to the window [0, end)."""
-    centre = torch.arange(end - frames, end)[:, None] + torch.arange(-2, 3)[None, :]
-    return centre.clamp(0, end - 1)
 
 
 def decode_passes(chunk_frames: int, stride: int, motion_latents: int, per_pass: int) -> list[int]:
