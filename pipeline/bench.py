@@ -267,7 +267,7 @@ def engine_options(opts: BenchOptions):
 
 
 def run_bench(opts: BenchOptions) -> dict:
-    from pipeline.engine import Engine
+    from pipeline.diffusion.engine import Engine
     from pipeline.startup import start_engine
 
     engine, report = start_engine(engine_options(opts))
@@ -284,7 +284,7 @@ def run_bench(opts: BenchOptions) -> dict:
 
     clock = Clock(device)
     recorder = StageRecorder(clock)
-    r = cfg.vae.temporal_ratio
+    r = cfg.diffusion.vae.temporal_ratio
     chunk_frames = cfg.schedule.chunk_latents * r
     chunk_seconds = chunk_frames / cfg.video.fps
     steps = 1 + max(1, round(opts.seconds / chunk_seconds))

@@ -2,9 +2,10 @@
 
 import pytest
 
-from pipeline.config import latent_grid, load_config
+from pipeline.config import load_config
+from pipeline.diffusion.build import build_models
+from pipeline.diffusion.config import latent_grid
 from pipeline.errors import ConfigError
-from pipeline.models.build import build_models
 
 
 def params(model) -> int:
