@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from pipeline.faces import finder
 from pipeline.photo import face as F
 from pipeline.synth.face import _static_layers, landmarks, random_identity, render_reference
 
@@ -124,7 +125,7 @@ def haar_three_looks(rgb: np.ndarray) -> np.ndarray:
 
 def blazeface_alone(rgb: np.ndarray) -> np.ndarray:
     """BlazeFace (short range, else full range), no landmark check."""
-    from pipeline.photo import landmarks
+    from pipeline.faces import landmarks
 
     faces = landmarks.find_faces(rgb)
     return np.array([f.box for f in faces], np.float64).reshape(-1, 4)
@@ -134,7 +135,7 @@ DETECTORS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "Haar, one look (issue 16)": haar_one_look,
     "Haar; alt2 on gamma 0.5; alt2 on CLAHE of it (before issue 33)": haar_three_looks,
     "BlazeFace alone": blazeface_alone,
-    "BlazeFace, each face confirmed by FaceMesh (now, `detect_faces`)": F.detect_faces,
+    "BlazeFace, each face confirmed by FaceMesh (now, `detect_faces`)": finder.detect_faces,
 }
 
 
@@ -264,7 +265,7 @@ def lip_sync_rows(seconds: float) -> list[str]:
     for k in range(8):
         identity = identity_for(EVAL_SEED, k)
         reference = render_reference(identity, SIZE)
-        if len(F.detect_faces(reference)) > 0:
+        if len(finder.detect_faces(reference)) > 0:
             continue
         scores = {}
         png = prepare_synthetic(reference, identity, SIZE, SIZE, cfg)

@@ -30,7 +30,8 @@
 # BLOCKS16=8 (bf16 keeps 4 steps; blocks 3.. are timed: the key window full), AUTHORS_COMPILE=1
 # (parity: also time their loop under their torch.compile if 120 s are left; alone:
 # DTYPES= AUTHORS_COMPILE=1 bash bench/gpu_liveavatar.sh parity), PRECISIONS="default fp8"
-# (speed: `facecast bench --precision`, default "default"), BENCH_FLAGS="--compile" (speed:
+# (speed: `facecast bench --precision`, default "default"), OVERLAPS="true false" (speed: the
+# decode beside the next block's DiT, and serial; default "true"), BENCH_FLAGS="--compile" (speed:
 # each layer's dense work compiled, the cache and attention eager; not yet run on a GPU: allow
 # a few minutes more for the graphs), SECONDS_BENCH=20, SECONDS_LIVE=60,
 # SERVE_FLAGS="--compile --precision=fp8" (serve; default none), LEAN=0 (the full 11 GB umT5).
@@ -138,14 +139,18 @@ speed)
     || { echo "block bench FAILED"; tail -20 "$out/block_bench.log"; }
   release
   # the whole stream: audio features, the DiT's 4 steps a block, the VAE decode
+  # OVERLAPS="true false": block k decoded beside block k+1's DiT (liveavatar.overlap), and not
   for precision in ${PRECISIONS:-default}; do
-    name=bench_liveavatar_$precision
-    # shellcheck disable=SC2086
-    timeout "$(left)" "$py" -m facecast bench --model liveavatar --weights "$weights" \
-      --lora "$lora" --device "$dev" --seconds "${SECONDS_BENCH:-20}" --precision "$precision" \
-      ${BENCH_FLAGS:-} --json "$out/$name.json" 2>"$out/$name.log" \
-      || { echo "FAILED bench $precision"; tail -20 "$out/$name.log"; }
-    tail -3 "$out/$name.log"
+    for overlap in ${OVERLAPS:-true}; do
+      name=bench_liveavatar_${precision}_overlap_$overlap
+      # shellcheck disable=SC2086
+      timeout "$(left)" "$py" -m facecast bench --model liveavatar --weights "$weights" \
+        --lora "$lora" --device "$dev" --seconds "${SECONDS_BENCH:-20}" \
+        --precision "$precision" --set "liveavatar.overlap=$overlap" ${BENCH_FLAGS:-} \
+        --json "$out/$name.json" 2>"$out/$name.log" \
+        || { echo "FAILED bench $precision overlap=$overlap"; tail -20 "$out/$name.log"; }
+      tail -3 "$out/$name.log"
+    done
   done
   ;;
 serve)

@@ -414,7 +414,7 @@ def serve_fleet(args: argparse.Namespace, config) -> int:
 
 
 def build_parser(with_serve_options: bool = True) -> argparse.ArgumentParser:
-    from pipeline.photo.face import FACE_BOX_HELP, face_box_arg
+    from pipeline.faces.face_box import FACE_BOX_HELP, face_box_arg
 
     parser = OneLineParser(prog="facecast", description=__doc__.splitlines()[0])
     parser.add_argument(

@@ -135,7 +135,7 @@ FAMILIES: tuple[Family, ...] = (
         photos=True,
         face_box=True,
         default_reference=_PORTRAIT,
-        preflight="pipeline.photo.landmarks:preflight",
+        preflight="pipeline.faces.landmarks:preflight",
         # on a GPU it computes nothing on the CPU with torch: torch's threads would only
         # crowd the VAD's small windows (`realtime.engine_host.torch_threads_in_process`)
         gpu_torch_threads=1,

@@ -37,14 +37,16 @@ def default_reference(cfg) -> Path:
 def load_reference(path: str | Path, cfg, face_box=None) -> np.ndarray:
     """A reference image for `cfg` → uint8 (H, W, 3) RGB. The photo stack checks it first
     (bytes, type, pixels: `pipeline.photo.face.load_photo`); the real models get it checked
-    the same way and framed as they expect, a tilted face turned upright: FlashHead's
-    face-centred square (`pipeline.flashhead.framing`), LiveAvatar's cover-and-crop
+    the same way and framed as they expect, a tilted face turned upright
+    (`pipeline.faces.framing`): FlashHead's face-centred square
+    (`pipeline.flashhead.framing`), LiveAvatar's cover-and-crop
     (`pipeline.liveavatar.framing`). `face_box` frames the face by hand (x, y, w, h[, angle]
     in the photo's pixels) instead of the face finder."""
     family = cfg.family
     if not family.face_box:
         return load_image(path)
-    from pipeline.photo.face import check_face_box, load_photo
+    from pipeline.faces.face_box import check_face_box
+    from pipeline.photo.face import load_photo
 
     if not Path(path).is_file():
         raise MediaError(f"reference image not found: {path}")

@@ -121,6 +121,14 @@ def ready_pieces(stream: AvatarStream) -> Iterator[FrameBatch]:
     return pieces() if pieces is not None else iter(stream.generate_ready())
 
 
+def samples_wanted(stream: AvatarStream) -> int:
+    """The audio a stream can use now: its next step's, or, where a stream starts its next
+    step while it finishes this one (`WindowedStream.read_ahead`), the step after's too. A
+    feed with a backlog hands it all over; one without simply hands what has come."""
+    wanted = getattr(stream, "samples_wanted", None)
+    return wanted() if wanted is not None else stream.samples_needed()
+
+
 def no_prompt(cfg: FacecastConfig, prompt: str | None) -> None:
     """The one refusal of a prompt by an engine whose model reads none."""
     if prompt is not None:

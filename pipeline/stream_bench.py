@@ -27,7 +27,7 @@ import torch
 from pipeline.bench import git_commit, percentile, speech_like_audio, test_card
 from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME
 from pipeline.startup import EngineOptions, start_engine
-from pipeline.stream import ready_pieces
+from pipeline.stream import ready_pieces, samples_wanted
 
 
 def bench_stream(opts: EngineOptions, seconds: float, command: str) -> dict:
@@ -45,7 +45,9 @@ def bench_stream(opts: EngineOptions, seconds: float, command: str) -> dict:
     first_stages: dict[str, float] = {}
     k = 0
     while stream.timeline.total < len(audio):
-        need = min(len(audio), engine.stream_step(k).audio_frames * MODEL_SAMPLES_PER_FRAME)
+        # the next step's audio, and the one after's for a stream that starts it beside this
+        # one (LiveAvatar): a server's backlog when the engine is behind real time
+        need = min(len(audio), stream.timeline.total + samples_wanted(stream))
         stream.push_audio(audio[stream.timeline.total : need])
         t = time.perf_counter()
         made, first = 0, 0.0

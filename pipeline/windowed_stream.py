@@ -7,6 +7,13 @@ audio. What they share lives here: the audio timeline and how much of it is kept
 back from the next chunk's end), when a chunk can run, the end of the audio (the chunks that
 cover it, the last one trimmed), frames handed to the sinks, in order, each once. A model's
 stream says where chunk k's audio ends (`audio_end`) and makes its frames (`make_chunk`).
+
+A stream that starts chunk k+1 while chunk k's frames are still being finished (LiveAvatar
+decodes block k beside block k+1's DiT) reads one chunk ahead (`read_ahead`): it asks for
+the next chunk's audio too (`samples_wanted`), which a feed with a backlog hands over, and
+uses it where it is there. A chunk so started is finished once the audio of the chunk after
+it is here (so that it, too, finishes beside the next one's start) or at the audio's end:
+with a backlog that is at once; a feed that has caught up waits one chunk's audio, once.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ class WindowedStream:
         self.total_frames: int | None = None
         self.chunk_log: deque[Chunk] = deque(maxlen=64)
         self.closed = False
+        self.read_ahead = 0  # chunks past the next whose audio the stream can use now
 
     # -- what a model's stream says ----------------------------------------------------------
     def audio_end(self, k: int) -> int:
@@ -62,6 +70,10 @@ class WindowedStream:
         """Free what the stream holds (it makes no more chunks after)."""
         raise NotImplementedError
 
+    def started_ahead(self, k: int) -> bool:
+        """Whether chunk k was started during chunk k-1's step (a stream that reads ahead)."""
+        return False
+
     # -- streaming API (pipeline.stream.AvatarStream) --------------------------------------
     def push_audio(self, samples: np.ndarray) -> None:
         if self.total_frames is not None:
@@ -71,7 +83,19 @@ class WindowedStream:
     def samples_needed(self) -> int:
         if self.total_frames is not None:
             return 0
-        return max(0, self.audio_end(self.next_n) - self.timeline.total)
+        return max(0, self._next_audio_end() - self.timeline.total)
+
+    def samples_wanted(self) -> int:
+        """Model-rate samples the stream can use now: the next step's, and, for a stream
+        that reads ahead, the following step's too (`pipeline.stream.samples_wanted`)."""
+        if self.total_frames is not None:
+            return 0
+        return max(0, self.audio_end(self.next_n + self.read_ahead) - self.timeline.total)
+
+    def has_audio_for(self, k: int) -> bool:
+        """Whether chunk k's audio has all arrived (and the audio has not ended, which
+        would change what chunk k reads past the end)."""
+        return self.total_frames is None and self.timeline.total >= self.audio_end(k)
 
     def generate_ready(self) -> list[FrameBatch]:
         return list(self.iter_ready())
@@ -79,7 +103,7 @@ class WindowedStream:
     def iter_ready(self) -> Iterator[FrameBatch]:
         """`generate_ready`, piece by piece: each batch as soon as its frames exist (a
         consumer must take them all before calling the stream again)."""
-        while self.total_frames is None and self.timeline.total >= self.audio_end(self.next_n):
+        while self.total_frames is None and self.timeline.total >= self._next_audio_end():
             yield from self._advance()
 
     def finish(self) -> list[FrameBatch]:
@@ -96,6 +120,12 @@ class WindowedStream:
     def close(self) -> None:
         self.release()
         self.closed = True
+
+    def _next_audio_end(self) -> int:
+        """The sample the next step waits for: its chunk's audio end, or, for a chunk
+        started ahead, the end of the chunk after it (see the module's docstring)."""
+        k = self.next_n
+        return self.audio_end(k + 1 if self.started_ahead(k) else k)
 
     def window_audio(self, k: int) -> tuple[np.ndarray, int]:
         """Chunk k's window of audio (zeros before the stream began) and the sample it

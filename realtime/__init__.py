@@ -6,7 +6,7 @@
     audio in         AudioIn          mic (Opus → 48 kHz mono) and utterances → PlaybackTimeline,
                      (audio_in)       16 kHz → VadThread (events) and → the engine feed
     engine feed      EngineFeed       GenerationWorker (engine thread) → FrameQueue
-                     (generation)
+                     (engine_feed)
     playout          PlayoutControl   the delay's budget, the PlayoutClock, its control loop
                      (playout)
     outgoing tracks  OutgoingTracks   AvatarVideoTrack (frame n at t0 + n·40 ms) and
@@ -32,8 +32,9 @@ Modules, by job:
 - one session: `session` (PeerSession: its parts in order, the interrupt path, close),
   `session_config` (how a session behaves: margins, timeouts, silence fill),
   `buffers` (what the parts share: the playback timeline, the frame queue, the playout
-  clock), `audio_in` (decode, resample, VAD feed), `vad`, `generation` (the engine thread
-  and feed), `playout` (the delay from the latency budget, its control loop),
+  clock), `audio_in` (decode, resample, VAD feed), `vad`, `engine_feed` (the session's
+  engine part), `generation` (its worker thread: what audio a step gets, a backlog
+  skipped), `playout` (the delay from the latency budget, its control loop),
   `tracks` (paced A/V, sinks, speech-to-lips), `control` (events out, the interrupt
   message), `events` (event messages, playback), `utterance` (an agent's pushed speech),
   `connection` (the peer connection, freed at close), `sinks` (per-session sink

@@ -35,7 +35,7 @@ from realtime.vad import VadEvent, VadThread, VoiceActivityDetector
 
 if TYPE_CHECKING:
     from realtime.control import ControlChannel, Interrupt
-    from realtime.generation import EngineFeed
+    from realtime.engine_feed import EngineFeed
     from realtime.metrics import RealtimeMetrics
     from realtime.playout import PlayoutControl
     from realtime.session_config import SessionConfig

@@ -2,9 +2,10 @@
 
 `generate_ready()` is heavy and blocking, so it never runs on the event loop. The event
 loop appends 16 kHz audio with `push`; the thread waits until the engine's next step has
-all the audio it needs (`samples_needed()`), hands it exactly that, generates while fewer
+all the audio it needs (`samples_needed()`), hands it exactly that (and, from a backlog,
+the step after's to a stream that starts it early: `samples_wanted`), generates while fewer
 than `lead` frames wait in the `FrameQueue`, and reports batches and failures back through
-loop callbacks.
+loop callbacks. The session's part around it is `realtime.engine_feed.EngineFeed`.
 
 Feeding one step at a time keeps the audio the engine holds to what it must, so at each
 step boundary the worker can still decide where the next frames land on the timeline. An
@@ -29,11 +30,8 @@ import numpy as np
 
 from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME
 from pipeline.schedule import StreamStep
-from pipeline.stream import AvatarStream, FrameBatch, ready_pieces
+from pipeline.stream import AvatarStream, FrameBatch, ready_pieces, samples_wanted
 from realtime.buffers import FrameQueue, PlayoutClock
-from realtime.control import Interrupt
-from realtime.metrics import RealtimeMetrics
-from realtime.playout import PlayoutControl
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +191,11 @@ class GenerationWorker:
             if pending < need:
                 return False
             self._skip_for_slack(pending - need)
-            parts = self._take(need)
+            # a stream that starts its next step beside this one (`samples_wanted`) gets that
+            # step's audio too where the backlog holds all of it
+            extra = max(0, samples_wanted(stream) - stream.samples_needed())
+            backlog = sum(p.size for p in self._pending) - need
+            parts = self._take(need + (extra if 0 < extra <= backlog else 0))
             self.pushed += sum(p.size for p in parts)  # under the lock: rebase sees one split
             if self._pad:  # zeros that rebase already counted in `pushed` go in first
                 parts.insert(0, np.zeros(self._pad, np.float32))
@@ -215,9 +217,14 @@ class GenerationWorker:
 
     def frames_ahead_needed(self) -> float:
         """How many frame times after now new audio's first frame must be due for it to
-        exist by then (`_skip_for_slack`): margin + max(G, 2G - (E - carry))."""
+        exist by then (`_skip_for_slack`): margin + max(G, 2G - (E - carry)), and G more for
+        a stream that reads a step ahead."""
         g = self._gen_seconds * FPS  # in frame times
-        return self._margin_s * FPS + max(g, 2 * g - (self._step_frames - self._carry_frames))
+        # a stream that reads ahead (`samples_wanted`) makes new audio's frames a step later
+        later = g * getattr(self._engine, "read_ahead", 0)
+        return (
+            self._margin_s * FPS + later + max(g, 2 * g - (self._step_frames - self._carry_frames))
+        )
 
     def _skip_for_slack(self, surplus: int) -> None:
         """At a step boundary, with `surplus` samples of backlog beyond the step's need: skip
@@ -292,108 +299,3 @@ class GenerationWorker:
             self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the loop closed (process exiting): nobody is listening
             pass
-
-
-class EngineFeed:
-    """A session's engine part: the worker thread, the frames it queues and their counts.
-
-    Audio comes in through `push`; frames leave through the `FrameQueue` the video track
-    reads. The first frames start the playout clock (`PlayoutControl.start`). An error in
-    the thread ends the session through `fail`.
-    """
-
-    def __init__(
-        self,
-        session_id: str,
-        open_engine_stream: Callable[[], AvatarStream],
-        frames: FrameQueue,
-        playout: PlayoutControl,
-        metrics: RealtimeMetrics,
-        fail: Callable[[BaseException], None],
-        margin_s: float,
-        engine_lock: threading.Lock | None = None,
-    ) -> None:
-        timing = playout.timing
-        self._sid = session_id
-        self.frames = frames
-        self._playout = playout
-        self._metrics = metrics
-        self._fail = fail
-        self.generated = 0  # frames made
-        self.first_step_s: float | None = None  # wall time of the engine's first step
-        self.first_frames_s: float | None = None  # from that step's start to its first frames
-        self.worker = GenerationWorker(
-            open_engine_stream,
-            frames,
-            playout.clock,
-            asyncio.get_running_loop(),
-            self._on_chunk,
-            self._on_error,
-            session_id,
-            step=playout.steady_step,
-            step_seconds=timing.steady_seconds,
-            margin_s=margin_s + timing.spread * timing.steady_seconds,
-            engine_lock=engine_lock,
-            on_first_frames=self._on_first_frames,
-        )
-
-    def start(self) -> None:
-        self.worker.start()
-
-    def push(self, pcm16: np.ndarray) -> None:
-        self.worker.push(pcm16)
-
-    @property
-    def step_seconds(self) -> float:
-        return self.worker.step_seconds
-
-    def _on_first_frames(self, seconds: float) -> None:
-        """The first frames exist: the playout clock starts (the rest of the step may still
-        be on its way; the plan counted on that)."""
-        self.first_frames_s = seconds
-        if self._playout.clock.t0 is None:
-            self._playout.start()
-
-    def _on_chunk(self, stats: ChunkStats) -> None:
-        if self.first_step_s is None:
-            self.first_step_s = stats.seconds
-        if self._playout.clock.t0 is None:
-            self._playout.start()
-        duration = stats.frames / FPS
-        self.generated += stats.frames
-        self._metrics.frames_generated.inc(stats.frames)
-        self._metrics.chunk_generation.observe(stats.seconds)
-        self._metrics.chunk_duration.observe(duration)
-        self._metrics.realtime_factor.observe(stats.seconds / duration)
-        if stats.skipped:
-            self._metrics.frames_skipped.inc(stats.skipped)
-
-    def _on_error(self, exc: BaseException) -> None:
-        self._fail(exc)
-
-    def interrupt(self, cut: Interrupt) -> None:
-        """Frames from one chunk past the frame due now are dropped (at most `cut.tail` of
-        the flushed speech is still shown); the engine's next frames are shown from the cut,
-        and new audio starts right after the audio the engine already holds."""
-        cut.cut = max(cut.now, min(cut.now + cut.tail, self.worker.next_index()))
-        self.frames.truncate(cut.cut)
-        cut.new_audio = self.worker.rebase(cut.cut)
-
-    def stop(self) -> None:
-        """Tell the thread to stop after its step (it may be inside `generate_ready()`)."""
-        self.worker.stop()
-
-    async def close(self) -> None:
-        """Wait for the thread to end, then drop the callbacks into this part's owner."""
-        self.worker.stop()
-        if not await self.worker.wait_exited(30.0):
-            log.error("session %s: generation thread did not stop", self._sid)
-        self.worker.release()
-        self._fail = _ignore
-
-    def stats(self) -> dict:
-        return {
-            "frames_generated": self.generated,
-            "frames_skipped": self.worker.skipped_frames_total,
-            "frames_queued": self.frames.depth(),  # made, not yet due
-        }

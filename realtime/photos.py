@@ -12,7 +12,7 @@ for a corrupt file, 422 for a photo without exactly one usable face.
 
 A face the detector misses (or gets wrong) is framed by hand: `POST /photos?face_box=X,Y,W,H`
 (the page's box drawing), or `"face_box": [x, y, w, h]` beside an inline `"photo"`, in the
-original photo's pixels (`pipeline.photo.face.parse_face_box`, `check_face_box`); a box that
+original photo's pixels (`pipeline.faces.face_box.parse_face_box`, `check_face_box`); a box that
 is not four numbers, lies outside the photo or is too small is a 400 naming the problem.
 
 Uploads are held in a bounded store (oldest dropped first), so they never pile up; they
@@ -104,7 +104,7 @@ def _check_stack(cfg) -> None:
 
 def face_box_of(value: Any):
     """A request's hand-drawn face box (`None` when not given), or a 400 naming the fault."""
-    from pipeline.photo.face import parse_face_box
+    from pipeline.faces.face_box import parse_face_box
 
     if value is None:
         return None

@@ -37,7 +37,7 @@ from typing import Any
 from aiohttp import web
 
 from pipeline.clock import FPS
-from pipeline.photo.face import FACE_BOX_HELP, face_box_arg
+from pipeline.faces.face_box import FACE_BOX_HELP, face_box_arg
 from pipeline.startup import EngineOptions
 from pipeline.stream import StreamingEngine
 from realtime.dtls import allow_rsa_peers

@@ -2,7 +2,7 @@
 
     audio in          AudioIn (realtime.audio_in): microphone and utterances → timeline,
                       16 kHz → VAD thread and engine feed
-    engine feed       EngineFeed (realtime.generation): the engine thread → FrameQueue
+    engine feed       EngineFeed (realtime.engine_feed): the engine thread → FrameQueue
     playout           PlayoutControl (realtime.playout): the delay's budget, its clock
                       and control loop
     outgoing tracks   OutgoingTracks (realtime.tracks): paced A/V on that clock, sinks
@@ -45,9 +45,10 @@ from realtime.audio_in import AudioIn
 from realtime.buffers import FrameQueue, PlaybackTimeline
 from realtime.connection import PeerLink
 from realtime.control import ControlChannel, Interrupt
+from realtime.engine_feed import EngineFeed
 from realtime.errors import RealtimeError, SessionClosed
 from realtime.events import message, parse_client_message
-from realtime.generation import EngineFeed, GenerationWorker
+from realtime.generation import GenerationWorker
 from realtime.metrics import RealtimeMetrics
 from realtime.playout import EngineTiming, PlayoutBudget, PlayoutControl
 from realtime.session_config import SessionConfig

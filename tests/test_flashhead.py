@@ -26,9 +26,9 @@ from safetensors.torch import load_file, save_file
 from pipeline.clock import MODEL_RATE, MODEL_SAMPLES_PER_FRAME
 from pipeline.errors import CheckpointError, ConfigError
 from pipeline.flashhead.color import ColorMatch, lab_stats, srgb_to_lab
+from pipeline.flashhead.dit import WanDiTConfig
 from pipeline.flashhead.random_release import write_random_release, write_wav2vec
 from pipeline.flashhead.weights import random_dit_state, write_release_dit
-from pipeline.models.wan.dit import WanDiTConfig
 from pipeline.models.wan.vae import WanVAEConfig, random_checkpoint
 from pipeline.startup import EngineOptions, start_engine
 from pipeline.stream import FrameBatch

@@ -13,15 +13,10 @@ import pytest
 from PIL import Image
 from support.hard_faces import portrait, tilted
 
-from pipeline.flashhead.framing import (
-    cover_and_crop,
-    crop_square,
-    face_square,
-    found_face_box,
-    square_box,
-)
+from pipeline.faces.finder import find_faces
+from pipeline.faces.framing import cover_and_crop, found_face_box
+from pipeline.flashhead.framing import crop_square, face_square, square_box
 from pipeline.liveavatar.framing import frame_reference, framed_box
-from pipeline.photo.face import find_faces
 
 RATIO, SIDE = 2.0, 64  # FlashHead's face_ratio; a tiny square
 WIDTH, HEIGHT = 48, 88  # LiveAvatar's 384x704, an eighth

@@ -1,6 +1,7 @@
 """House rules that tools check: one clock, the engine package never imports the server nor
-the server the client, and no import cycle among the project's modules (nor, outside the
-engine package, among what the type checker reads)."""
+the server the client, no import cycle among the project's modules (nor, outside the
+engine package, among what the type checker reads), and each model family keeps to its
+own package (shared model code imports none, none imports another)."""
 
 import ast
 import io
@@ -343,3 +344,54 @@ def test_the_family_contract_modules_type_check_strictly():
         name for name in STRICT_MODULES if STRICT not in (ROOT / name).read_text().splitlines()[:40]
     ]
     assert not lax, f"{lax} must carry {STRICT!r} near the top"
+
+
+# A family's code (`pipeline.families`) lies in its own package. The shared model code
+# (`pipeline/models/`) imports no family, and no family imports another: what two families
+# share lies below them (`pipeline.models`, `pipeline.faces`, `pipeline.random_weights`, …).
+def _family_packages() -> dict[str, str]:
+    """Each family's package by its stack: the package its engine lies in, or the engine's
+    module itself where that lies at the top of `pipeline` (`pipeline.engine`)."""
+    from pipeline.families import FAMILIES
+
+    modules = {f.stack: f.engine.partition(":")[0] for f in FAMILIES}
+    return {s: m.rpartition(".")[0] if m.count(".") > 1 else m for s, m in modules.items()}
+
+
+def _family_imports(graph: dict[str, set[str]], packages: dict[str, str]) -> list[tuple]:
+    """(module, its family or None, the module it imports) for each import that reaches into
+    a family's package from outside it."""
+
+    def family(module: str) -> str | None:
+        return next((s for s, p in packages.items() if f"{module}.".startswith(f"{p}.")), None)
+
+    return [
+        (m, family(m), d) for m in graph for d in graph[m] if family(d) not in (None, family(m))
+    ]
+
+
+def test_shared_model_code_imports_no_family():
+    imports = _family_imports(_graph(typing=True), _family_packages())
+    found = sorted(f"{m} imports {d}" for m, _, d in imports if m.startswith("pipeline.models."))
+    assert not found, "move what it needs below the families:\n" + "\n".join(found)
+
+
+def test_no_family_imports_another():
+    imports = _family_imports(_graph(typing=True), _family_packages())
+    found = sorted(f"{m} imports {d}" for m, family, d in imports if family)
+    assert not found, "share it from below the families instead:\n" + "\n".join(found)
+
+
+def test_the_family_checks_see_what_they_should():
+    packages = {"a": "pipeline.a", "b": "pipeline.b", "top": "pipeline.engine"}
+    graph = {
+        "pipeline.a.x": {"pipeline.a.y", "pipeline.b.z", "pipeline.ab"},
+        "pipeline.models.m": {"pipeline.engine"},
+        "pipeline.ab": {"pipeline.a.y"},
+    }
+    assert _family_imports(graph, packages) == [
+        ("pipeline.a.x", "a", "pipeline.b.z"),
+        ("pipeline.models.m", None, "pipeline.engine"),
+        ("pipeline.ab", None, "pipeline.a.y"),
+    ]
+    assert _family_packages()["photo"] == "pipeline.photo"

@@ -326,3 +326,29 @@ async def test_serve_a_random_release_to_an_aiortc_client_for_30_seconds(release
         assert stats["frames_dropped"] <= 0.1 * made, stats
         assert stats["frames_fresh"] >= 0.9 * (made - stats["frames_queued"]), stats
         assert stats["ttff_ms"] is not None, stats
+
+
+def test_a_block_decoded_beside_the_next_blocks_dit_gives_the_serial_frames(engine):
+    """With the next block's audio already here, block k decodes on a side stream while
+    block k+1's DiT runs (on a CPU, in place), and block k+1 then waits for block k+2's
+    audio (or the end) to finish beside it: the frames and their order are the serial
+    path's, to the bit."""
+    spf = MODEL_SAMPLES_PER_FRAME
+    audio = speechy(1.2, seed=3)[: engine.stream_step(1).audio_frames * spf]
+    runs = []
+    for read_ahead in (1, 0):
+        stream = engine.new_stream(np.full((SIZE, SIZE, 3), 150, np.uint8), seed=4)
+        stream.read_ahead = read_ahead
+        assert stream.samples_wanted() == engine.stream_step(read_ahead).audio_frames * spf
+        stream.push_audio(audio)
+        ready = stream.generate_ready()
+        if read_ahead:  # block 1 was started in block 0's step; it waits for block 2's audio
+            assert [b.start for b in ready] == [0] and stream.started_ahead(1)
+            assert stream.samples_needed() == engine.stream_step(2).audio_frames * spf - len(audio)
+        else:
+            assert [b.start for b in ready] == [0, BLOCK] and not stream.started_ahead(2)
+        batches = ready + stream.finish()
+        assert [b.start for b in batches] == [0, BLOCK, 2 * BLOCK]
+        runs.append(np.concatenate([b.frames for b in batches]))
+        stream.close()
+    np.testing.assert_array_equal(runs[0], runs[1])

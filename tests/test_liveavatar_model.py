@@ -19,14 +19,14 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from pipeline.errors import CheckpointError
-from pipeline.models.wan.s2v import AudioTokens, S2VConfig, S2VTransformer, euler_sigmas
-from pipeline.models.wan.s2v_weights import (
+from pipeline.liveavatar.s2v_weights import (
     load_published,
     load_published_streamed,
     published_shapes,
     random_published_state,
     random_published_tensors,
 )
+from pipeline.models.wan.s2v import AudioTokens, S2VConfig, S2VTransformer, euler_sigmas
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "liveavatar" / "parity_tiny.safetensors"

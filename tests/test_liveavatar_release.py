@@ -127,7 +127,12 @@ def test_the_prompt_encoder_reproduces_wans_t5_encoder(tmp_path):
     weights (`bench/parity/umt5_reference.py`); its weights and tokenizer re-made here."""
     from safetensors import safe_open
 
-    from pipeline.models.umt5 import PromptEncoder, UMT5Shape, random_wan_state, write_tokenizer
+    from pipeline.models.encoders.umt5 import (
+        PromptEncoder,
+        UMT5Shape,
+        random_wan_state,
+        write_tokenizer,
+    )
 
     fixture = FIXTURES / "umt5_tiny.safetensors"
     with safe_open(str(fixture), "pt") as f:
@@ -156,7 +161,7 @@ def test_the_prompt_encoder_reproduces_wans_t5_encoder(tmp_path):
     ],
 )
 def test_a_t5_checkpoint_that_does_not_fit_names_the_file_and_key(tmp_path, edit, message):
-    from pipeline.models.umt5 import UMT5Shape, load_umt5, random_wan_state
+    from pipeline.models.encoders.umt5 import UMT5Shape, load_umt5, random_wan_state
 
     state = random_wan_state(UMT5Shape(vocab=64, dim=32, dim_attn=32, dim_ffn=48,
                                        num_heads=4, num_layers=2), 0)  # fmt: skip
@@ -178,7 +183,7 @@ def test_the_speech_features_reproduce_wan_s2vs_audio_encoder(tmp_path):
 
     from pipeline.clock import MODEL_RATE
     from pipeline.media import read_audio
-    from pipeline.models.s2v_speech import (
+    from pipeline.models.encoders.s2v_speech import (
         S2VSpeechFeatures,
         bucket,
         to_feature_rate,
@@ -244,8 +249,8 @@ def test_a_random_release_reads_back_through_every_loader(release):
         read_transformer_config,
         read_transformer_state,
     )
-    from pipeline.models.s2v_speech import S2VSpeechFeatures
-    from pipeline.models.umt5 import PromptEncoder
+    from pipeline.models.encoders.s2v_speech import S2VSpeechFeatures
+    from pipeline.models.encoders.umt5 import PromptEncoder
 
     paths, lora, state = release
     shards = sorted(paths.root.glob("diffusion_pytorch_model-*-of-*.safetensors"))

@@ -124,7 +124,7 @@ def test_a_missing_face_runtime_stops_start_up_in_one_line(monkeypatch, capsys, 
     at start-up (exit 2, one line) instead of failing inside every session."""
     import sys
 
-    import pipeline.photo.landmarks as landmarks
+    import pipeline.faces.landmarks as landmarks
     import realtime.server
 
     def serve_anyway(*args, **kwargs):

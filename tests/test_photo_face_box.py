@@ -14,8 +14,10 @@ from facecast.cli import main
 from pipeline.config import load_config
 from pipeline.errors import PhotoError
 from pipeline.eval.evaluate import read_video
+from pipeline.faces.face_box import check_face_box, parse_face_box
+from pipeline.faces.finder import detect_faces
 from pipeline.media import write_png, write_wav
-from pipeline.photo.face import check_face_box, detect_faces, parse_face_box, prepare_photo
+from pipeline.photo.face import prepare_photo
 from pipeline.photo.reference import prepare_synthetic
 from pipeline.startup import load_engine
 from pipeline.synth.dataset import identity_for

@@ -17,8 +17,9 @@ from facecast.cli import main
 from pipeline.config import load_config
 from pipeline.errors import PhotoError
 from pipeline.eval.photo import _pearson, luma, mouth_mask, speech_envelope, ssim_map
+from pipeline.faces.face_box import parse_face_box
 from pipeline.media import write_png, write_wav
-from pipeline.photo.face import parse_face_box, prepare_photo
+from pipeline.photo.face import prepare_photo
 from pipeline.startup import load_engine
 from pipeline.train.evaluate import generate, held_out_speech
 

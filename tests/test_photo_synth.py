@@ -159,7 +159,8 @@ def test_a_dark_face_without_its_chunk_is_found():
     held-out identity 7 (dark) as a plain picture, and its landmarks put the face box on
     the outline and the mouth where the world painted it; the faceless picture is still
     refused (test_photo's bad photos)."""
-    from pipeline.photo.face import detect_faces, prepare_photo
+    from pipeline.faces.finder import detect_faces
+    from pipeline.photo.face import prepare_photo
 
     identity = identity_for(EVAL_SEED, 7)
     assert skin_group(identity) == "dark"

@@ -1,6 +1,6 @@
-"""pipeline.models.pretrained: every transformers load keeps the library on Facecast's own
-code path (hub kernels off), and a refusal by the library is one line naming it and its
-version, exit 2.
+"""pipeline.models.encoders.pretrained: every transformers load keeps the library on
+Facecast's own code path (hub kernels off), and a refusal by the library is one line naming
+it and its version, exit 2.
 
 transformers 5.25 turned hub kernels on by default in `from_pretrained`, and refuses to load
 without the `kernels` package (issue 29). The slow tests here install 5.25.0 beside the
@@ -42,7 +42,7 @@ LOADER_TESTS = (
 # user runs it, but with the library's own default put back (or a switch turned on)
 CLI_WITH_OPTIONS = (
     "import sys\n"
-    "from pipeline.models import pretrained\n"
+    "from pipeline.models.encoders import pretrained\n"
     "{edit}\n"
     "from facecast.cli import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
@@ -91,7 +91,7 @@ def test_every_transformers_load_goes_through_pretrained():
         for n, line in enumerate(path.read_text().splitlines(), 1)
         if re.search(r"\.from_pretrained\(", line)
     ]
-    assert calls == [], "load through pipeline.models.pretrained: " + ", ".join(calls)
+    assert calls == [], "load through pipeline.models.encoders.pretrained: " + ", ".join(calls)
 
 
 @pytest.mark.slow  # runs the command line in a process of its own

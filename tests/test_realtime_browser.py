@@ -194,8 +194,8 @@ async def test_browser_frames_a_refused_photo_by_hand(tmp_path):
     from support.photos import PORTRAIT
 
     from pipeline.config import load_config
+    from pipeline.faces.finder import find_faces
     from pipeline.media import load_image, write_png
-    from pipeline.photo.face import find_faces
     from pipeline.startup import load_engine
 
     engine = load_engine(load_config("photo"), "cpu")

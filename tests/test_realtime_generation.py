@@ -108,3 +108,78 @@ async def test_worker_skips_stale_backlog_but_keeps_sync():
     offset = worker.skipped_frames_total
     for index, frame in queued:  # frame at timeline index i was made from audio frame i
         assert index >= 100 and int(frame[0, 0, 0]) == index - offset
+
+
+class ReadAheadStream:
+    """A stream that, like LiveAvatar's, starts block k+1 inside block k's step where block
+    k+1's audio is already here; each frame's pixels hold its block, and `beside` says, per
+    block, whether the next one was started in its step."""
+
+    def __new__(cls):
+        from pipeline.config import load_config
+        from pipeline.windowed_stream import WindowedStream
+
+        class Stream(WindowedStream):
+            def __init__(self) -> None:
+                super().__init__(load_config("liveavatar"), window=4 * 16000, sinks=[])
+                self.read_ahead = 1
+                self.ahead: int | None = None
+                self.beside: list[bool] = []
+
+            def audio_end(self, k: int) -> int:
+                return (self.plan.n_end(k) + 2) * 640
+
+            def started_ahead(self, k: int) -> bool:
+                return self.ahead == k
+
+            def make_chunk(self, k, chunk):
+                self.ahead = k + 1 if self.has_audio_for(k + 1) else None
+                self.beside.append(self.ahead is not None)
+                yield np.full((chunk.length, 4, 4, 3), k, np.uint8)
+
+            def release(self) -> None:
+                self.ahead = None
+
+        return Stream()
+
+
+async def test_a_backlog_lets_a_read_ahead_stream_start_each_block_beside_the_last():
+    """With audio queued beyond the next block, the worker hands the block after it too, so
+    every block but the last starts in its predecessor's step; frames in order, each once."""
+    stream = ReadAheadStream()
+    frames, clock = FrameQueue(lead_frames=400, capacity=400), PlayoutClock()
+    worker = scripted_worker(stream, frames, clock)
+    worker.push(np.zeros((12 * 10 + 2) * 640, np.float32))  # ten blocks' audio, at once
+    worker.start()
+    try:
+        await asyncio.sleep(0.5)
+        # block 9's audio is here but block 10's is not: block 9 waits, started, for more
+        assert stream.beside == [True] * 9 and stream.started_ahead(9)
+        assert stream.samples_needed() == 12 * 640  # block 10's audio
+    finally:
+        worker.stop()
+        await worker.wait_exited(5)
+    queued = list(frames._frames)
+    assert [i for i, _ in queued] == list(range(9 * 12))
+    assert [int(f[0, 0, 0]) for _, f in queued] == [i // 12 for i in range(9 * 12)]
+
+
+async def test_audio_in_real_time_is_made_as_it_comes_without_reading_ahead():
+    """With no backlog the worker hands each block exactly its audio: no block waits for the
+    next one's audio, so a feed that keeps up pays no extra block of latency."""
+    stream = ReadAheadStream()
+    frames, clock = FrameQueue(lead_frames=400, capacity=400), PlayoutClock()
+    worker = scripted_worker(stream, frames, clock)
+    worker.start()
+    try:
+        worker.push(np.zeros(14 * 640, np.float32))  # block 0 and its lookahead
+        for k in range(1, 4):
+            await asyncio.sleep(0.15)
+            assert worker.generated == 12 * k  # block k-1 is out before block k's audio
+            worker.push(np.zeros(12 * 640, np.float32))
+        await asyncio.sleep(0.15)
+        assert worker.generated == 48
+    finally:
+        worker.stop()
+        await worker.wait_exited(5)
+    assert stream.beside == [False] * 4

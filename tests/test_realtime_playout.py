@@ -113,6 +113,7 @@ async def test_engine_that_keeps_up_in_bursts_has_every_frame_fresh_and_on_its_b
     assert stats["frames_sent"] > 150
     assert stats["frames_repeated"] == 0 and stats["frames_dropped"] == 0, stats
     assert stats["fresh_share"] == 1.0 and stats["frames_skipped"] == 0
+    assert not stats["below_real_time"] and stats["engine_fps"] > 25, stats
     # the delay chosen is the budget computed from the schedule (within a frame)
     expected = plan_playout(
         engine.stream_step,
@@ -142,6 +143,8 @@ async def test_engine_slower_than_real_time_shows_every_frame_it_makes_in_sync()
     made = stats["frames_generated"]
     fresh = stats["frames_fresh"]
     assert stats["frames_skipped"] > 0  # audio it could never turn into frames in time
+    # the server says so (the page shows it): the engine's own rate, below the clock's
+    assert stats["below_real_time"] and 18.0 <= stats["engine_fps"] <= 21.0, stats
     # fresh fps equals engine fps: what it makes is shown, not dropped as late. The frames
     # of the last burst wait in the queue for their time when the counters are read (up to
     # a step's 16): made, not yet due, and not lost
@@ -151,6 +154,33 @@ async def test_engine_slower_than_real_time_shows_every_frame_it_makes_in_sync()
     span = (shown[-1] - shown[0]) / 25
     assert 18.0 <= len(shown) / span <= 21.0, len(shown) / span  # the engine's 20 fps
     assert sync_lag(sink) == 0  # each frame is shown with the audio it was made from
+
+
+@pytest.mark.slow  # a served call for seconds
+@pytest.mark.timeout(60)
+@REAL_TIME_ON_A_SHARED_CPU
+async def test_a_slow_engine_that_stalls_keeps_its_cadence_after_with_no_burst():
+    """Below real time (20 fps of frames) with one step 1.5 s late (a GPU hiccup): the viewer
+    sees one longer freeze, then the same steady cadence as before, each fresh frame with its
+    own audio: the stalled step's frames are not shown late or fast, the audio behind them is
+    skipped, and the next steps' frames are on time."""
+    engine = ScriptedEngine(rtf=1.25, stalls={6: 1.5})
+    sink, stats, _budget, _session = await serve_scripted(engine, seconds=12.0)
+    # the stalled step's own frames came too late to show; nothing after it was
+    made = stats["frames_generated"]
+    assert stats["frames_dropped"] <= engine.chunk + 0.05 * made, stats
+    assert sync_lag(sink) == 0  # in sync before and after the stall
+    shown = [i for i, _rgb, new in sink.video if new]
+    gaps = np.diff(shown)
+    # one freeze as long as the stall and a step (~60 frame times), no other beyond a step
+    assert 30 <= gaps.max() <= 75, gaps.max()
+    assert sorted(gaps)[-2] <= 25, sorted(gaps)[-4:]
+    stall = shown[int(np.argmax(gaps))]
+    before = [i for i in shown if i < stall]
+    after = [i for i in shown if i > stall + 60]
+    for part in (before, after):  # the engine's own rate on each side: 20 fps, no burst
+        fps = len(part) / ((part[-1] - part[0]) / 25)
+        assert 17.0 <= fps <= 22.0, (fps, len(part))
 
 
 def test_a_session_opened_beside_others_plans_on_their_batched_step():

@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
+from pipeline.liveavatar.s2v_weights import load_published, random_published_state
 from pipeline.models.wan.s2v import S2VConfig, S2VTransformer, euler_sigmas
-from pipeline.models.wan.s2v_weights import load_published, random_published_state
 from pipeline.parallel.launch import ParallelOptions, launch
 from pipeline.parallel.step_pipeline import (
     StepLayout,

@@ -8,7 +8,8 @@ const stats = (window.facecastStats = {
   state: "idle", ttffMs: null, framesDecoded: 0, fps: 0, freezeCount: 0,
   rttMs: null, kbps: null, speaking: false, error: null, sessionId: null, statsAtMs: null,
   // the server's own counters, from its `stats` events (once a second)
-  freshShare: null, speechToLipsMs: null, playoutDelayMs: null,
+  freshShare: null, speechToLipsMs: null, playoutDelayMs: null, engineFps: null,
+  belowRealTime: false,
 });
 
 let pc = null, channel = null, micStream = null, sessionId = null;
@@ -391,6 +392,15 @@ function onEvent(msg) {
     stats.freshShare = msg.fresh_share === null ? null : (100 * msg.fresh_share).toFixed(1) + " %";
     stats.speechToLipsMs = msg.speech_to_lips_p50_ms;
     stats.playoutDelayMs = msg.playout_delay_now_ms;
+    stats.engineFps = msg.engine_fps;
+    if (msg.below_real_time && !stats.belowRealTime) {
+      // said once: the playout stays in sync at the engine's own rate (it holds a frame
+      // where the engine could not make one in time) instead of showing late frames
+      say("This server makes " + msg.engine_fps + " frames a second, below the video's 25: " +
+          "the avatar stays in sync with its speech and holds a frame where it cannot keep up.",
+          "warn");
+    }
+    stats.belowRealTime = Boolean(msg.below_real_time);
     render();
     return;
   }

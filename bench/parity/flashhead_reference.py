@@ -43,12 +43,12 @@ FACECAST = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(FACECAST))
 
 from pipeline.clock import MODEL_RATE, MODEL_SAMPLES_PER_FRAME  # noqa: E402
+from pipeline.flashhead.dit import WanDiTConfig  # noqa: E402
 from pipeline.flashhead.random_release import write_wav2vec  # noqa: E402
 from pipeline.flashhead.weights import (  # noqa: E402
     dit_config_json,
     random_dit_state,
 )
-from pipeline.models.wan.dit import WanDiTConfig  # noqa: E402
 from pipeline.models.wan.vae import WanVAEConfig, random_checkpoint  # noqa: E402
 
 SHAPES = {

@@ -37,12 +37,12 @@ from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pipeline.models.wan.s2v import S2VConfig, S2VTransformer  # noqa: E402
-from pipeline.models.wan.s2v_weights import (  # noqa: E402
+from pipeline.liveavatar.s2v_weights import (  # noqa: E402
     load_published,
     load_published_streamed,
     random_published_tensors,
 )
+from pipeline.models.wan.s2v import S2VConfig, S2VTransformer  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 FRAMES_PER_BLOCK = 12  # video frames a block of 3 latent frames decodes to

@@ -72,11 +72,11 @@ import torch.nn.functional as F
 FACECAST = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(FACECAST))
 
-from pipeline.models.wan.s2v import S2VConfig  # noqa: E402
-from pipeline.models.wan.s2v_weights import (  # noqa: E402
+from pipeline.liveavatar.s2v_weights import (  # noqa: E402
     random_published_state,
     random_published_tensors,
 )
+from pipeline.models.wan.s2v import S2VConfig  # noqa: E402
 
 PACKAGES = (
     "liveavatar",

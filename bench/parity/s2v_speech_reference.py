@@ -1,5 +1,5 @@
 """Run Wan2.2-S2V's own audio encoder (as LiveAvatar ships it) on a random wav2vec2 and keep
-what it computes: the parity fixture of `pipeline.models.s2v_speech`.
+what it computes: the parity fixture of `pipeline.models.encoders.s2v_speech`.
 
     PYTHONPATH=TF4 python bench/parity/s2v_speech_reference.py --reference-repo PATH
         [--out FILE] [--shape tiny|wide]
@@ -20,7 +20,7 @@ shape, the clip's place in the sample speech and the bucket length in the metada
 test re-makes the weights and reads the same clip. `--shape wide` is the large model's
 widths (1024, 16 heads, 512 convolution channels) with 2 of its 24 layers; `--compare FILE`
 (with Facecast's own transformers, no TF4) computes the same through
-`pipeline.models.s2v_speech` and prints the largest differences.
+`pipeline.models.encoders.s2v_speech` and prints the largest differences.
 """
 
 from __future__ import annotations
@@ -41,24 +41,16 @@ sys.path.insert(0, str(FACECAST))
 
 from pipeline.clock import FPS, MODEL_RATE  # noqa: E402
 from pipeline.media import read_audio  # noqa: E402
-from pipeline.models.s2v_speech import write_random_wav2vec2  # noqa: E402
+from pipeline.models.encoders.s2v_speech import write_random_wav2vec2  # noqa: E402
+from pipeline.models.encoders.wav2vec2 import WAV2VEC2_TINY  # noqa: E402
 
 SEED = 11
 CLIP_FRAMES = 12  # the authors' infer_frames is 48; a short clip reaches several buckets
 SPEECH = "pipeline/assets/sample_speech.wav"
 START, SECONDS = 1.0, 1.37
-WAV2VEC_TINY = dict(  # the large model's structure (stable layer norm, conv bias), shrunk
-    hidden_size=16,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    intermediate_size=32,
-    conv_dim=(8,) * 7,
-    num_conv_pos_embeddings=16,
-    num_conv_pos_embedding_groups=2,
-)
-
-
-SHAPES = {"tiny": WAV2VEC_TINY, "wide": dict(num_hidden_layers=2)}  # over XLSR53_LARGE
+# over XLSR53_LARGE: "tiny" keeps the large model's structure (stable layer norm, conv
+# bias), shrunk
+SHAPES = {"tiny": WAV2VEC2_TINY, "wide": dict(num_hidden_layers=2)}
 
 
 def speech_clip() -> np.ndarray:
@@ -138,7 +130,7 @@ def compare(path: Path) -> None:
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    from pipeline.models.s2v_speech import S2VSpeechFeatures, bucket, to_feature_rate
+    from pipeline.models.encoders.s2v_speech import S2VSpeechFeatures, bucket, to_feature_rate
 
     with safe_open(str(path), "pt") as f:
         meta = json.loads(f.metadata()["meta"])

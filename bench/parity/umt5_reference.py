@@ -1,5 +1,5 @@
 """Run Wan's own umT5 prompt encoder (as LiveAvatar ships it) on random weights and keep what
-it returns: the parity fixture of `pipeline.models.umt5`.
+it returns: the parity fixture of `pipeline.models.encoders.umt5`.
 
     python bench/parity/umt5_reference.py --reference-repo PATH [--out FILE] [--check]
         [--shape tiny|wide] [--dtype float32|bfloat16]
@@ -8,7 +8,7 @@ PATH is a checkout of github.com/Alibaba-Quark/LiveAvatar; nothing of it is copi
 Facecast: its `t5.py` and `tokenizers.py` are imported from PATH in this process (they need
 `ftfy` and `regex`), with `umt5_xxl` shrunk to the tiny shape below (their
 `T5EncoderModel` builds the 5.7 B-parameter encoder otherwise) and `torch.cuda` asked for
-no device on a CPU. The weights are `pipeline.models.umt5.random_wan_state` saved as the
+no device on a CPU. The weights are `pipeline.models.encoders.umt5.random_wan_state` saved as the
 `.pth` they load, the tokenizer `write_tokenizer`'s tiny folder.
 
 It writes FILE (default `tests/fixtures/liveavatar/umt5_tiny.safetensors`): their output
@@ -35,7 +35,7 @@ import torch
 FACECAST = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(FACECAST))
 
-from pipeline.models.umt5 import (  # noqa: E402
+from pipeline.models.encoders.umt5 import (  # noqa: E402
     PromptEncoder,
     UMT5Shape,
     random_wan_state,

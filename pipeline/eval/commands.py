@@ -13,9 +13,9 @@ from pipeline.clock import MODEL_RATE
 from pipeline.config import config_names, load_config
 from pipeline.errors import MediaError
 from pipeline.eval.evaluate import run_eval
+from pipeline.faces.face_box import FACE_BOX_HELP, FaceBox, check_face_box, parse_face_box
 from pipeline.families import REAL_MODELS
 from pipeline.media import load_image, probe_audio, read_audio
-from pipeline.photo.face import FACE_BOX_HELP, FaceBox, check_face_box, parse_face_box
 from pipeline.schedule import ChunkPlan
 from pipeline.synth.motion import mouth_track_from_audio, silence_segments
 

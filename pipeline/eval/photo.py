@@ -42,7 +42,9 @@ from pipeline.config import PhotoConfig
 from pipeline.errors import MediaError
 from pipeline.eval.evaluate import _batches
 from pipeline.eval.metrics import seam_smoothness
-from pipeline.photo.face import FaceBox, detect_faces, read_photo_file
+from pipeline.faces.face_box import FaceBox
+from pipeline.faces.finder import detect_faces
+from pipeline.photo.face import read_photo_file
 from pipeline.photo.reference import prepare_reference
 
 # scoring takes any face the photo stack would, and smaller ones: the video is given

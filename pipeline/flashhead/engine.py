@@ -37,14 +37,15 @@ from pipeline.batching import StepBatcher
 from pipeline.clock import FPS, MODEL_RATE, MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
 from pipeline.errors import ConfigError
+from pipeline.faces.framing import cover_and_crop
 from pipeline.family_engine import EngineBase
 from pipeline.flashhead.color import ColorMatch, match_colors
-from pipeline.flashhead.framing import cover_and_crop
+from pipeline.flashhead.dit import WanAudioDiT
 from pipeline.flashhead.weights import load_dit, release_paths
+from pipeline.models.encoders.wav2vec2 import SpeechFeatures
 from pipeline.models.ltx.vae import LtxVae, load_ltx_vae
-from pipeline.models.wan.dit import WanAudioDiT, wan_fp8_targets
+from pipeline.models.wan.layers import wan_fp8_targets
 from pipeline.models.wan.vae import WanVAE, load_wan_vae
-from pipeline.models.wav2vec2 import SpeechFeatures
 from pipeline.module import DTYPES
 from pipeline.schedule import Chunk, ChunkPlan, StreamStep
 from pipeline.stream import FrameBatch, no_prompt, stage_of

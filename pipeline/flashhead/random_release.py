@@ -19,13 +19,14 @@ from pathlib import Path
 
 import torch
 
-from pipeline.clock import MODEL_RATE
-from pipeline.flashhead.weights import random_dit_state, randomise_module, write_release_dit
+from pipeline.flashhead.dit import WanDiTConfig
+from pipeline.flashhead.weights import random_dit_state, write_release_dit
+from pipeline.models.encoders.wav2vec2 import WAV2VEC2_TINY, write_feature_extractor
 from pipeline.models.ltx.vae import RELEASE as LTX_RELEASE
 from pipeline.models.ltx.vae import TINY as LTX_TINY
 from pipeline.models.ltx.vae import LtxVaeConfig, build_network
-from pipeline.models.wan.dit import WanDiTConfig
 from pipeline.models.wan.vae import WAN21_VAE, WAN21_VAE_TINY, WanVAEConfig, random_checkpoint
+from pipeline.random_weights import randomise_module
 
 
 @dataclass(frozen=True)
@@ -60,33 +61,19 @@ SHAPES = {
             context_tokens=4,
         ),
         WAN21_VAE_TINY,
-        dict(
-            hidden_size=16,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=32,
-            conv_dim=(8,) * 7,
-            num_conv_pos_embeddings=16,
-            num_conv_pos_embedding_groups=2,
-        ),
+        WAV2VEC2_TINY,
         LTX_TINY,
     ),
 }
 
 
 def write_wav2vec(folder: Path, config_kwargs: dict, seed: int) -> Path:
-    from transformers import Wav2Vec2Config, Wav2Vec2FeatureExtractor, Wav2Vec2Model
+    from transformers import Wav2Vec2Config, Wav2Vec2Model
 
     model = Wav2Vec2Model(Wav2Vec2Config(**config_kwargs))
     randomise_module(model, seed)
     model.save_pretrained(str(folder))
-    Wav2Vec2FeatureExtractor(
-        feature_size=1,
-        sampling_rate=MODEL_RATE,
-        padding_value=0.0,
-        do_normalize=True,
-        return_attention_mask=False,
-    ).save_pretrained(str(folder))
+    write_feature_extractor(folder, attention_mask=False)
     return folder
 
 

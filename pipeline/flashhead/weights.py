@@ -14,9 +14,9 @@ attention matrices Facecast fuses); the release also carries a text embedding an
 older audio embedding that the model never reads (`DIT_UNUSED`). Every problem is one
 `CheckpointError` line naming the file.
 
-`random_dit_state` makes a release-shaped state dict of random weights (no zero or one
-left anywhere: such paths hide bugs), and `randomise_module` draws any module's weights
-anew, both the same for a seed everywhere: for tests, the parity scripts and benchmarks.
+`random_dit_state` makes a release-shaped state dict of random weights
+(`pipeline.random_weights`: no zero or one left anywhere, the same for a seed everywhere):
+for tests, the parity scripts and benchmarks.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from torch import Tensor
 
 from pipeline.checkpoints import load_mapped, read_diffusers_weights, read_json
 from pipeline.errors import CheckpointError
-from pipeline.models.wan.dit import WanAudioDiT, WanDiTConfig
+from pipeline.flashhead.dit import WanAudioDiT, WanDiTConfig
+from pipeline.random_weights import random_value
 
 VARIANT_DIRS = {"pro": ("Model_Pro", "VAE_Wan/Wan2.1_VAE.pth"), "lite": ("Model_Lite", "VAE_LTX")}
 DIT_FUSED = {
@@ -227,32 +228,6 @@ def published_dit_shapes(cfg: WanDiTConfig) -> dict[str, tuple[int, ...]]:
         shapes[f"{p}ffn.2.bias"] = (d,)
         shapes[f"{p}modulation"] = (1, 6, d)
     return shapes
-
-
-def random_value(name: str, shape: tuple[int, ...], gen: torch.Generator) -> Tensor:
-    """One random tensor by its name's role: matrices ~ N(0, 1/fan_in), norm gains
-    ~ 1 + N(0, 0.1²), other vectors (biases) ~ N(0, 0.02²), modulation tables ~ N(0, 1/dim)."""
-    noise = torch.randn(shape, generator=gen, device=gen.device)  # drawn where gen lives
-    if name.endswith("modulation"):
-        return noise / math.sqrt(shape[-1])
-    if name.endswith("gamma") or (len(shape) == 1 and name.endswith("weight")):
-        return 1.0 + 0.1 * noise
-    if len(shape) <= 1:
-        return 0.02 * noise
-    return noise / math.sqrt(math.prod(shape[1:]))
-
-
-def randomise_module(module: torch.nn.Module, seed: int) -> None:
-    """Every floating parameter and buffer of `module` drawn anew, in name order from a CPU
-    generator: the same values for a seed on any machine and library version that names
-    the tensors the same (wav2vec2 models, VAEs, in tests and the parity scripts)."""
-    gen = torch.Generator().manual_seed(seed)
-    tensors = dict(module.named_parameters()) | dict(module.named_buffers())
-    with torch.no_grad():
-        for name in sorted(tensors):
-            t = tensors[name]
-            if t.is_floating_point():
-                t.copy_(random_value(name, tuple(t.shape), gen))
 
 
 def random_dit_state(cfg: WanDiTConfig, seed: int) -> dict[str, Tensor]:

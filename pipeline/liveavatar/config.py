@@ -35,6 +35,9 @@ class LiveAvatarConfig:
     audio_window_seconds: float = 4.0  # wav2vec2 re-reads this much audio every block
     audio_lookahead_frames: int = 2  # a block waits for this much audio past its end
     dtype: str = "auto"  # auto: bfloat16 on a GPU (as the authors run it), float32 on a CPU
+    # decode block k on a side CUDA stream while block k+1's DiT runs, where block k+1's
+    # audio is already here (a backlog); same frames either way
+    overlap: bool = True
 
     def validate(self) -> None:
         check(1 <= self.steps <= 50, "liveavatar.steps", "must be in [1, 50]")

@@ -47,18 +47,19 @@ from torch import Tensor
 from pipeline.clock import FPS, MODEL_RATE, MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
 from pipeline.errors import CheckpointError, ConfigError
+from pipeline.faces.framing import cover_and_crop
 from pipeline.family_engine import EngineBase
-from pipeline.flashhead.framing import cover_and_crop
+from pipeline.liveavatar.s2v_weights import load_published
 from pipeline.liveavatar.weights import read_merged_state, read_transformer_config, release_paths
-from pipeline.models.s2v_speech import S2VSpeechFeatures, to_feature_rate, to_video_frames
-from pipeline.models.umt5 import PromptEncoder
-from pipeline.models.wan.dit import wan_fp8_targets
+from pipeline.models.encoders.s2v_speech import S2VSpeechFeatures, to_feature_rate, to_video_frames
+from pipeline.models.encoders.umt5 import PromptEncoder
+from pipeline.models.wan.layers import wan_fp8_targets
 from pipeline.models.wan.s2v import S2VConfig, S2VTransformer, euler_sigmas
 from pipeline.models.wan.s2v_cache import S2VCache
-from pipeline.models.wan.s2v_weights import load_published
 from pipeline.models.wan.vae import WanDecodeStream, WanVAE, load_wan_vae
 from pipeline.module import DTYPES
 from pipeline.schedule import Chunk, ChunkPlan, StreamStep
+from pipeline.side_stream import SideStream
 from pipeline.stream import FrameBatch
 from pipeline.windowed_stream import WindowedStream, to_uint8_frames
 
@@ -96,6 +97,7 @@ class LiveAvatarEngine(EngineBase):
         timesteps, sigmas = euler_sigmas(la.steps, la.shift)
         self.timesteps, self.sigmas = timesteps.to(device), sigmas.to(device)
         self._prompt_features: OrderedDict[str, Tensor] = OrderedDict()
+        self.side_stream = SideStream(device)  # where a block decodes beside the next's DiT
 
     @classmethod
     def load(cls, cfg: FacecastConfig, device: str = "cpu") -> LiveAvatarEngine:
@@ -252,6 +254,8 @@ class LiveAvatarStream(WindowedStream):
                 self.decoder: WanDecodeStream | None = models.vae.stream()
                 self.decoder.decode(motion)
             self.latent_hw = (h, w)
+        self._ahead: tuple[int, Tensor] | None = None  # (k, latents) of a block sampled ahead
+        self.read_ahead = 1 if la.overlap else 0
 
     def audio_end(self, k: int) -> int:
         """Block k's window ends `audio_lookahead_frames` after its last frame."""
@@ -269,35 +273,66 @@ class LiveAvatarStream(WindowedStream):
         return block.permute(1, 2, 0)[None].to(self.engine.device, self.engine.dtype)
 
     def make_chunk(self, k: int, chunk: Chunk) -> Iterator[np.ndarray]:
-        yield self._block(k, chunk)
-
-    def _block(self, k: int, chunk: Chunk) -> np.ndarray:
+        """Block k's 12 frames. Where block k+1's audio is already here (a backlog: the
+        engine is behind real time, or a bench), block k is decoded on a side stream while
+        block k+1's audio features and DiT run on the main one, so a block costs its DiT:
+        block k+1's latents wait for the next call (`_ahead`). Same frames, same order."""
         if self.cache is None or self.decoder is None:
             raise RuntimeError("the stream is closed")
-        engine = self.engine
-        models, dev, dtype = engine.models, engine.device, engine.dtype
-        transformer, la = models.transformer, self.cfg.liveavatar
+        decoder = self.decoder
         with torch.inference_mode():
-            with self.times.stage("audio"):
-                feats = self._audio(k, chunk)
-            with self.times.stage("dit"):
-                audio = transformer.encode_audio(feats)
-                h, w = self.latent_hw
-                shape = (1, transformer.cfg.out_dim, transformer.cfg.frames_per_block, h, w)
-                x = torch.randn(shape, dtype=dtype, device=dev, generator=self.generator)
-                sigmas, timesteps = engine.sigmas, engine.timesteps
-                for i in range(la.steps):
-                    flow = transformer.forward_block(
-                        x, timesteps[i : i + 1], audio, self.cache, i, None, la.ref_distance
-                    )
-                    # diffusers' Euler step, as the authors' scheduler takes it: in fp32, the
-                    # result back in the model's dtype
-                    x = (x.float() + (sigmas[i + 1] - sigmas[i]) * flow.float()).to(dtype)
-                self.cache.advance()
-            with self.times.stage("decode"):
-                video = self.decoder.decode(x)  # (1, 3, 12, H, W) in [-1, 1]
-            return to_uint8_frames(video[0])
+            x = self._latents(k, chunk)
+            if self.read_ahead and self.has_audio_for(k + 1):
+                side = self.engine.side_stream
+                with self.times.stage("decode"), side.after_main(x):
+                    video = decoder.decode(x)  # (1, 3, 12, H, W) in [-1, 1]
+                self._ahead = (k + 1, self._sample(k + 1, self.plan.n_chunk(k + 1)))
+                with self.times.stage("decode"):
+                    frames = side.host(lambda: to_uint8_frames(video[0]))
+            else:
+                with self.times.stage("decode"):
+                    frames = to_uint8_frames(decoder.decode(x)[0])
+        yield frames
+
+    def started_ahead(self, k: int) -> bool:
+        return self._ahead is not None and self._ahead[0] == k
+
+    def _latents(self, k: int, chunk: Chunk) -> Tensor:
+        """Block k's latents: sampled during block k-1's call where its audio was here."""
+        if self._ahead is None:
+            return self._sample(k, chunk)
+        ahead_k, x = self._ahead
+        self._ahead = None
+        if ahead_k != k:  # the stream makes blocks in order: nothing else can come next
+            raise RuntimeError(f"block {ahead_k} was sampled ahead, but block {k} came next")
+        return x
+
+    def _sample(self, k: int, chunk: Chunk) -> Tensor:
+        """Block k's latents (1, C, 3, h, w): its audio features, 4 Euler steps of the DiT,
+        the cache advanced past it."""
+        assert self.cache is not None
+        engine = self.engine
+        dev, dtype = engine.device, engine.dtype
+        transformer, la = engine.models.transformer, self.cfg.liveavatar
+        with self.times.stage("audio"):
+            feats = self._audio(k, chunk)
+        with self.times.stage("dit"):
+            audio = transformer.encode_audio(feats)
+            h, w = self.latent_hw
+            shape = (1, transformer.cfg.out_dim, transformer.cfg.frames_per_block, h, w)
+            x = torch.randn(shape, dtype=dtype, device=dev, generator=self.generator)
+            sigmas, timesteps = engine.sigmas, engine.timesteps
+            for i in range(la.steps):
+                flow = transformer.forward_block(
+                    x, timesteps[i : i + 1], audio, self.cache, i, None, la.ref_distance
+                )
+                # diffusers' Euler step, as the authors' scheduler takes it: in fp32, the
+                # result back in the model's dtype
+                x = (x.float() + (sigmas[i + 1] - sigmas[i]) * flow.float()).to(dtype)
+            self.cache.advance()
+        return x
 
     def release(self) -> None:
         self.cache = None
         self.decoder = None
+        self._ahead = None

@@ -1,6 +1,6 @@
 """The reference as LiveAvatar takes it: the photo scaled to cover the video and
 centre-cropped, as the authors' script does, with a tilted face first turned upright about
-its centre (`pipeline.flashhead.framing.upright`: the hand-drawn box's angle, else the
+its centre (`pipeline.faces.framing.upright`: the hand-drawn box's angle, else the
 found face's roll from its landmarks). A photo where no face is found is framed as before;
 LiveAvatar's engine needs no face box.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.flashhead.framing import cover_and_crop, cover_box, found_face_box, upright
+from pipeline.faces.framing import cover_and_crop, cover_box, found_face_box, upright
 
 
 def frame_reference(

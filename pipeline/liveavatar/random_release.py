@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
+from pipeline.liveavatar.s2v_weights import random_published_state, random_published_tensors
 from pipeline.liveavatar.weights import RANDOM_PARTS, write_random_release
 from pipeline.models.wan.s2v import S2VConfig
-from pipeline.models.wan.s2v_weights import random_published_state, random_published_tensors
 
 # The 14B release's behaviour flags (what its config.json says besides the sizes).
 RELEASE_FLAGS = {

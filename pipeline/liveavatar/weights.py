@@ -19,7 +19,7 @@ PEFT's layout, rank 128 and alpha 64 from their training config (`LORA_ALPHA`).
 the shards agreeing, the LoRA's keys paired), cheap enough to run before a server
 listens; the full reads follow at start-up (`read_merged_state`: the transformer's shards
 with the LoRA merged in, as the authors' `add_lora_to_model` leaves the model;
-`pipeline.models.umt5` and `pipeline.models.s2v_speech` read the prompt and speech
+`pipeline.models.encoders.umt5` and `pipeline.models.encoders.s2v_speech` read the prompt and speech
 encoders). Every problem is one `CheckpointError` line naming the file.
 
 `write_random_release` lays out both downloads with random weights (tests, benchmarks on
@@ -44,8 +44,9 @@ from pipeline.checkpoints import (
 )
 from pipeline.errors import CheckpointError
 from pipeline.lora import check_lora, merge_lora, random_lora, read_lora
-from pipeline.models.s2v_speech import write_random_wav2vec2
-from pipeline.models.umt5 import UMT5Shape, random_wan_state, write_tokenizer
+from pipeline.models.encoders.s2v_speech import write_random_wav2vec2
+from pipeline.models.encoders.umt5 import UMT5Shape, random_wan_state, write_tokenizer
+from pipeline.models.encoders.wav2vec2 import WAV2VEC2_TINY
 from pipeline.models.wan.vae import WAN21_VAE, WAN21_VAE_TINY, WanVAEConfig, random_checkpoint
 
 LORA_NAME = "liveavatar.safetensors"
@@ -309,15 +310,7 @@ RANDOM_PARTS = {
     "test": RandomParts(
         UMT5Shape(vocab=192, dim=32, dim_attn=32, dim_ffn=48, num_heads=4, num_layers=2),
         WAN21_VAE_TINY,
-        dict(
-            hidden_size=16,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=32,
-            conv_dim=(8,) * 7,
-            num_conv_pos_embeddings=16,
-            num_conv_pos_embedding_groups=2,
-        ),
+        WAV2VEC2_TINY,
         4,
     ),
 }

@@ -7,7 +7,9 @@ Backends (config `runtime.attention`):
 - `facecast`: the project's Triton kernel (`pipeline.kernels.frame_attention`): block-sparse
   by construction, with the bounded ("unchained") softmax.
 - `int8`: unmasked attention with QK in INT8 (`pipeline.kernels.int8_attention`,
-  SageAttention's kernels); LiveAvatar's self-attention over its cache.
+  SageAttention's kernels); LiveAvatar's self-attention over its cache. Where the kernels
+  cannot take the queries (no GPU, no library, another head dim) it is the exact SDPA path,
+  said once in the log.
 
 Unmasked attention (the A2V DiT) always goes to SDPA; `sdpa_backends`, when set from outside
 (`pipeline.compile.pick_sdpa_backends`), pins the fastest SDPA kernel measured for each shape.
@@ -69,9 +71,16 @@ class Attention(torch.nn.Module):
         # own (SDPA backend per shape, compiled FlexAttention, the Triton kernel)
         if window is None:
             if self.backend == "int8":
-                from pipeline.kernels.int8_attention import int8_attention
+                from pipeline.kernels.int8_attention import (
+                    int8_attention,
+                    int8_refusal,
+                    say_fallback,
+                )
 
-                return int8_attention(q, k, v)
+                refusal = int8_refusal(q)
+                if refusal is None:
+                    return int8_attention(q, k, v)
+                say_fallback(refusal)  # then the exact path below, never a guess
             choice = self.sdpa_backends.get(tuple(q.shape))
             if choice is None:
                 return F.scaled_dot_product_attention(q, k, v)

@@ -1,5 +1,8 @@
 """Building blocks shared by the two DiTs: 3D RoPE, adaLN modulation, the transformer block.
 
+`apply_rope` is every model's RoPE, the Wan models' too (`pipeline.models.wan`, FlashHead's
+DiT: tokens first).
+
 Legend: B batch, L tokens, D model dim, N heads, H head dim, T latent frames.
 """
 
@@ -28,10 +31,14 @@ def rope_angles(positions_L3: Tensor, head_dim: int, theta: float = 10000.0) -> 
     return torch.cat(parts, dim=-1).float()
 
 
-def apply_rope(x_BNLH: Tensor, cos_LH: Tensor, sin_LH: Tensor) -> Tensor:
-    x1, x2 = x_BNLH.float().unflatten(-1, (-1, 2)).unbind(-1)
+def apply_rope(x: Tensor, cos_LH: Tensor, sin_LH: Tensor, tokens_first: bool = False) -> Tensor:
+    """Rotate adjacent channel pairs by each token's angles (cos/sin: (L, H/2)), in fp32;
+    `x` heads first (B, N, L, H), or tokens first (B, L, N, H) as the Wan models hold it."""
+    if tokens_first:
+        cos_LH, sin_LH = cos_LH[:, None, :], sin_LH[:, None, :]
+    x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
     out = torch.stack((x1 * cos_LH - x2 * sin_LH, x1 * sin_LH + x2 * cos_LH), dim=-1)
-    return out.flatten(-2).type_as(x_BNLH)
+    return out.flatten(-2).type_as(x)
 
 
 def grid_positions(t: int, h: int, w: int, t_offset: int = 0) -> Tensor:

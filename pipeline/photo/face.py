@@ -1,18 +1,17 @@
 """The reference photo: checked, its one face found, framed to the video, measured.
 
 A photo is checked before anything is decoded (bytes, type by its magic bytes, pixel
-count from the header), then decoded with PyAV. Faces are found by BlazeFace and each
-confirmed by FaceMesh (`pipeline.photo.landmarks`; bench/RESULTS.md, "BlazeFace + FaceMesh
-beside Haar"). The photo is scaled to cover the video size and centre-cropped (the face
-box is mapped through the same transform, so detection runs once, on the full photo);
-where the centred crop would cut the face, the crop slides just enough to hold it. Every
-failure is a `PhotoError` with one line that says what to change.
+count from the header), then decoded with PyAV. Its faces are found by the shared finder
+(`pipeline.faces.finder`: BlazeFace, each face confirmed by FaceMesh). The photo is scaled
+to cover the video size and centre-cropped (the face box is mapped through the same
+transform, so detection runs once, on the full photo); where the centred crop would cut
+the face, the crop slides just enough to hold it. Every failure is a `PhotoError` with one
+line that says what to change.
 
-Where the detector misses the face or picks the wrong one, the user frames it by hand: a
-face box X,Y,W,H[,ANGLE] in the original photo's pixels (`parse_face_box`,
-`check_face_box`: the one home of its rules, for the CLI, the HTTP routes and the page's
-payload), used instead of detection. A detected face goes the same way as a box drawn
-around it, so the same box gives the same result whoever drew it.
+Where the detector misses the face or picks the wrong one, the user frames it by hand
+(`pipeline.faces.face_box`: the face box X,Y,W,H[,ANGLE] and its rules), used instead of
+detection. A detected face goes the same way as a box drawn around it, so the same box
+gives the same result whoever drew it.
 
 The geometry the warp needs (`FaceGeometry`) comes from FaceMesh's landmarks read inside
 the box: the face's own square and roll (`box_from_mesh`, the eye line), the seam between
@@ -22,7 +21,6 @@ proportions in the box, turned by the box's angle, stand in.
 
 from __future__ import annotations
 
-import argparse
 import io
 from dataclasses import dataclass
 
@@ -32,16 +30,15 @@ import numpy as np
 
 from pipeline.config import PhotoConfig
 from pipeline.errors import PhotoError
-from pipeline.photo import landmarks
-from pipeline.photo.landmarks import Mesh
+from pipeline.faces import landmarks
+from pipeline.faces.face_box import MAX_ROLL_DEG, FaceBox, box_angle, check_face_box
+from pipeline.faces.finder import MIN_PRESENCE, ROI_PER_SIDE, box_from_mesh, find_faces
+from pipeline.faces.landmarks import Mesh, turn
 
 # PNG, JPEG and WebP, by their first bytes: what the page's upload accepts.
 _MAGIC = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg"}
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp")
-_DETECT_SIDE = 800  # faces are searched on the photo scaled to at most this side
 _SECOND_FACE = 0.25  # another face at least this share of the largest one's area counts
-_MIN_SIDE_FRAC = 0.06  # the smallest face searched for, as a share of the photo's short side
-_BOX_ASPECT = 2.0  # a face box is about square: neither side more than twice the other
 
 
 def sniff_type(data: bytes) -> str | None:
@@ -109,63 +106,6 @@ def read_photo_file(path: str, cfg: PhotoConfig) -> bytes:
         raise PhotoError(f"cannot read photo {path}: {exc.strerror or exc}", "corrupt") from None
 
 
-def _detect_scale(shape: tuple[int, ...]) -> tuple[float, int, int]:
-    """The scale faces are searched at, and the searched image's width and height."""
-    h, w = shape[:2]
-    s = min(1.0, _DETECT_SIDE / max(h, w))
-    return s, round(w * s), round(h * s)
-
-
-def min_face_side(shape: tuple[int, ...]) -> float:
-    """The smallest face side looked for in a photo of `shape`, in its pixels."""
-    s, w, h = _detect_scale(shape)
-    return max(20, int(_MIN_SIDE_FRAC * min(w, h))) / s
-
-
-@dataclass(frozen=True)
-class FoundFace:
-    """A face and its landmarks: `box` x, y, w, h is the face's own square (upright in the
-    face's frame, about its centre, `box_from_mesh`), `roll` its tilt in radians."""
-
-    box: np.ndarray
-    roll: float
-    mesh: Mesh
-
-
-def find_faces(rgb: np.ndarray) -> list[FoundFace]:
-    """Every face BlazeFace finds in an RGB photo that FaceMesh confirms (it rejects the
-    odd patch of texture BlazeFace scores just over its threshold), largest first."""
-    found = []
-    for face in landmarks.find_faces(rgb):
-        centre = face.box[:2] + face.box[2:] / 2
-        mesh = landmarks.face_mesh(rgb, centre, _ROI_PER_SIDE * max(face.box[2:]), face.roll)
-        if mesh.presence >= _MIN_PRESENCE:
-            found.append(FoundFace(box_from_mesh(mesh), mesh.roll, mesh))
-    return sorted(found, key=lambda f: -f.box[2])
-
-
-def detect_faces(rgb: np.ndarray) -> np.ndarray:
-    """The faces of `find_faces` as (n, 4) float boxes x, y, w, h, largest first."""
-    return np.array([f.box for f in find_faces(rgb)], np.float64).reshape(-1, 4)
-
-
-def box_from_mesh(mesh: Mesh) -> np.ndarray:
-    """The face's square from its landmarks: 1.15x the forehead-to-chin length, centred 8 %
-    of it above their midpoint, along the face's own axis, so it is the same square however
-    the face is turned. (The warp's proportions were set on Haar's box; on the bundled
-    portraits Haar's box is 1.15x and 0.91x that length, and the synthetic world's 1.24x,
-    centred 8-9 % above the midpoint on all three.)"""
-    top, chin = mesh.points[landmarks.FOREHEAD], mesh.points[landmarks.CHIN]
-    length = float(np.linalg.norm(chin - top))
-    centre = (top + chin) / 2 - 0.08 * (chin - top)
-    side = _BOX_PER_FACE_LENGTH * length
-    return np.array([centre[0] - side / 2, centre[1] - side / 2, side, side])
-
-
-_BOX_PER_FACE_LENGTH = 1.15
-_ROI_PER_SIDE = 1.5  # FaceMesh reads a square 1.5x the face box (MediaPipe's margin)
-_MIN_PRESENCE = 0.5  # FaceMesh's face score: on the bench's faces >= 0.99, faceless <= 0.002
-MAX_ROLL_DEG = 45.0  # past this the warp's upright-trained proportions are guesses
 _PROFILE = 0.2  # the nose tip this close (share of the face's width) to a cheek: a profile
 
 
@@ -235,126 +175,6 @@ class PreparedPhoto:
     framing: Framing | None = None  # original photo pixels → the framed photo's
 
 
-# x, y, w, h in the original photo's pixels, and optionally the angle (degrees, clockwise
-# on screen) the box is turned by about its centre
-FaceBox = tuple[float, ...]
-
-FACE_BOX_HELP = (
-    "X,Y,W,H[,ANGLE]: the face's box in the original photo's pixels (left, top, width, "
-    "height; forehead to chin, about square), turned ANGLE degrees clockwise about its centre "
-    "for a tilted face; used instead of the face detector"
-)
-
-
-def parse_face_box(value: object) -> FaceBox:
-    """A face box from "X,Y,W,H[,ANGLE]" (the CLI's flag, the upload's query) or a list of
-    four or five numbers (an offer's JSON); a `PhotoError` ("box") if it is not four finite
-    numbers (and an angle) with a positive width and height. Where it lies in the photo is
-    `check_face_box`'s."""
-    if isinstance(value, str):
-        parts: list = value.replace(" ", "").split(",")
-    elif isinstance(value, (list, tuple)):
-        parts = list(value)
-    else:
-        parts = []
-    numbers = []
-    for part in parts:
-        if isinstance(part, bool):
-            break
-        try:
-            numbers.append(float(part))
-        except (TypeError, ValueError):
-            break
-    if len(parts) not in (4, 5) or len(numbers) != len(parts) or not all(np.isfinite(numbers)):
-        raise PhotoError(
-            f"face box {_shown(value)} is not four numbers X,Y,W,H (the face's left, top, width "
-            "and height in the photo's pixels, e.g. 120,80,200,200) and an optional ANGLE "
-            "(degrees clockwise, e.g. 120,80,200,200,30)",
-            "box",
-        )
-    if numbers[2] <= 0 or numbers[3] <= 0:
-        raise PhotoError(f"face box {_shown(value)}: its width and height must be > 0", "box")
-    if len(numbers) == 5 and abs(numbers[4]) > MAX_ROLL_DEG:
-        raise PhotoError(
-            f"face box {_shown(value)} is turned {numbers[4]:g} degrees; the photo stack "
-            f"animates faces tilted up to {MAX_ROLL_DEG:g}: rotate the photo nearer upright first",
-            "box",
-        )
-    return tuple(numbers)
-
-
-def face_box_arg(text: str) -> FaceBox:
-    """`--face-box X,Y,W,H[,ANGLE]` as an argparse type: a bad one is argparse's one-line
-    error."""
-    try:
-        return parse_face_box(text)
-    except PhotoError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def box_angle(box: FaceBox) -> float:
-    """The box's turn in radians (0 for a box of four numbers)."""
-    return float(np.radians(box[4])) if len(box) == 5 else 0.0
-
-
-def box_corners(box: FaceBox) -> np.ndarray:
-    """The (4, 2) corners of the box as drawn, turned about its centre."""
-    x, y, w, h = box[:4]
-    c = np.array([x + w / 2, y + h / 2])
-    local = np.array([[-w, -h], [w, -h], [w, h], [-w, h]]) / 2
-    return c + np.array([_turn(p, box_angle(box)) for p in local])
-
-
-def check_face_box(
-    box: FaceBox, shape: tuple[int, ...], video: tuple[int, int] | None = None, min_px: int = 0
-) -> np.ndarray:
-    """The box x, y, w, h as an array, if it lies inside a photo of `shape`, is at least as
-    big as the faces the detector looks for (and, given the `video` size, as the `min_px` a
-    face needs there once the photo covers it), and is about square; else a `PhotoError`
-    ("box")."""
-    x, y, w, h = box[:4]
-    H, W = shape[:2]
-    corners = box_corners(box)
-    if corners.min() < -0.5 or corners[:, 0].max() > W + 0.5 or corners[:, 1].max() > H + 0.5:
-        raise PhotoError(
-            f"face box {_fmt(box)} reaches outside the {W}x{H} photo: give it in the "
-            "original photo's pixels, inside 0..width and 0..height",
-            "box",
-        )
-    side = min_face_side(shape)
-    if video is not None:  # the photo is scaled to cover the video: a face box scales with it
-        side = max(side, min_px / max(video[0] / W, video[1] / H))
-    if min(w, h) < side - 1e-6:
-        raise PhotoError(
-            f"face box {_fmt(box)} is {min(w, h):g} px; a face needs at least {np.ceil(side):.0f} "
-            f"px of this {W}x{H} photo"
-            + (f" to fill {min_px} px of the {video[0]}x{video[1]} video" if video else "")
-            + ": crop the photo closer around the face (or draw the box forehead to chin)",
-            "box",
-        )
-    if max(w, h) > _BOX_ASPECT * min(w, h):
-        raise PhotoError(
-            f"face box {_fmt(box)} is {w:.0f}x{h:.0f}: a face box is about square "
-            "(forehead to chin, ear to ear)",
-            "box",
-        )
-    return np.array([x, y, w, h], np.float64)
-
-
-def _turn(v: np.ndarray, angle: float) -> np.ndarray:
-    c, s = np.cos(angle), np.sin(angle)
-    return np.array([c * v[0] - s * v[1], s * v[0] + c * v[1]])
-
-
-def _shown(value: object) -> str:
-    text = repr(value)  # a request's value: kept short in the one-line answer
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _fmt(box: FaceBox) -> str:
-    return ",".join(f"{v:g}" for v in box)
-
-
 NO_FACE = (
     "no face found in the photo: use a sharp, well-lit, frontal photo of one face (a "
     "synthetic face from `facecast make-reference` works as the PNG it writes, unchanged), "
@@ -404,19 +224,19 @@ def _mesh_in_box(rgb: np.ndarray, box: FaceBox) -> Mesh | None:
     it sees no face."""
     x, y, w, h = box[:4]
     centre = np.array([x + w / 2, y + h / 2])
-    mesh = landmarks.face_mesh(rgb, centre, _ROI_PER_SIDE * max(w, h), box_angle(box))
+    mesh = landmarks.face_mesh(rgb, centre, ROI_PER_SIDE * max(w, h), box_angle(box))
     if abs(mesh.roll - box_angle(box)) > np.radians(10):  # far off: once more from its eyes
-        mesh = landmarks.face_mesh(rgb, mesh.points.mean(0), _ROI_PER_SIDE * max(w, h), mesh.roll)
-    if mesh.presence < _MIN_PRESENCE:
+        mesh = landmarks.face_mesh(rgb, mesh.points.mean(0), ROI_PER_SIDE * max(w, h), mesh.roll)
+    if mesh.presence < MIN_PRESENCE:
         # turned too far for FaceMesh to read from the box's angle (60 degrees in an upright
         # box): BlazeFace's eyes give the turn of the face whose centre is in the box
         for face in landmarks.find_faces(rgb):
             fx, fy = face.box[:2] + face.box[2:] / 2
             if x <= fx <= x + w and y <= fy <= y + h:
-                side = _ROI_PER_SIDE * max(face.box[2:])
+                side = ROI_PER_SIDE * max(face.box[2:])
                 mesh = landmarks.face_mesh(rgb, np.array([fx, fy]), side, face.roll)
                 break
-    return mesh if mesh.presence >= _MIN_PRESENCE else None
+    return mesh if mesh.presence >= MIN_PRESENCE else None
 
 
 def _check_pose(mesh: Mesh) -> None:
@@ -507,7 +327,7 @@ def measure_face(
     centre = np.array([x + w / 2, y + h / 2])
 
     def at(u: float, v: float) -> np.ndarray:  # a point of the face box, face frame → pixels
-        return centre + _turn(np.array([(u - 0.5) * w, (v - 0.5) * h]), roll)
+        return centre + turn(np.array([(u - 0.5) * w, (v - 0.5) * h]), roll)
 
     if mesh is not None and framing is not None:
         points = mesh.points * framing.scale - np.array([framing.left, framing.top])
@@ -532,7 +352,7 @@ def measure_face(
         np.concatenate([_patch(framed, at(u, 0.6), 0.05 * w) for u in (0.25, 0.75)]), axis=0
     )
     # the lips: the reddest quarter of the pixels around the lip line
-    patch = _patch(framed, mouth + _turn(np.array([0.0, 0.01 * h]), roll), 0.09 * w)
+    patch = _patch(framed, mouth + turn(np.array([0.0, 0.01 * h]), roll), 0.09 * w)
     if len(patch) >= 4:
         red = patch[:, 0].astype(np.float32) / (patch[:, 1].astype(np.float32) + 8)
         lips = np.median(patch[red >= np.percentile(red, 75)], axis=0)

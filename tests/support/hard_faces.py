@@ -41,7 +41,7 @@ def portrait(name: str = "grace_hopper.jpg") -> np.ndarray:
 
 def tilted(angle: float, name: str = "grace_hopper.jpg") -> HardFace:
     """The portrait turned `angle` degrees clockwise about its face's centre."""
-    from pipeline.photo.face import find_faces
+    from pipeline.faces.finder import find_faces
 
     rgb = portrait(name)
     face = find_faces(rgb)[0]
@@ -56,7 +56,7 @@ def tilted(angle: float, name: str = "grace_hopper.jpg") -> HardFace:
 def backlit(name: str = "grace_hopper.jpg") -> HardFace:
     """The portrait lit from behind: the face at a third of its light and hazy (a veil of
     grey), brightening smoothly to more than full light at the rim of the head."""
-    from pipeline.photo.face import find_faces
+    from pipeline.faces.finder import find_faces
 
     rgb = portrait(name).astype(np.float32)
     face = find_faces(portrait(name))[0]

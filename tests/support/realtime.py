@@ -223,14 +223,22 @@ class ScriptedEngine:
     beyond them have arrived; a step takes `rtf` times its frames' duration (it sleeps, as
     if a GPU were busy, so the test machine's load does not change it). Each frame's pixels
     hold the loudness of its own input audio, so a test can tell which audio a shown frame
-    was made from."""
+    was made from. `stalls`: steps that take longer, once (a GPU hiccup)."""
 
-    def __init__(self, rtf: float, first: int = 8, chunk: int = 16, lookahead: int = 2):
+    def __init__(
+        self,
+        rtf: float,
+        first: int = 8,
+        chunk: int = 16,
+        lookahead: int = 2,
+        stalls: dict[int, float] | None = None,
+    ):
         from types import SimpleNamespace
 
         from pipeline.families import family_named
 
         self.rtf, self.first, self.chunk, self.lookahead = rtf, first, chunk, lookahead
+        self.stalls = stalls or {}  # step -> extra seconds it takes (a GPU hiccup)
         self.cfg = SimpleNamespace(
             video=SimpleNamespace(width=32, height=32),
             runtime=SimpleNamespace(stack="diffusion"),
@@ -282,7 +290,7 @@ class ScriptedStream:
         audio = np.concatenate(self.audio) if self.audio else np.zeros(0, np.float32)
         while self.samples_needed() == 0:
             step = self.engine.stream_step(self.step)
-            time.sleep(self.engine.rtf * step.frames / 25)
+            time.sleep(self.engine.rtf * step.frames / 25 + self.engine.stalls.get(self.step, 0))
             values = [
                 loudness_pixel(audio[f * 640 : (f + 1) * 640])
                 for f in range(step.first_frame, step.end_frame)

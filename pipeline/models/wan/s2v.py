@@ -9,7 +9,7 @@ sink and to the last `window_frames` latent frames (its own included) of keys an
 
 What a caller does, per stream and per block:
 
-    model = S2VTransformer(cfg)                                # weights: s2v_weights.load_published
+    model = S2VTransformer(cfg)            # weights: pipeline.liveavatar.s2v_weights.load_published
     cache = model.new_cache(batch, (lat_h, lat_w), steps=4, device=dev, dtype=dt)
     model.prefill(cache, prompt_BLC, ref_BC1HW, motion_BCTHW)   # once: text K/V + sink K/V
     for each block:                                             # 3 latent frames = 12 video frames
@@ -47,9 +47,10 @@ Facts of the authors' inference path this module reproduces (see the parity scri
 - the cross-attention to the text reads its input rounded to bf16, whatever the dtype;
 - the audio of a block is encoded alone, after 73 copies of its first frame.
 
-Beside this file: `s2v_sink` (the sink's tokens, every token's RoPE position), `s2v_audio`
-(the audio encoder and injection), `s2v_cache` (the stream's state and how a forward reads
-it), `s2v_weights` (the published names, random release-shaped weights).
+Beside this file: `s2v_block` (one layer, and the output head), `s2v_sink` (the sink's
+tokens, every token's RoPE position), `s2v_audio` (the audio encoder and injection),
+`s2v_cache` (the stream's state and how a forward reads it). The key table and random
+release-shaped weights are LiveAvatar's (`pipeline.liveavatar.s2v_weights`).
 
 Legend: B batch, C latent channels, T latent frames, H/W latent height/width, h/w token
 grid, L tokens, P tokens per latent frame, D model width, N heads, K head dim, S wav2vec2
@@ -67,17 +68,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pipeline.models.attention import Attention
-from pipeline.models.wan.dit import RMSNorm, apply_rope, sinusoid
-from pipeline.models.wan.s2v_audio import (
-    AudioInjector,
-    AudioTokens,
-    CausalAudioEncoder,
-    layer_norm,
-    linear32,
-)
+from pipeline.models.wan.layers import sinusoid
+from pipeline.models.wan.s2v_audio import AudioInjector, AudioTokens, CausalAudioEncoder, linear32
+from pipeline.models.wan.s2v_block import FrameHead, S2VBlock
 from pipeline.models.wan.s2v_cache import (
-    Attended,
     BlockCausalMask,
     CachedStep,
     KeyValues,
@@ -156,14 +150,9 @@ class S2VConfig:
             kept[f] = int(raw[f]) if f in raw else getattr(cls, f)
         for f in ("text_dim", "text_len", "cond_dim", "audio_dim", "num_audio_token"):
             kept[f] = int(raw[f]) if f in raw else getattr(cls, f)
-        if "motion_frames" in raw:
-            kept["motion_frames"] = int(raw["motion_frames"])
-        if "eps" in raw:
-            kept["eps"] = float(raw["eps"])
-        if "patch_size" in raw:
-            kept["patch_size"] = tuple(raw["patch_size"])
-        if "audio_inject_layers" in raw:
-            kept["audio_inject_layers"] = tuple(raw["audio_inject_layers"])
+        kinds = dict(motion_frames=int, eps=float, patch_size=tuple, audio_inject_layers=tuple)
+        for f in sorted(kinds.keys() & raw.keys()):
+            kept[f] = kinds[f](raw[f])
         return cls(**kept)
 
 
@@ -177,149 +166,6 @@ def euler_sigmas(steps: int = 4, shift: float = 3.0, train_steps: int = 1000) ->
     t = np.linspace(1.0 * train_steps, sigma_min * train_steps, steps) / train_steps
     sigmas = torch.from_numpy(shift * t / (1 + (shift - 1) * t)).float()
     return sigmas * train_steps, torch.cat([sigmas, torch.zeros(1)])
-
-
-# -- the pieces -------------------------------------------------------------------------------
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, dim: int, heads: int, eps: float) -> None:
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.o = nn.Linear(dim, dim)
-        self.norm_q = RMSNorm(dim, eps)
-        self.norm_k = RMSNorm(dim, eps)
-        self.attend = Attention("sdpa")
-
-    def project(self, x_BLD: Tensor, rope: Rope) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Queries (B, N, L, K) rotated; keys (B, L, N, K) normed, un-rotated and rotated;
-        values (B, L, N, K)."""
-        B, L, _ = x_BLD.shape
-        q, k, v = self.qkv(x_BLD).chunk(3, dim=-1)
-        q_BLNK = apply_rope(self.norm_q(q).view(B, L, self.heads, -1), *rope)
-        k_BLNK = self.norm_k(k).view(B, L, self.heads, -1)
-        v_BLNK = v.view(B, L, self.heads, -1)
-        return q_BLNK.transpose(1, 2), k_BLNK, apply_rope(k_BLNK, *rope), v_BLNK
-
-    def attend_to(self, q_BNLK: Tensor, kv: Attended) -> Tensor:
-        k_all, v_all, mask = kv
-        if mask is None:
-            return self.attend(q_BNLK, k_all, v_all)
-        # the full-sequence reference path only
-        return F.scaled_dot_product_attention(q_BNLK, k_all, v_all, attn_mask=mask)
-
-
-class TextCrossAttention(nn.Module):
-    """Every token attends to the prompt's tokens. The prompt is fixed for a stream, so its
-    keys and values are projected once (`context_kv`, at prefill) and kept in the cache."""
-
-    def __init__(self, dim: int, heads: int, eps: float) -> None:
-        super().__init__()
-        self.heads = heads
-        self.q = nn.Linear(dim, dim)
-        self.kv = nn.Linear(dim, 2 * dim)
-        self.o = nn.Linear(dim, dim)
-        self.norm_q = RMSNorm(dim, eps)
-        self.norm_k = RMSNorm(dim, eps)
-        self.attend = Attention("sdpa")
-
-    def context_kv(self, ctx_BMD: Tensor) -> tuple[Tensor, Tensor]:
-        k, v = self.kv(ctx_BMD).chunk(2, dim=-1)
-        k_BNMK = self.norm_k(k).unflatten(-1, (self.heads, -1)).transpose(1, 2)
-        return k_BNMK, v.unflatten(-1, (self.heads, -1)).transpose(1, 2)
-
-    def forward(self, x_BLD: Tensor, kv: tuple[Tensor, Tensor]) -> Tensor:
-        B, L, D = x_BLD.shape
-        q_BNLK = self.norm_q(self.q(x_BLD)).unflatten(-1, (self.heads, -1)).transpose(1, 2)
-        o_BNLK = self.attend(q_BNLK, *kv)
-        return self.o(o_BNLK.transpose(1, 2).reshape(B, L, D))
-
-
-class S2VBlock(nn.Module):
-    def __init__(self, cfg: S2VConfig) -> None:
-        super().__init__()
-        d, eps = cfg.dim, cfg.eps
-        self.eps = eps
-        self.self_attn = CausalSelfAttention(d, cfg.num_heads, eps)
-        self.norm3 = nn.LayerNorm(d, eps=eps)
-        self.cross_attn = TextCrossAttention(d, cfg.num_heads, eps)
-        self.ffn = nn.Sequential(
-            nn.Linear(d, cfg.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_dim, d)
-        )
-        self.modulation = nn.Parameter(torch.randn(1, 6, d) / d**0.5)
-
-    def forward(
-        self,
-        x_BLD: Tensor,
-        mod_BT6D: Tensor,
-        rope: Rope,
-        text_kv: tuple[Tensor, Tensor],
-        kv: KeyValues,
-        layer: int,
-    ) -> Tensor:
-        """One layer; `mod_BT6D` (fp32) modulates each of the T groups of L/T tokens. The
-        dense work before and after the cache is in two methods of fixed shapes, which
-        `compile` compiles; the cache's reads and writes (Python offsets that change from
-        block to block) and the attention stay outside them."""
-        mod_BT6D = self.modulation.float()[:, None] + mod_BT6D
-        q_BNLK, k_BLNK, k_rot, v_BLNK = self.before_attention(x_BLD, mod_BT6D, rope)
-        o_BNLK = self.self_attn.attend_to(q_BNLK, kv(layer, k_BLNK, k_rot, v_BLNK))
-        return self.after_attention(x_BLD, o_BNLK, mod_BT6D, text_kv)
-
-    def before_attention(
-        self, x_BLD: Tensor, mod_BT6D: Tensor, rope: Rope
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        shift, scale = mod_BT6D[:, :, 0, None], mod_BT6D[:, :, 1, None]
-        h_BLD = modulate(layer_norm(x_BLD, self.eps), shift, scale, x_BLD.dtype)
-        return self.self_attn.project(h_BLD, rope)
-
-    def after_attention(
-        self, x_BLD: Tensor, o_BNLK: Tensor, mod_BT6D: Tensor, text_kv: tuple[Tensor, Tensor]
-    ) -> Tensor:
-        B, L, D = x_BLD.shape
-        dtype = x_BLD.dtype
-        gate1, shift2, scale2, gate2 = (mod_BT6D[:, :, i, None] for i in range(2, 6))
-        y = self.self_attn.o(o_BNLK.transpose(1, 2).reshape(B, L, D))
-        # the residual stream stays fp32 inside a layer and is rounded at its end (authors')
-        x = x_BLD.float() + gated(y, gate1)
-        # the authors' layer hands norm3 its input rounded to bf16, in any dtype
-        h = self.norm3(x.to(torch.bfloat16)).to(dtype)
-        x = x + self.cross_attn(h, text_kv).float()
-        y = self.ffn(modulate(layer_norm(x, self.eps), shift2, scale2, dtype))
-        return (x + gated(y, gate2)).to(dtype)
-
-
-def modulate(h_BLD: Tensor, shift_BT1D: Tensor, scale_BT1D: Tensor, dtype: torch.dtype) -> Tensor:
-    """(1 + scale) h + shift in fp32, each of the T groups of L/T tokens by its own row."""
-    B, L, D = h_BLD.shape
-    T = shift_BT1D.shape[1]
-    h = h_BLD.float().view(B, T, L // T, D) * (1 + scale_BT1D) + shift_BT1D
-    return h.view(B, L, D).to(dtype)
-
-
-def gated(y_BLD: Tensor, gate_BT1D: Tensor) -> Tensor:
-    """gate y in fp32, each of the T groups of L/T tokens by its own row."""
-    B, L, D = y_BLD.shape
-    T = gate_BT1D.shape[1]
-    return (y_BLD.float().view(B, T, L // T, D) * gate_BT1D).view(B, L, D)
-
-
-class FrameHead(nn.Module):
-    def __init__(self, cfg: S2VConfig) -> None:
-        super().__init__()
-        d = cfg.dim
-        self.eps = cfg.eps
-        self.head = nn.Linear(d, cfg.out_dim * math.prod(cfg.patch_size))
-        self.modulation = nn.Parameter(torch.randn(1, 2, d) / d**0.5)
-
-    def forward(self, x_BLD: Tensor, e_BTD: Tensor) -> Tensor:
-        B, L, D = x_BLD.shape
-        T = e_BTD.shape[1]
-        shift, scale = (self.modulation.float()[:, None] + e_BTD[:, :, None]).unbind(2)
-        h = layer_norm(x_BLD, self.eps).float().view(B, T, L // T, D)
-        h = h * (1 + scale[:, :, None]) + shift[:, :, None]
-        return linear32(self.head, h.view(B, L, D))
 
 
 # -- the model --------------------------------------------------------------------------------
@@ -337,8 +183,10 @@ class S2VTransformer(nn.Module):
         )
         self.time_embedding = nn.Sequential(nn.Linear(cfg.freq_dim, d), nn.SiLU(), nn.Linear(d, d))
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(d, 6 * d))
-        self.blocks = nn.ModuleList([S2VBlock(cfg) for _ in range(cfg.num_layers)])
-        self.head = FrameHead(cfg)
+        self.blocks = nn.ModuleList(
+            [S2VBlock(d, cfg.ffn_dim, cfg.num_heads, cfg.eps) for _ in range(cfg.num_layers)]
+        )
+        self.head = FrameHead(d, cfg.out_dim * math.prod(p), cfg.eps)
         # the published name, misspelling included
         self.casual_audio_encoder = CausalAudioEncoder(
             cfg.audio_layers, cfg.audio_dim, d, cfg.num_audio_token

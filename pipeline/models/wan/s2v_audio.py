@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pipeline.models.wan.dit import FrameCrossAttention
+from pipeline.models.wan.layers import FrameCrossAttention
 
 
 def layer_norm(x: Tensor, eps: float) -> Tensor:

@@ -21,7 +21,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from pipeline.models.wan.dit import apply_rope
+from pipeline.models.layers import apply_rope
 from pipeline.models.wan.s2v_sink import Rope
 
 Attended = tuple[Tensor, Tensor, Tensor | None]  # keys, values (B, N, L', K), mask or None
@@ -107,7 +107,8 @@ class CachedStep:
     def __call__(self, layer: int, k_raw: Tensor, k_rot: Tensor, v: Tensor) -> Attended:
         c, s, ls, end = self.cache, self.step, self.cache.sink_tokens, self.start + k_rot.shape[1]
         k, v_buf = c.k[s, layer], c.v[s, layer]
-        k[:, :, :ls] = apply_rope(c.sink_k[layer], *self.sink_rope).transpose(1, 2)
+        k_sink = apply_rope(c.sink_k[layer], *self.sink_rope, tokens_first=True)
+        k[:, :, :ls] = k_sink.transpose(1, 2)
         k[:, :, self.start : end] = k_rot.transpose(1, 2)
         v_buf[:, :, self.start : end] = v.transpose(1, 2)
         return k[:, :, : self.valid], v_buf[:, :, : self.valid], None
@@ -129,7 +130,10 @@ class BlockCausalMask:
     def __call__(self, layer: int, k_raw: Tensor, k_rot: Tensor, v: Tensor) -> Attended:
         c = self.cache
         v_sink = c.v[0, layer, :, :, : c.sink_tokens]
-        sinks_k = [apply_rope(c.sink_k[layer], *r).transpose(1, 2) for r in self.sink_ropes]
+        sinks_k = [
+            apply_rope(c.sink_k[layer], *r, tokens_first=True).transpose(1, 2)
+            for r in self.sink_ropes
+        ]
         k_all = torch.cat([k_rot.transpose(1, 2), *sinks_k], dim=2)
         v_all = torch.cat([v.transpose(1, 2), *[v_sink] * len(sinks_k)], dim=2)
         return k_all, v_all, self.mask.to(k_all.device)

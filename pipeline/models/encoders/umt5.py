@@ -28,7 +28,7 @@ from torch import Tensor
 
 from pipeline.checkpoints import read_state_dict
 from pipeline.errors import CheckpointError
-from pipeline.models.pretrained import load_files
+from pipeline.models.encoders.pretrained import load_files
 
 if TYPE_CHECKING:  # transformers is imported where it is used: it is slow to import
     from transformers import UMT5Config, UMT5EncoderModel

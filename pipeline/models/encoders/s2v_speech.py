@@ -2,7 +2,7 @@
 
 The release carries `wav2vec2-large-xlsr-53-english/` (a transformers `Wav2Vec2ForCTC`
 folder); the network is the `Wav2Vec2Model` inside it, the CTC head unused. What S2V adds
-is which states it keeps and its timing, unlike FlashHead's (`pipeline.models.wav2vec2`):
+is which states it keeps and its timing, unlike FlashHead's (`pipeline.models.encoders.wav2vec2`):
 
 1. the whole clip is normalised (the feature extractor) and run through the model at its
    own 50 states a second;
@@ -34,7 +34,8 @@ from torch import Tensor
 
 from pipeline.clock import FPS, MODEL_RATE
 from pipeline.errors import CheckpointError
-from pipeline.models.pretrained import load_files, load_model
+from pipeline.models.encoders.pretrained import load_files, load_model
+from pipeline.models.encoders.wav2vec2 import write_feature_extractor
 
 STATES_PER_SECOND = 50  # wav2vec2's convolutions: one state per 20 ms at 16 kHz
 FEATURE_RATE = 30  # the authors' AudioEncoder.video_rate: the grid the states are resampled to
@@ -161,27 +162,16 @@ def write_random_wav2vec2(folder: Path, config_kwargs: dict, seed: int) -> Path:
     """A `Wav2Vec2ForCTC` folder of random weights laid out as the release's
     `wav2vec2-large-xlsr-53-english/` (weights, config, feature extractor, CTC vocabulary),
     for tests and benchmarks: `config_kwargs` is `XLSR53_LARGE` or a shrunk copy."""
-    from transformers import (
-        Wav2Vec2Config,
-        Wav2Vec2CTCTokenizer,
-        Wav2Vec2FeatureExtractor,
-        Wav2Vec2ForCTC,
-    )
+    from transformers import Wav2Vec2Config, Wav2Vec2CTCTokenizer, Wav2Vec2ForCTC
 
-    from pipeline.flashhead.weights import randomise_module
+    from pipeline.random_weights import randomise_module
 
     folder.mkdir(parents=True, exist_ok=True)
     config = Wav2Vec2Config(**{**XLSR53_LARGE, **config_kwargs})
     model = Wav2Vec2ForCTC(config)
     randomise_module(model, seed)
     model.save_pretrained(str(folder))
-    Wav2Vec2FeatureExtractor(
-        feature_size=1,
-        sampling_rate=MODEL_RATE,
-        padding_value=0.0,
-        do_normalize=True,
-        return_attention_mask=True,
-    ).save_pretrained(str(folder))
+    write_feature_extractor(folder, attention_mask=True)
     letters = ["<pad>", "<s>", "</s>", "<unk>", "|", "'", *"abcdefghijklmnopqrstuvwxyz"]
     vocab = {c: i for i, c in enumerate(letters[: config.vocab_size])}
     (folder / "vocab.json").write_text(json.dumps(vocab))

@@ -18,7 +18,20 @@ from torch import Tensor
 
 from pipeline.clock import FPS, MODEL_RATE
 from pipeline.errors import CheckpointError
-from pipeline.models.pretrained import load_files, load_model
+from pipeline.models.encoders.pretrained import load_files, load_model
+
+# the tiny wav2vec2 that tests, parity fixtures and random releases build (transformers'
+# Wav2Vec2Config keyword arguments, over its defaults or over a release's shape): every
+# size shrunk, the structure kept
+WAV2VEC2_TINY: dict = dict(
+    hidden_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=32,
+    conv_dim=(8,) * 7,
+    num_conv_pos_embeddings=16,
+    num_conv_pos_embedding_groups=2,
+)
 
 
 class SpeechFeatures:
@@ -76,3 +89,18 @@ class SpeechFeatures:
             for hook in hooks:
                 hook.remove()
         return torch.stack(layers, dim=2).float()
+
+
+def write_feature_extractor(folder: Path, attention_mask: bool) -> None:
+    """The feature extractor's config as wav2vec2 releases carry it, for random ones: 16 kHz
+    mono, each clip normalised; an attention mask where the release takes one (the large
+    XLSR models do, wav2vec2-base does not)."""
+    from transformers import Wav2Vec2FeatureExtractor
+
+    Wav2Vec2FeatureExtractor(
+        feature_size=1,
+        sampling_rate=MODEL_RATE,
+        padding_value=0.0,
+        do_normalize=True,
+        return_attention_mask=attention_mask,
+    ).save_pretrained(str(folder))

@@ -24,8 +24,8 @@ from torch import Tensor
 
 from pipeline.checkpoints import load_mapped
 from pipeline.errors import CheckpointError
-from pipeline.flashhead.weights import random_value
 from pipeline.models.wan.s2v import S2VConfig, S2VTransformer
+from pipeline.random_weights import random_value
 
 S2V_FUSED = {
     ".qkv.weight": [".q.weight", ".k.weight", ".v.weight"],

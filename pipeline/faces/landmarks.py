@@ -256,11 +256,12 @@ def face_mesh(rgb: np.ndarray, centre: np.ndarray, side: float, roll: float) -> 
     local = (mesh.points - mesh.points.mean(0)) @ np.array([[c, -s], [s, c]])
     lo, hi = local.min(0), local.max(0)
     mid = (lo + hi) / 2
-    centre = mesh.points.mean(0) + _turn(mid, roll)
+    centre = mesh.points.mean(0) + turn(mid, roll)
     return _mesh_in(rgb, centre, 1.5 * float((hi - lo).max()), roll)
 
 
-def _turn(v: np.ndarray, angle: float) -> np.ndarray:
+def turn(v: np.ndarray, angle: float) -> np.ndarray:
+    """The 2-D vector `v` turned by `angle` (radians, clockwise on screen: y is down)."""
     c, s = np.cos(angle), np.sin(angle)
     return np.array([c * v[0] - s * v[1], s * v[0] + c * v[1]])
 

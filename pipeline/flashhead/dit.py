@@ -1,4 +1,4 @@
-"""The Wan 2.1 DiT core with per-frame audio cross-attention: SoulX-FlashHead's transformer.
+"""SoulX-FlashHead's transformer: the Wan 2.1 DiT core with per-frame audio cross-attention.
 
 One forward denoises a chunk's latents. The input is the noisy latents and the reference
 image's latents concatenated on the channel axis, patchified 1x2x2 into tokens; each of
@@ -11,7 +11,8 @@ turns into `context_tokens` tokens per latent frame; it runs once per chunk
 
 Parameter names follow the published checkpoint (`Model_Pro/`, `Model_Lite/`) so that the
 loader's mapping table stays short; self-attention's q, k, v and cross-attention's k, v
-are fused into one matrix each at load time (`pipeline.families.flashhead.weights`).
+are fused into one matrix each at load time (`pipeline.flashhead.weights`). The layers
+it shares with LiveAvatar's S2V transformer live in `pipeline.models.wan.layers`.
 
 Legend: B batch, C latent channels, T latent frames, F video frames, W audio window,
 S wav2vec2 layers, A wav2vec2 width, L tokens, P tokens per latent frame, M audio tokens
@@ -21,16 +22,14 @@ per latent frame, D model width, N heads, H head dim.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pipeline.models.attention import Attention
-from pipeline.models.layers import grid_positions, rope_angles
+from pipeline.models.layers import apply_rope, grid_positions, rope_angles
+from pipeline.models.wan.layers import FrameCrossAttention, WanSelfAttention, sinusoid
 
 
 @dataclass(frozen=True)
@@ -64,81 +63,18 @@ class WanDiTConfig:
         return self.vae_stride[0]
 
 
-class RMSNorm(nn.Module):
-    """RMS norm over the whole width, computed in fp32, weight applied in the input dtype
-    (the published model's order of operations)."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * (
-            self.weight
-        )
-
-
-def apply_rope(x_BLNH: Tensor, cos_LH: Tensor, sin_LH: Tensor) -> Tensor:
-    """Rotate adjacent channel pairs by the token's angles, in fp32."""
-    x1, x2 = x_BLNH.float().unflatten(-1, (-1, 2)).unbind(-1)
-    cos, sin = cos_LH[:, None, :], sin_LH[:, None, :]
-    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return out.flatten(-2).type_as(x_BLNH)
-
-
-def sinusoid(t_B: Tensor, dim: int) -> Tensor:
-    """Wan's timestep features: cos then sin, position t itself (not scaled), in fp64."""
-    half = dim // 2
-    freqs = torch.pow(10000.0, -torch.arange(half, dtype=torch.float64, device=t_B.device) / half)
-    args = torch.outer(t_B.double(), freqs)
-    return torch.cat([torch.cos(args), torch.sin(args)], dim=1)
-
-
-class SelfAttention(nn.Module):
-    def __init__(self, dim: int, heads: int, eps: float) -> None:
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.o = nn.Linear(dim, dim)
-        self.norm_q = RMSNorm(dim, eps)
-        self.norm_k = RMSNorm(dim, eps)
-        self.attend = Attention("sdpa")
+class SelfAttention(WanSelfAttention):
+    """Every token attends to every token of the chunk."""
 
     def forward(self, x_BLD: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
         B, L, D = x_BLD.shape
         q, k, v = self.qkv(x_BLD).chunk(3, dim=-1)
         N = self.heads
-        q_BLNH = apply_rope(self.norm_q(q).view(B, L, N, -1), *rope)
-        k_BLNH = apply_rope(self.norm_k(k).view(B, L, N, -1), *rope)
+        q_BLNH = apply_rope(self.norm_q(q).view(B, L, N, -1), *rope, tokens_first=True)
+        k_BLNH = apply_rope(self.norm_k(k).view(B, L, N, -1), *rope, tokens_first=True)
         v_BLNH = v.view(B, L, N, -1)
         o_BNLH = self.attend(q_BLNH.transpose(1, 2), k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2))
         return self.o(o_BNLH.transpose(1, 2).reshape(B, L, D))
-
-
-class FrameCrossAttention(nn.Module):
-    """Each latent frame's tokens attend to that frame's audio tokens, and nothing else."""
-
-    def __init__(self, dim: int, heads: int, eps: float) -> None:
-        super().__init__()
-        self.heads = heads
-        self.q = nn.Linear(dim, dim)
-        self.kv = nn.Linear(dim, 2 * dim)
-        self.o = nn.Linear(dim, dim)
-        self.norm_q = RMSNorm(dim, eps)
-        self.norm_k = RMSNorm(dim, eps)
-
-    def forward(self, x_BLD: Tensor, ctx_BTMD: Tensor) -> Tensor:
-        B, L, D = x_BLD.shape
-        T, M, N = ctx_BTMD.shape[1], ctx_BTMD.shape[2], self.heads
-        x_GPD = x_BLD.reshape(B * T, L // T, D)  # G = B*T groups: one per latent frame
-        k, v = self.kv(ctx_BTMD.reshape(B * T, M, D)).chunk(2, dim=-1)
-        q_GNPH = self.norm_q(self.q(x_GPD)).unflatten(-1, (N, -1)).transpose(1, 2)
-        k_GNMH = self.norm_k(k).unflatten(-1, (N, -1)).transpose(1, 2)
-        v_GNMH = v.unflatten(-1, (N, -1)).transpose(1, 2)
-        o_GNPH = F.scaled_dot_product_attention(q_GNPH, k_GNMH, v_GNMH)
-        return self.o(o_GNPH.transpose(1, 2).reshape(B, L, D))
 
 
 class AudioBlock(nn.Module):
@@ -280,19 +216,3 @@ class WanAudioDiT(nn.Module):
         return x.permute(0, 7, 1, 4, 2, 5, 3, 6).reshape(
             x_BLK.shape[0], self.cfg.out_dim, T * pt, h * ph, w * pw
         )
-
-
-def wan_fp8_targets(blocks: Sequence[nn.Module], scaling: str) -> list[tuple[nn.Module, str]]:
-    """(parent, attribute) of the linears FP8 replaces in Wan-style blocks (FlashHead's,
-    S2V's): self-attention's fused q/k/v, the cross-attention's q and the FFN's two, all
-    token-wise; with per-row scales also the two output projections."""
-    out: list[tuple[nn.Module, str]] = []
-    for block in blocks:
-        self_attn, cross_attn, ffn = block.self_attn, block.cross_attn, block.ffn
-        assert isinstance(self_attn, nn.Module) and isinstance(cross_attn, nn.Module)
-        assert isinstance(ffn, nn.Module)
-        out += [(self_attn, "qkv"), (cross_attn, "q")]
-        if scaling == "row":
-            out += [(self_attn, "o"), (cross_attn, "o")]
-        out += [(ffn, "0"), (ffn, "2")]
-    return out
