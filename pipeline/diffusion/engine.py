@@ -1,4 +1,4 @@
-"""Pipeline layer: the engine (models, loaded once) and sessions (one per stream).
+"""The diffusion stack's engine (models, loaded once) and its streams (one per session).
 
 A session is the streaming mode: audio is pushed as it arrives, `generate_ready()` runs
 every chunk the audio so far allows and returns the new frames, `finish()` closes the
