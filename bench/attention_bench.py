@@ -328,18 +328,21 @@ def head_shares_random(args, D: int) -> dict:
 
 def head_shares_pipeline(args) -> dict:
     """Shares on the SR DiT's own q, k for a preset (seeded init: rt720 has no trained weights)."""
-    from pipeline.config import latent_grid, load_config
+    from pipeline.config import load_config
+    from pipeline.diffusion.config import latent_grid
+    from pipeline.diffusion.sr_dit import SRDiT
     from pipeline.models.attention import Attention
-    from pipeline.models.sr_dit import SRDiT
     from pipeline.module import build_seeded
 
     cfg = load_config(args.pipeline_config)
     grid = latent_grid(cfg)
-    C = cfg.vae.latent_channels
+    C = cfg.diffusion.vae.latent_channels
     dev = args.device
     backend = "facecast" if dev == "cuda" else "sdpa"  # the interpreter is too slow for a model
     model = build_seeded(
-        lambda: SRDiT(cfg.sr, C, cfg.a2v.downscale, backend), cfg.runtime.init_seed + 4, dev
+        lambda: SRDiT(cfg.diffusion.sr, C, cfg.diffusion.a2v.downscale, backend),
+        cfg.runtime.init_seed + 4,
+        dev,
     )
     model = model.to(torch.bfloat16).eval()
     per_layer = []

@@ -31,9 +31,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline.config import latent_grid, load_config  # noqa: E402
-from pipeline.models.build import build_models, module_dtype  # noqa: E402
-from pipeline.models.vae import CausalConv3d, Decoder  # noqa: E402
+from pipeline.config import load_config  # noqa: E402
+from pipeline.diffusion.build import build_models, module_dtype  # noqa: E402
+from pipeline.diffusion.config import latent_grid  # noqa: E402
+from pipeline.diffusion.vae import CausalConv3d, Decoder  # noqa: E402
 
 VARIANTS = ("ncdhw", "ndhwc", "stacked2d", "compile", "ndhwc-compile")
 
@@ -128,13 +129,13 @@ def host_copy_ms(cfg, frames: int, device, reps: int = 5) -> dict:
 def conv_flops(cfg, latents: int) -> float:
     """Multiply-adds x2 of the decoder's convolutions for `latents` latent frames."""
     g = latent_grid(cfg)
-    r, chans = cfg.vae.temporal_ratio, list(reversed(cfg.vae.channels))
+    r, chans = cfg.diffusion.vae.temporal_ratio, list(reversed(cfg.diffusion.vae.channels))
     h, w, frames = g.full_h, g.full_w, latents
-    total = 2 * frames * h * w * 3 * 9 * cfg.vae.latent_channels * chans[0]  # conv_in
+    total = 2 * frames * h * w * 3 * 9 * cfg.diffusion.vae.latent_channels * chans[0]  # conv_in
     frames *= r
     for i, c in enumerate(chans):
         c_next = chans[min(i + 1, len(chans) - 1)]
-        total += cfg.vae.res_blocks * 2 * (2 * frames * h * w * 27 * c * c)
+        total += cfg.diffusion.vae.res_blocks * 2 * (2 * frames * h * w * 27 * c * c)
         h, w = 2 * h, 2 * w
         total += 2 * frames * h * w * 9 * c * c_next
     total += 2 * frames * h * w * 9 * chans[-1] * 3
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator(device="cpu").manual_seed(0)
     dtype = module_dtype(cfg, "vae")
     latents = [
-        torch.randn(1, cfg.vae.latent_channels, n, g.full_h, g.full_w, generator=gen).to(
+        torch.randn(1, cfg.diffusion.vae.latent_channels, n, g.full_h, g.full_w, generator=gen).to(
             device, dtype
         )
         for n in [first] + [steady] * args.steps
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(r)
         print(json.dumps(r), flush=True)
         torch.cuda.empty_cache()
-    copy = host_copy_ms(cfg, steady * cfg.vae.temporal_ratio, device)
+    copy = host_copy_ms(cfg, steady * cfg.diffusion.vae.temporal_ratio, device)
     print("host copy ms:", json.dumps(copy), flush=True)
     report = {
         "config": args.config,

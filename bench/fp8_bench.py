@@ -28,7 +28,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline.config import latent_grid, load_config  # noqa: E402
+from pipeline.config import load_config  # noqa: E402
+from pipeline.diffusion.config import latent_grid  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max
@@ -39,11 +40,11 @@ def linear_shapes(cfg) -> list[tuple[str, int, int, int]]:
     g = latent_grid(cfg)
     s = cfg.schedule
     a2v_tokens = (1 + s.boundary_latents + s.chunk_latents) * g.low_h * g.low_w
-    sr_tokens = (1 + cfg.sr.window + s.chunk_latents) * g.full_h * g.full_w
+    sr_tokens = (1 + cfg.diffusion.sr.window + s.chunk_latents) * g.full_h * g.full_w
     out = []
     for model, m, dim, ratio in (
-        ("a2v", a2v_tokens, cfg.a2v.dim, cfg.a2v.mlp_ratio),
-        ("sr", sr_tokens, cfg.sr.dim, cfg.sr.mlp_ratio),
+        ("a2v", a2v_tokens, cfg.diffusion.a2v.dim, cfg.diffusion.a2v.mlp_ratio),
+        ("sr", sr_tokens, cfg.diffusion.sr.dim, cfg.diffusion.sr.mlp_ratio),
     ):
         hidden = int(dim * ratio)
         out += [

@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.config import load_config  # noqa: E402
-from pipeline.engine import Engine  # noqa: E402
+from pipeline.diffusion.engine import Engine  # noqa: E402
 from pipeline.precision import apply_fp8  # noqa: E402
 from pipeline.synth.dataset import identity_for  # noqa: E402
 from pipeline.synth.face import render_frames, render_reference  # noqa: E402
@@ -45,7 +45,9 @@ def evaluate(engine: Engine, identity: int, seconds: float) -> tuple[dict, np.nd
     audio = held_out_speech(seconds)
     frames, seams, *_ = generate(engine, reference, audio)
     truth = render_frames(person, motion_from_audio(audio, seed=EVAL_SEED), engine.cfg.video.width)
-    return score(frames, reference, audio, seams, truth, engine.cfg.vae.temporal_ratio), frames
+    return score(
+        frames, reference, audio, seams, truth, engine.cfg.diffusion.vae.temporal_ratio
+    ), frames
 
 
 def main(argv: list[str] | None = None) -> int:

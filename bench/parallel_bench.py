@@ -23,8 +23,9 @@ import torch
 import torch.distributed as dist
 
 from pipeline.clock import MODEL_RATE, MODEL_SAMPLES_PER_FRAME, model_samples
-from pipeline.config import latent_grid, load_config
-from pipeline.engine import Engine
+from pipeline.config import load_config
+from pipeline.diffusion.config import latent_grid
+from pipeline.diffusion.engine import Engine
 from pipeline.parallel import ulysses
 from pipeline.parallel.launch import ParallelOptions, launch, parallelize_engine
 
@@ -62,7 +63,7 @@ def set_head_groups(engine: Engine, groups: int) -> None:
 def stage_inputs(engine: Engine):
     cfg, dev, dt = engine.cfg, engine.device, engine.modules["a2v"].dtype
     g = latent_grid(cfg)
-    C, r, s = cfg.vae.latent_channels, cfg.vae.temporal_ratio, cfg.schedule
+    C, r, s = cfg.diffusion.vae.latent_channels, cfg.diffusion.vae.temporal_ratio, cfg.schedule
     T = s.chunk_latents + s.boundary_latents
     gen = torch.Generator(device=dev).manual_seed(0)
     rnd = lambda *shape: torch.randn(*shape, device=dev, dtype=dt, generator=gen)  # noqa: E731
@@ -71,10 +72,10 @@ def stage_inputs(engine: Engine):
         torch.full((1,), 0.5, device=dev),
         rnd(1, C, T, g.low_h, g.low_w),
         torch.zeros(1, T, device=dev, dtype=dt),
-        rnd(1, T * r, cfg.audio.out_dim),
+        rnd(1, T * r, cfg.diffusion.audio.out_dim),
         rnd(1, C, 1, g.low_h, g.low_w),
     )
-    Ts = s.chunk_latents + cfg.sr.window
+    Ts = s.chunk_latents + cfg.diffusion.sr.window
     sr_args = (
         rnd(1, C, Ts, g.low_h, g.low_w),
         rnd(1, C, Ts, g.full_h, g.full_w),

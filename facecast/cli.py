@@ -243,8 +243,9 @@ def _diffusion_only(args: argparse.Namespace, command: str, instead: str) -> Non
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pipeline.bench import BenchOptions, run_bench, summary_line, write_results
     from pipeline.config import parse_overrides
+    from pipeline.diffusion.bench import BenchOptions, run_bench
+    from pipeline.diffusion.bench_report import summary_line, write_results
 
     _diffusion_only(args, "bench", "use python bench/photo_bench.py")
     if args.model is not None or args.sessions > 1:

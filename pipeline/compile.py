@@ -27,7 +27,7 @@ import time
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from pipeline.config import latent_grid
+from pipeline.diffusion.config import latent_grid
 from pipeline.models.attention import Attention
 from pipeline.schedule import ChunkPlan
 
@@ -66,9 +66,9 @@ def a2v_attention_shapes(engine) -> list[tuple[int, int, int, int]]:
     cfg = engine.cfg
     plan = ChunkPlan(cfg.schedule)
     g = latent_grid(cfg)
-    _, ph, pw = cfg.a2v.patch
+    _, ph, pw = cfg.diffusion.a2v.patch
     per_frame = (g.low_h // ph) * (g.low_w // pw)
-    heads, head_dim = cfg.a2v.heads, cfg.a2v.dim // cfg.a2v.heads
+    heads, head_dim = cfg.diffusion.a2v.heads, cfg.diffusion.a2v.dim // cfg.diffusion.a2v.heads
     lengths = {plan.n_chunk(0).length, plan.n_chunk(1).length}
     if plan.w:
         lengths.add(plan.i_chunk(0).length)

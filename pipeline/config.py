@@ -2,16 +2,16 @@
 
 `load_config("tiny")` reads `configs/tiny.yaml`; a path to any YAML file works too. Unknown
 keys, wrong types and out-of-range values raise `ConfigError` naming the key and what is
-allowed. Sizes here are in pixels (video) or latent frames (schedule); see `latent_grid`.
-The shared sections are in `pipeline.sections`, each real-model family's own in its folder;
-which of them a config uses, and the rules across them, its family says
-(`pipeline.families`): only those are checked.
+allowed. The shared sections are in `pipeline.sections`, each family's own in its folder
+(`pipeline/diffusion/config.py`, ...); which of them a config uses, and the rules across
+them, its family says (`pipeline.families`): only those are checked.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,25 +20,14 @@ from pathlib import Path
 import yaml
 
 from pipeline import families
+from pipeline.diffusion import config as diffusion
+from pipeline.diffusion.config import DiffusionConfig
 from pipeline.errors import ConfigError
 from pipeline.families import family_named, family_of
 from pipeline.flashhead.config import FlashHeadConfig
 from pipeline.liveavatar.config import DEFAULT_PROMPT, LIVEAVATAR_BLOCK_FRAMES, LiveAvatarConfig
 from pipeline.photo.config import PhotoConfig
-from pipeline.sections import (
-    ATTENTION_BACKENDS,
-    DTYPES,
-    A2VConfig,
-    AudioEncoderConfig,
-    LatentGrid,
-    RuntimeConfig,
-    SamplerConfig,
-    ScheduleConfig,
-    SRConfig,
-    VAEConfig,
-    VideoConfig,
-    latent_grid,
-)
+from pipeline.sections import ATTENTION_BACKENDS, DTYPES, RuntimeConfig, ScheduleConfig, VideoConfig
 
 if typing.TYPE_CHECKING:
     from pipeline.families import Family
@@ -51,24 +40,19 @@ __all__ = [
     "DEFAULT_PROMPT",
     "DTYPES",
     "LIVEAVATAR_BLOCK_FRAMES",
-    "A2VConfig",
-    "AudioEncoderConfig",
     "FacecastConfig",
     "FlashHeadConfig",
-    "LatentGrid",
     "LiveAvatarConfig",
     "PhotoConfig",
     "RuntimeConfig",
-    "SRConfig",
-    "SamplerConfig",
     "ScheduleConfig",
-    "VAEConfig",
     "VideoConfig",
     "config_names",
-    "latent_grid",
     "load_config",
     "parse_overrides",
 ]
+
+log = logging.getLogger("facecast.config")
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 # The default avatar: the photo stack animates the user's own photo (a bundled public-domain
@@ -91,12 +75,8 @@ class FacecastConfig:
 
     name: str = "custom"
     video: VideoConfig = field(default_factory=VideoConfig)
-    vae: VAEConfig = field(default_factory=VAEConfig)
-    audio: AudioEncoderConfig = field(default_factory=AudioEncoderConfig)
-    a2v: A2VConfig = field(default_factory=A2VConfig)
-    sr: SRConfig = field(default_factory=SRConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
-    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
     photo: PhotoConfig = field(default_factory=PhotoConfig)
     flashhead: FlashHeadConfig = field(default_factory=FlashHeadConfig)
     liveavatar: LiveAvatarConfig = field(default_factory=LiveAvatarConfig)
@@ -129,7 +109,7 @@ class FacecastConfig:
     def frames_per_latent(self) -> int:
         """Video frames per schedule unit: the VAE's temporal ratio for a family that counts
         latent frames (the project's diffusion stack), 1 for the others."""
-        return self.vae.temporal_ratio if self.family.counts_latents else 1
+        return self.diffusion.vae.temporal_ratio if self.family.counts_latents else 1
 
     @property
     def vae_temporal_stride(self) -> int:
@@ -160,10 +140,22 @@ _S = typing.TypeVar("_S")
 
 def load_config(name_or_path: str | Path, overrides: dict | None = None) -> FacecastConfig:
     """Load a preset from `configs/` by name, or any YAML file by path, then validate it.
-    A preset may start from another (`base: rt720`) and change only some keys."""
-    raw = _read_preset(name_or_path, seen=())
+    A preset may start from another (`base: rt720`) and change only some keys. The diffusion
+    stack's sections at the top level (the form before they went under `diffusion:`), in a
+    preset or an override, still load, with one warning saying what to move where."""
+    flat: list[str] = []  # where the old form was found, for the one warning
+    raw = _read_preset(name_or_path, seen=(), flat=flat)
     for dotted, value in (overrides or {}).items():
         _set_dotted(raw, dotted, value)
+    _nest_diffusion_sections(raw, "the overrides (--set)", flat)
+    if flat:
+        log.warning(
+            "config %s: move %s under 'diffusion:' (diffusion.vae, diffusion.audio, "
+            "diffusion.a2v, diffusion.sr, diffusion.sampler, as configs/tiny.yaml has them); "
+            "the diffusion stack's sections at the top level are deprecated",
+            raw["name"],
+            " and ".join(flat),
+        )
     # a section of a family added at run time (`pipeline.families.register`) is its own
     own = {
         f.stack: _build(f.section, raw.pop(f.stack), prefix=f"{f.stack}.")
@@ -181,7 +173,7 @@ def config_names() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
 
-def _read_preset(name_or_path: str | Path, seen: tuple[str, ...]) -> dict:
+def _read_preset(name_or_path: str | Path, seen: tuple[str, ...], flat: list[str]) -> dict:
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):
         path = CONFIG_DIR / f"{name_or_path}.yaml"
@@ -197,15 +189,33 @@ def _read_preset(name_or_path: str | Path, seen: tuple[str, ...]) -> dict:
         raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config {path} must be a mapping at the top level")
+    _nest_diffusion_sections(raw, str(path), flat)
     base = raw.pop("base", None)
     if base is not None:
         if not isinstance(base, str) or base in seen or base == path.stem:
             raise ConfigError(f"config {path}: 'base' must name another preset (got {base!r})")
-        merged = _read_preset(base, (*seen, path.stem))
+        merged = _read_preset(base, (*seen, path.stem), flat)
         merged.pop("name", None)
         raw = _merge(merged, raw)
     raw.setdefault("name", path.stem)
     return raw
+
+
+def _nest_diffusion_sections(raw: dict, where: str, flat: list[str]) -> None:
+    """Move the diffusion stack's sections found at the top level of `raw` (the old form)
+    under its `diffusion` key, checked as written (an error names the key where it is), and
+    note in `flat` what moved from `where`."""
+    keys = [key for key in diffusion.SECTIONS if key in raw]
+    if not keys:
+        return
+    nested = raw.setdefault("diffusion", {})
+    if not isinstance(nested, dict):
+        raise ConfigError(f"diffusion must be a mapping, got {nested!r}")
+    for key in keys:
+        value = raw.pop(key)
+        _build(diffusion.SECTIONS[key], value, prefix=f"{key}.")
+        nested[key] = _merge(nested[key], value) if isinstance(nested.get(key), dict) else value
+    flat.append(f"{', '.join(keys)} from the top level of {where}")
 
 
 def _merge(base: dict, change: dict) -> dict:
@@ -223,7 +233,9 @@ def parse_overrides(items: list[str]) -> dict:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. sampler.steps=4")
+            raise ConfigError(
+                f"override {item!r}: expected KEY=VALUE, e.g. diffusion.sampler.steps=4"
+            )
         try:
             overrides[key] = json.loads(value)
         except ValueError:

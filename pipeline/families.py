@@ -29,10 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pipeline.diffusion.config import check_config as check_diffusion
 from pipeline.errors import ConfigError
 from pipeline.flashhead.config import check_config as check_flashhead
 from pipeline.liveavatar.config import check_config as check_liveavatar
-from pipeline.sections import check_latent_grid
 
 if TYPE_CHECKING:
     from pipeline.config import FacecastConfig
@@ -113,11 +113,11 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "diffusion",
         "the project's A2V + SR DiTs and causal VAE",
-        "pipeline.engine:Engine",
-        sections=("vae", "audio", "a2v", "sr", "sampler"),
-        temporal_stride=lambda cfg: cfg.vae.temporal_ratio,
-        lookahead_frames=lambda cfg: cfg.audio.lookahead_frames,
-        check_config=check_latent_grid,
+        "pipeline.diffusion.engine:Engine",
+        sections=("diffusion",),
+        temporal_stride=lambda cfg: cfg.diffusion.vae.temporal_ratio,
+        lookahead_frames=lambda cfg: cfg.diffusion.audio.lookahead_frames,
+        check_config=check_diffusion,
         counts_latents=True,
         compiles=True,
         offloads=True,

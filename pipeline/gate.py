@@ -142,9 +142,9 @@ def record_baseline(engine, directory: str | Path, seconds: float = 2.0, seed: i
 
 
 def _eager():
-    from pipeline.bench import _force_eager
+    from pipeline.bench import force_eager
 
-    return _force_eager()
+    return force_eager()
 
 
 def has_baseline(directory: str | Path) -> bool:

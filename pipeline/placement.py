@@ -17,12 +17,12 @@ import torch
 from torch import nn
 
 from pipeline.config import FacecastConfig
-from pipeline.models.build import SEED_OFFSETS, build_models, module_dtype
+from pipeline.diffusion.build import SEED_OFFSETS, build_models, module_dtype
 from pipeline.module import DTYPES, Module
 from pipeline.offload import OffloadConfig, OffloadManager, materialize_blockwise
 
 if TYPE_CHECKING:
-    from pipeline.engine import Engine
+    from pipeline.diffusion.engine import Engine
 
 # Offload when the DiTs' weights would take more than this share of the GPU memory there is.
 OFFLOAD_ABOVE_SHARE = 0.7

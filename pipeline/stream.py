@@ -4,7 +4,7 @@
 needs, generate what is ready, finish, close; it hands out `FrameBatch`es and keeps its
 `StageTimes`. `StreamingEngine` is what a server needs of an engine: its config, its
 measured step times, the schedule's steps, and new streams. Every model family's engine
-(the project's diffusion `pipeline.engine.Engine`, the photo stack's
+(the project's diffusion `pipeline.diffusion.engine.Engine`, the photo stack's
 `pipeline.photo.engine.PhotoEngine`, `pipeline.flashhead.engine.FlashHeadEngine`) and the
 child-process `realtime.engine_process` proxy satisfy them; the type checker holds them to it.
 """

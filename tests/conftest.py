@@ -12,7 +12,7 @@ import pytest
 from support.kvs import AWS_TEST_KEY, AWS_TEST_SECRET
 
 from pipeline.config import load_config
-from pipeline.engine import Engine
+from pipeline.diffusion.engine import Engine
 from pipeline.media import write_png
 from pipeline.startup import freeze_long_lived_objects
 from realtime.kvs.control import clear_client_cache

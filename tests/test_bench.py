@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from facecast.cli import main
-from pipeline.bench import BenchOptions, append_markdown, run_bench, speech_like_audio
+from pipeline.bench import speech_like_audio
+from pipeline.diffusion.bench import BenchOptions, run_bench
+from pipeline.diffusion.bench_report import append_markdown
 
 
 def test_speech_like_audio_has_syllables_and_pauses():

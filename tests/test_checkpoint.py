@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from pipeline.config import load_config
-from pipeline.engine import Engine
+from pipeline.diffusion.build import build_models
+from pipeline.diffusion.engine import Engine
 from pipeline.errors import CheckpointError
-from pipeline.models.build import build_models
 from pipeline.module import load_checkpoint, save_checkpoint
 
 

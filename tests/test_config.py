@@ -1,10 +1,14 @@
 """Configs load with clear errors; the large reference architectures have the right size."""
 
-import pytest
+import logging
 
-from pipeline.config import latent_grid, load_config
+import pytest
+import yaml
+
+from pipeline.config import CONFIG_DIR, load_config
+from pipeline.diffusion.build import build_models
+from pipeline.diffusion.config import latent_grid
 from pipeline.errors import ConfigError
-from pipeline.models.build import build_models
 
 
 def params(model) -> int:
@@ -56,3 +60,43 @@ def test_invalid_yaml(tmp_path):
     bad.write_text("video: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+def test_the_diffusion_sections_sit_under_their_key():
+    raw = yaml.safe_load((CONFIG_DIR / "tiny.yaml").read_text())
+    assert not {"vae", "audio", "a2v", "sr", "sampler"} & set(raw)
+    cfg = load_config("tiny")
+    assert list(cfg.sections) == ["video", "schedule", "diffusion", "runtime"]
+    assert (cfg.diffusion.a2v.dim, cfg.diffusion.vae.temporal_ratio) == (64, 2)
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_config_with_the_diffusion_sections_at_the_top_still_loads(tmp_path, caplog):
+    raw = yaml.safe_load((CONFIG_DIR / "tiny.yaml").read_text())
+    old = tmp_path / "old.yaml"  # the form before the sections were nested
+    old.write_text(yaml.safe_dump({**raw, **raw.pop("diffusion")}))
+    with caplog.at_level(logging.INFO):
+        cfg = load_config(old)
+    (warning,) = _warnings(caplog)
+    assert f"move vae, audio, a2v, sr, sampler from the top level of {old}" in warning
+    assert "under 'diffusion:'" in warning
+    tiny = load_config("tiny")
+    assert (cfg.diffusion, cfg.schedule, cfg.video) == (tiny.diffusion, tiny.schedule, tiny.video)
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        load_config("tiny")
+    assert _warnings(caplog) == []
+
+
+def test_an_old_section_on_a_nested_base_changes_only_its_keys(tmp_path, caplog):
+    old = tmp_path / "fewer_steps.yaml"
+    old.write_text("base: tiny\nsampler: {steps: 2}\n")
+    with caplog.at_level(logging.INFO):
+        cfg = load_config(old)
+    assert len(_warnings(caplog)) == 1
+    assert (cfg.diffusion.sampler.steps, cfg.diffusion.sampler.shift) == (2, 3.0)
+    assert cfg.diffusion.a2v == load_config("tiny").diffusion.a2v

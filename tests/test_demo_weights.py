@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pipeline.config import load_config
-from pipeline.engine import Engine
+from pipeline.diffusion.engine import Engine
 from pipeline.eval import metrics as M
 from pipeline.module import PACKAGE_WEIGHTS
 from pipeline.synth.dataset import identity_for

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from pipeline.config import load_config
-from pipeline.engine import Engine
+from pipeline.diffusion.build import build_models
+from pipeline.diffusion.engine import Engine
 from pipeline.gate import render_fixed
-from pipeline.models.build import build_models
 from pipeline.offload import OffloadConfig, OffloadManager, materialize_blockwise
 from pipeline.placement import Placement
 

@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 
 from pipeline.config import load_config
-from pipeline.engine import Engine
-from pipeline.models.build import build_models
+from pipeline.diffusion.build import build_models
+from pipeline.diffusion.engine import Engine
 from pipeline.parallel.launch import ParallelOptions, launch, parallelize_engine
 from pipeline.parallel.ulysses import SequenceParallelStack, UlyssesAttention
 
@@ -19,11 +19,13 @@ OVERRIDES = {"a2v.heads": 8, "sr.heads": 8, "sr.dim": 64}
 
 def _inputs(cfg):
     g = torch.Generator().manual_seed(0)
-    C = cfg.vae.latent_channels
+    C = cfg.diffusion.vae.latent_channels
     x = torch.randn(1, C, 4, 8, 8, generator=g)
     known = torch.randn(1, C, 4, 8, 8, generator=g)
     mask = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
-    audio = torch.randn(1, 4 * cfg.vae.temporal_ratio, cfg.audio.out_dim, generator=g)
+    audio = torch.randn(
+        1, 4 * cfg.diffusion.vae.temporal_ratio, cfg.diffusion.audio.out_dim, generator=g
+    )
     ref_low, ref_full = (
         torch.randn(1, C, 1, 8, 8, generator=g),
         torch.randn(1, C, 1, 16, 16, generator=g),

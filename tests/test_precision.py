@@ -67,7 +67,7 @@ def test_an_engine_with_emulated_fp8_streams_close_to_its_own_precision():
 
     from pipeline.clock import MODEL_RATE
     from pipeline.config import load_config
-    from pipeline.engine import Engine
+    from pipeline.diffusion.engine import Engine
     from pipeline.precision import Fp8Linear
 
     cfg = load_config("tiny")

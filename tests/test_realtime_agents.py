@@ -29,7 +29,7 @@ LONG = "This is a long sentence that keeps going for quite a while, so we can cu
 
 def chunk_seconds() -> float:
     cfg = load_test_engine().cfg
-    return cfg.schedule.chunk_latents * cfg.vae.temporal_ratio / cfg.video.fps
+    return cfg.schedule.chunk_latents * cfg.diffusion.vae.temporal_ratio / cfg.video.fps
 
 
 @pytest.mark.slow

@@ -12,8 +12,8 @@ import yaml
 
 from facecast.cli import main
 from pipeline.config import load_config
+from pipeline.diffusion.build import build_models
 from pipeline.media import write_wav
-from pipeline.models.build import build_models
 from pipeline.module import save_checkpoint
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from pipeline.sampler import chunk_generator, sample_euler, shifted_timesteps
+from pipeline.diffusion.sampler import chunk_generator, sample_euler, shifted_timesteps
 
 
 def test_shifted_timesteps_run_from_noise_to_data():

@@ -123,7 +123,7 @@ def test_rolling_memory_is_bounded(tiny_engine):
         session.generate_ready()
         sizes.append((len(session.latents), session.timeline.retained))
     cfg = tiny_engine.cfg
-    r, sch, a = cfg.vae.temporal_ratio, cfg.schedule, cfg.audio
+    r, sch, a = cfg.diffusion.vae.temporal_ratio, cfg.schedule, cfg.diffusion.audio
     window = (sch.chunk_latents + sch.boundary_latents) * r + a.context_frames + a.lookahead_frames
     bound = 16000 // 2 + window * 640  # one push plus one chunk's audio window
     assert all(n_lat <= max(sch.boundary_latents, sch.seam_latents + 1) for n_lat, _ in sizes)

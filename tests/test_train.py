@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from pipeline.config import load_config
-from pipeline.engine import Engine
-from pipeline.models.build import build_models
+from pipeline.diffusion.build import build_models
+from pipeline.diffusion.engine import Engine
 from pipeline.train import a2v as a2v_train
 from pipeline.train import sr as sr_train
 from pipeline.train import vae as vae_train
@@ -34,7 +34,7 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def pool(speech_path, tiny):
-    a = tiny.audio
+    a = tiny.diffusion.audio
     return SegmentPool.render(
         load_speech_cache(speech_path), 3, 16, 128, a.context_frames, a.lookahead_frames, workers=1
     )
@@ -130,7 +130,7 @@ def test_latent_normalisation_is_exact(tiny, pool):
 @pytest.fixture(scope="module")
 def latents(tiny, pool):
     vae = build_models(tiny)["vae"].eval()
-    d = tiny.a2v.downscale
+    d = tiny.diffusion.a2v.downscale
     full, low = vae_train.encode_frames(vae, torch.from_numpy(pool.frames), d)
     ref_full, ref_low = vae_train.encode_references(vae, torch.from_numpy(pool.references), d)
     return full, low, ref_full, ref_low
@@ -149,12 +149,12 @@ def test_a2v_loss_goes_down_for_each_chunk_kind(tiny, pool, latents, mode_name):
         ref_low,
         mode,
         2,
-        tiny.vae.temporal_ratio,
+        tiny.diffusion.vae.temporal_ratio,
         8,
         2,
         torch.Generator().manual_seed(0),
     )
-    assert au.shape[1] == (mode.length * tiny.vae.temporal_ratio + 10) * 640
+    assert au.shape[1] == (mode.length * tiny.diffusion.vae.temporal_ratio + 10) * 640
 
     def loss_fn(gen):
         return a2v_train.a2v_loss(a2v, audio, x0, au, ref, mode, tiny, gen)[0]
@@ -249,7 +249,7 @@ def test_vae_reconstruction_baseline_keeps_the_mouth():
     the frame count (whole 16-frame pieces) and the lip sync, so a weak generated score is
     the generator's, not the VAE's."""
     from pipeline.config import load_config
-    from pipeline.engine import Engine
+    from pipeline.diffusion.engine import Engine
     from pipeline.synth.dataset import identity_for
     from pipeline.synth.face import render_frames, render_reference
     from pipeline.synth.motion import motion_from_audio

@@ -3,14 +3,14 @@
 import torch
 
 from pipeline.config import load_config
-from pipeline.models.build import build_models
+from pipeline.diffusion.build import build_models
 
 
 def test_chunked_decode_equals_whole_decode():
     cfg = load_config("tiny")
     vae = build_models(cfg)["vae"].eval()
     torch.manual_seed(0)
-    z = torch.randn(1, cfg.vae.latent_channels, 11, 16, 16)
+    z = torch.randn(1, cfg.diffusion.vae.latent_channels, 11, 16, 16)
     with torch.inference_mode():
         whole, _ = vae.decoder(z)
         parts, cache = [], None
@@ -18,7 +18,7 @@ def test_chunked_decode_equals_whole_decode():
             out, cache = vae.decoder(z[:, :, lo:hi], cache)
             parts.append(out)
     chunked = torch.cat(parts, dim=2)
-    assert whole.shape == (1, 3, 11 * cfg.vae.temporal_ratio, 128, 128)
+    assert whole.shape == (1, 3, 11 * cfg.diffusion.vae.temporal_ratio, 128, 128)
     assert (chunked - whole).abs().max().item() <= 1e-5
 
 
@@ -26,13 +26,13 @@ def test_decoder_is_causal():
     """Changing a later latent frame never changes earlier video frames."""
     cfg = load_config("tiny")
     vae = build_models(cfg)["vae"].eval()
-    z = torch.randn(1, cfg.vae.latent_channels, 6, 16, 16)
+    z = torch.randn(1, cfg.diffusion.vae.latent_channels, 6, 16, 16)
     z2 = z.clone()
     z2[:, :, 4:] += 1.0
     with torch.inference_mode():
         a, _ = vae.decoder(z)
         b, _ = vae.decoder(z2)
-    r = cfg.vae.temporal_ratio
+    r = cfg.diffusion.vae.temporal_ratio
     assert torch.equal(a[:, :, : 4 * r], b[:, :, : 4 * r])
     assert not torch.equal(a[:, :, 4 * r :], b[:, :, 4 * r :])
 
@@ -42,12 +42,12 @@ def test_encoder_maps_frames_to_latent_grid():
     vae = build_models(cfg)["vae"].eval()
     with torch.inference_mode():
         lat = vae.encode_image(torch.zeros(1, 3, 128, 128))
-    assert lat.shape == (1, cfg.vae.latent_channels, 1, 16, 16)
+    assert lat.shape == (1, cfg.diffusion.vae.latent_channels, 1, 16, 16)
 
 
 def test_cpu_conv_path_matches_conv3d():
     """On the CPU the causal conv runs as a 2D conv over stacked frames: same numbers."""
-    from pipeline.models.vae import CausalConv3d
+    from pipeline.diffusion.vae import CausalConv3d
 
     torch.manual_seed(0)
     conv = CausalConv3d(8, 12)

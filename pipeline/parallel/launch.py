@@ -139,7 +139,7 @@ def render_worker(
     seed: int,
 ) -> None:
     """Batch render on every rank; rank 0 reads the inputs and writes the MP4."""
-    from pipeline.engine import Engine
+    from pipeline.diffusion.engine import Engine
     from pipeline.media import Mp4Writer, iter_audio, load_image
 
     dev = f"cuda:{rank}" if device == "cuda" else "cpu"

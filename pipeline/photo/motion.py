@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.config import PhotoConfig
-from pipeline.models.audio_encoder import HOP, WINDOW, log_mel, mel_filterbank
+from pipeline.models.mel import HOP, WINDOW, log_mel, mel_filterbank
 
 MOUTH_PARAMS = ("jaw", "width", "rounding", "teeth")
 HOPS_PER_FRAME = MODEL_SAMPLES_PER_FRAME // HOP

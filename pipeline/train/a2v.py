@@ -4,7 +4,7 @@ Every step draws one chunk shape the engine runs (`chunk_modes`): a first N chun
 known frames), a later N chunk (its first `b` frames known: the previous chunk's
 boundary), or an I chunk (both ends known: the seam anchors). Known frames are pinned to
 their clean latents in the input, given through the known/mask channels, and left out of
-the loss, exactly as `pipeline.sampler` pins them while sampling. Known latents get a
+the loss, exactly as `pipeline.diffusion.sampler` pins them while sampling. Known latents get a
 little noise, because at run time they are the model's own earlier outputs.
 
 Audio: each window gets the samples the context stage would read — `context_frames`
@@ -23,8 +23,8 @@ from torch import Tensor
 
 from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
-from pipeline.models.a2v_dit import A2VDiT
-from pipeline.models.audio_encoder import AudioEncoder
+from pipeline.diffusion.a2v_dit import A2VDiT
+from pipeline.diffusion.audio_encoder import AudioEncoder
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def a2v_loss(
     the noise on the host and copying it over made the host the bottleneck."""
     B, C, T, h, w = x0.shape
     dev = x0.device
-    ctx, r = cfg.audio.context_frames, cfg.vae.temporal_ratio
+    ctx, r = cfg.diffusion.audio.context_frames, cfg.diffusion.vae.temporal_ratio
     feats = audio_enc(audio_BS)[:, ctx : ctx + T * r]
     mask = torch.zeros(B, T, device=dev)
     if mode.known:
@@ -110,7 +110,7 @@ def a2v_loss(
     m = mask[:, None, :, None, None]
     known = (x0 + known_noise * torch.randn(x0.shape, generator=gen, device=dev)) * m
     noise = torch.randn(x0.shape, generator=gen, device=dev)
-    t = sample_t(B, cfg.sampler.shift, gen, dev)
+    t = sample_t(B, cfg.diffusion.sampler.shift, gen, dev)
     tt = t[:, None, None, None, None]
     xt = ((1 - tt) * x0 + tt * noise) * (1 - m) + known
     v = a2v(xt, t, known, mask, feats, ref)

@@ -23,7 +23,7 @@ import torch
 
 from pipeline.clock import FPS, model_samples
 from pipeline.config import load_config, parse_overrides
-from pipeline.engine import Engine
+from pipeline.diffusion.engine import Engine
 from pipeline.errors import ConfigError
 from pipeline.eval import metrics as M
 from pipeline.media import write_png

@@ -20,12 +20,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pipeline.config import FacecastConfig, latent_grid
-from pipeline.models.a2v_dit import A2VDiT
-from pipeline.models.audio_encoder import AudioEncoder
-from pipeline.models.build import build_models
-from pipeline.models.sr_dit import SRDiT
-from pipeline.models.vae import VAE
+from pipeline.config import FacecastConfig
+from pipeline.diffusion.a2v_dit import A2VDiT
+from pipeline.diffusion.audio_encoder import AudioEncoder
+from pipeline.diffusion.build import build_models
+from pipeline.diffusion.config import latent_grid
+from pipeline.diffusion.sr_dit import SRDiT
+from pipeline.diffusion.vae import VAE
 from pipeline.module import load_checkpoint, save_checkpoint
 from pipeline.train import a2v as a2v_train
 from pipeline.train import sr as sr_train
@@ -98,8 +99,8 @@ def train_all(  # noqa: C901 - the four stages in order, each skipped on resume;
         tc.segments,
         tc.segment_frames,
         cfg.video.width,
-        cfg.audio.context_frames,
-        cfg.audio.lookahead_frames,
+        cfg.diffusion.audio.context_frames,
+        cfg.diffusion.audio.lookahead_frames,
         seed=tc.data_seed,
         workers=workers,
     )
@@ -117,7 +118,7 @@ def train_all(  # noqa: C901 - the four stages in order, each skipped on resume;
     models = build_models(cfg, dev)
     gen = torch.Generator().manual_seed(tc.data_seed + 1)  # batch indices (small, host)
     noise_gen = torch.Generator(device=dev).manual_seed(tc.data_seed + 2)  # noise, on device
-    d = cfg.a2v.downscale
+    d = cfg.diffusion.a2v.downscale
 
     # -- VAE --------------------------------------------------------------------------
     vae, a2v, audio_encoder, sr = (
@@ -187,12 +188,20 @@ def train_all(  # noqa: C901 - the four stages in order, each skipped on resume;
     if "a2v" in stages and not (resume and _done(state_dir, "a2v", tc.a2v)):
         modes = a2v_train.chunk_modes(cfg)
         probs = torch.tensor([m.weight for m in modes])
-        ctx, look = cfg.audio.context_frames, cfg.audio.lookahead_frames
+        ctx, look = cfg.diffusion.audio.context_frames, cfg.diffusion.audio.lookahead_frames
 
         def a2v_step(step: int):
             mode = modes[int(torch.multinomial(probs, 1, generator=gen))]
             x0, au, ref = a2v_train.sample_windows(
-                low, audio, ref_low, mode, tc.a2v.batch, cfg.vae.temporal_ratio, ctx, look, gen
+                low,
+                audio,
+                ref_low,
+                mode,
+                tc.a2v.batch,
+                cfg.diffusion.vae.temporal_ratio,
+                ctx,
+                look,
+                gen,
             )
             with _autocast(dev):
                 return a2v_train.a2v_loss(a2v, audio_encoder, x0, au, ref, mode, cfg, noise_gen)

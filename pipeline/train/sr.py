@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from pipeline.models.sr_dit import SRDiT
+from pipeline.diffusion.sr_dit import SRDiT
 from pipeline.train.a2v import motion_weights
 
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from pipeline.models.vae import VAE
+from pipeline.diffusion.vae import VAE
 
 
 def to_unit(frames_uint8: Tensor) -> Tensor:

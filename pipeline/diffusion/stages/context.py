@@ -14,12 +14,13 @@ import torch
 from torch import Tensor
 
 from pipeline.clock import MODEL_SAMPLES_PER_FRAME
-from pipeline.config import FacecastConfig, latent_grid
-from pipeline.models.audio_encoder import AudioEncoder
+from pipeline.config import FacecastConfig
+from pipeline.diffusion.audio_encoder import AudioEncoder
+from pipeline.diffusion.config import latent_grid
+from pipeline.diffusion.sampler import chunk_generator
+from pipeline.diffusion.stages.transfer import to_device
 from pipeline.module import Module
-from pipeline.sampler import chunk_generator
 from pipeline.schedule import Chunk
-from pipeline.stages.transfer import to_device
 from pipeline.timeline import AudioTimeline
 
 
@@ -49,7 +50,7 @@ class ContextStage:
 
     def audio_window(self, chunk: Chunk) -> tuple[int, int]:
         """Absolute sample range this chunk's features read (context and lookahead included)."""
-        r, a = self.cfg.vae.temporal_ratio, self.cfg.audio
+        r, a = self.cfg.diffusion.vae.temporal_ratio, self.cfg.diffusion.audio
         first, last = chunk.start * r, chunk.end * r
         return (
             (first - a.context_frames) * MODEL_SAMPLES_PER_FRAME,
@@ -63,11 +64,11 @@ class ContextStage:
         lo, hi = self.audio_window(chunk)
         samples = to_device(torch.from_numpy(timeline.read(lo, hi))[None], dev)
         feats = self.audio.model(samples)
-        skip = self.cfg.audio.context_frames
-        n_video = chunk.length * self.cfg.vae.temporal_ratio
+        skip = self.cfg.diffusion.audio.context_frames
+        n_video = chunk.length * self.cfg.diffusion.vae.temporal_ratio
         audio_BTrA = feats[:, skip : skip + n_video].to(dt)
 
-        C, g = self.cfg.vae.latent_channels, self.grid
+        C, g = self.cfg.diffusion.vae.latent_channels, self.grid
         shape = (1, C, chunk.length, g.low_h, g.low_w)
         noise = torch.randn(shape, generator=chunk_generator(self.seed, chunk.kind, chunk.index))
         known_lat = torch.zeros(shape, device=dev, dtype=dt)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pipeline.models.vae import VAE, Cache
+from pipeline.diffusion.vae import VAE, Cache
 from pipeline.module import Module
 
 

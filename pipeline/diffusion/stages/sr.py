@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from pipeline.models.sr_dit import SRDiT
+from pipeline.diffusion.sampler import chunk_generator
+from pipeline.diffusion.sr_dit import SRDiT
+from pipeline.diffusion.stages.init import ReferenceCond
+from pipeline.diffusion.stages.transfer import to_device
 from pipeline.module import Module
-from pipeline.sampler import chunk_generator
-from pipeline.stages.init import ReferenceCond
-from pipeline.stages.transfer import to_device
 
 
 class SRStage:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from pipeline.config import A2VConfig
+from pipeline.diffusion.config import A2VConfig
 from pipeline.models.layers import (
     BlockStack,
     DiTBlock,

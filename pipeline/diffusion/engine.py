@@ -1,4 +1,4 @@
-"""Pipeline layer: the engine (models, loaded once) and sessions (one per stream).
+"""The diffusion stack's engine (models, loaded once) and its streams (one per session).
 
 A session is the streaming mode: audio is pushed as it arrives, `generate_ready()` runs
 every chunk the audio so far allows and returns the new frames, `finish()` closes the
@@ -23,19 +23,19 @@ from torch import Tensor, nn
 
 from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.config import FacecastConfig
+from pipeline.diffusion.build import build_models, module_dtype
+from pipeline.diffusion.stages.a2v import A2VStage
+from pipeline.diffusion.stages.context import ContextStage
+from pipeline.diffusion.stages.decode import DecodeStage
+from pipeline.diffusion.stages.init import InitStage, ReferenceCond
+from pipeline.diffusion.stages.sr import SRStage
+from pipeline.diffusion.vae import Cache
 from pipeline.errors import ConfigError
 from pipeline.family_engine import EngineBase
-from pipeline.models.build import build_models, module_dtype
-from pipeline.models.vae import Cache
 from pipeline.module import Module, resolve_weights_dir
 from pipeline.offload import OffloadManager
 from pipeline.placement import Placement, apply_placement, build_blockwise
 from pipeline.schedule import Chunk, ChunkPlan, StreamStep
-from pipeline.stages.a2v import A2VStage
-from pipeline.stages.context import ContextStage
-from pipeline.stages.decode import DecodeStage
-from pipeline.stages.init import InitStage, ReferenceCond
-from pipeline.stages.sr import SRStage
 from pipeline.stream import FrameBatch, StageTimes, no_prompt
 from pipeline.timeline import AudioTimeline
 
@@ -135,10 +135,10 @@ class Stream:
         self.seed = seed
         self.sinks = sinks
         self.plan = ChunkPlan(cfg.schedule)
-        self.r = cfg.vae.temporal_ratio
+        self.r = cfg.diffusion.vae.temporal_ratio
         m = engine.modules
         self.context = ContextStage(m["audio"], cfg, seed, dtype=m["a2v"].dtype)
-        self.a2v = A2VStage(m["a2v"], cfg.sampler)
+        self.a2v = A2VStage(m["a2v"], cfg.diffusion.sampler)
         self.sr = SRStage(m["sr"], seed)
         self.stage_hooks = engine.stage_hooks
         self.decode = DecodeStage(m["vae"], cfg.video.width, cfg.video.height)
@@ -263,7 +263,7 @@ class Stream:
             ctx_n = 0 if self.sr_context is None else self.sr_context.shape[2]
             seq = low if self.sr_context is None else torch.cat([self.sr_context, low], dim=2)
             full = self.sr.run(seq, ctx_n, self._reference(), self.segments)
-            w = self.cfg.sr.window
+            w = self.cfg.diffusion.sr.window
             self.sr_context = seq[:, :, seq.shape[2] - min(w, seq.shape[2]) :] if w else None
         if next_model:
             self._hand_over(next_model)  # before decode, whose frame copy syncs the host

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pipeline.config import SRConfig
+from pipeline.diffusion.config import SRConfig
 from pipeline.models.attention import FrameWindow
 from pipeline.models.layers import BlockStack, DiTBlock, FinalLayer, grid_positions, rope_angles
 

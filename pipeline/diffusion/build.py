@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 from pipeline.config import FacecastConfig
-from pipeline.models.a2v_dit import A2VDiT
-from pipeline.models.audio_encoder import AudioEncoder
-from pipeline.models.sr_dit import SRDiT
-from pipeline.models.vae import VAE
+from pipeline.diffusion.a2v_dit import A2VDiT
+from pipeline.diffusion.audio_encoder import AudioEncoder
+from pipeline.diffusion.sr_dit import SRDiT
+from pipeline.diffusion.vae import VAE
 from pipeline.module import DTYPES, build_seeded
 
 MODEL_NAMES = ("vae", "audio", "a2v", "sr")
@@ -27,13 +27,13 @@ def build_models(
 ) -> dict[str, nn.Module]:
     """The models of a config, randomly initialised from `runtime.init_seed`."""
     seed = cfg.runtime.init_seed
-    a, r = cfg.runtime.attention, cfg.vae.temporal_ratio
-    C = cfg.vae.latent_channels
+    a, r = cfg.runtime.attention, cfg.diffusion.vae.temporal_ratio
+    C = cfg.diffusion.vae.latent_channels
     factories = {
-        "vae": lambda: VAE(cfg.vae),
-        "audio": lambda: AudioEncoder(cfg.audio),
-        "a2v": lambda: A2VDiT(cfg.a2v, C, cfg.audio.out_dim, r, a),
-        "sr": lambda: SRDiT(cfg.sr, C, cfg.a2v.downscale, a),
+        "vae": lambda: VAE(cfg.diffusion.vae),
+        "audio": lambda: AudioEncoder(cfg.diffusion.audio),
+        "a2v": lambda: A2VDiT(cfg.diffusion.a2v, C, cfg.diffusion.audio.out_dim, r, a),
+        "sr": lambda: SRDiT(cfg.diffusion.sr, C, cfg.diffusion.a2v.downscale, a),
     }
     return {name: build_seeded(factories[name], seed + SEED_OFFSETS[name], device) for name in only}
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from pipeline.config import SamplerConfig
-from pipeline.models.a2v_dit import A2VDiT
+from pipeline.diffusion.a2v_dit import A2VDiT
+from pipeline.diffusion.config import SamplerConfig
+from pipeline.diffusion.sampler import sample_euler
+from pipeline.diffusion.stages.context import ChunkContext
+from pipeline.diffusion.stages.init import ReferenceCond
 from pipeline.module import Module
-from pipeline.sampler import sample_euler
-from pipeline.stages.context import ChunkContext
-from pipeline.stages.init import ReferenceCond
 
 
 class A2VStage:

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pipeline.config import VAEConfig
+from pipeline.diffusion.config import VAEConfig
 
 Cache = list[Tensor | None]
 

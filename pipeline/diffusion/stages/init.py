@@ -10,9 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from pipeline.config import FacecastConfig, latent_grid
+from pipeline.config import FacecastConfig
+from pipeline.diffusion.config import latent_grid
+from pipeline.diffusion.vae import VAE
 from pipeline.errors import MediaError
-from pipeline.models.vae import VAE
 from pipeline.module import Module
 
 
@@ -49,7 +50,7 @@ class InitStage:
         x = fit_reference(image, v.width, v.height, g.pixel_w, g.pixel_h)
         x = x.to(self.vae.device, self.vae.dtype)
         full = self.vae.model.encode_image(x)
-        d = self.cfg.a2v.downscale
+        d = self.cfg.diffusion.a2v.downscale
         low_px = F.interpolate(x, scale_factor=1 / d, mode="area") if d > 1 else x
         low = self.vae.model.encode_image(low_px)
         return ReferenceCond(full, low)
