@@ -25,8 +25,7 @@ from pipeline.stream import StreamingEngine
 if TYPE_CHECKING:
     from pipeline.config import FacecastConfig
     from pipeline.placement import Placement
-    from pipeline.startup import StartupReport
-    from pipeline.stream import Reference
+    from pipeline.stream import Reference, StartupReport
 
 
 class FamilyEngine(StreamingEngine, Protocol):

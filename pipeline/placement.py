@@ -3,26 +3,21 @@
 `plan_placement` decides, from the config and the GPU memory there is, whether the DiTs stay
 resident, stream in from pinned host memory (`pipeline.offload`), or, for random-weight
 configs too large to build whole, are built block by block. `Engine.load` builds what the
-plan says; `apply_placement` attaches the offloader and hooks it to the session's stage
-boundaries, so the chunk loop never names it (the way torchtitan applies `parallelize_*`
-from outside the model).
+plan says, and attaches the offloader to the session's stage boundaries from outside the
+chunk loop (`pipeline.diffusion.engine.apply_placement`, the way torchtitan applies
+`parallelize_*` from outside the model).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from pipeline.config import FacecastConfig
 from pipeline.diffusion.build import SEED_OFFSETS, build_models, module_dtype
 from pipeline.module import DTYPES, Module
 from pipeline.offload import OffloadConfig, OffloadManager, materialize_blockwise
-
-if TYPE_CHECKING:
-    from pipeline.diffusion.engine import Engine
 
 # Offload when the DiTs' weights would take more than this share of the GPU memory there is.
 OFFLOAD_ABOVE_SHARE = 0.7
@@ -80,25 +75,6 @@ def build_blockwise(
             module.place()
         modules[name] = module
     return modules, manager
-
-
-def apply_placement(
-    engine: Engine, placement: Placement, manager: OffloadManager | None = None
-) -> None:
-    """Offload a loaded engine's DiT block stacks as planned (`manager`: blocks already
-    packed by `build_blockwise`) and start each stack's first copies at the stage boundary
-    before it runs."""
-    if manager is None and placement.offload:
-        manager = OffloadManager(engine.device, placement.offload)
-        for name in ("a2v", "sr"):
-            blocks = engine.modules[name].model.get_submodule("transformer.blocks")
-            assert isinstance(blocks, nn.ModuleList)
-            manager.attach(name, blocks)
-        if manager.is_cuda:
-            torch.cuda.empty_cache()  # the blocks' former GPU copies
-    if manager is not None:
-        engine.offloader = manager
-        engine.stage_hooks.append(manager.prefetch_stack)
 
 
 def gpu_room(device: torch.device, cap: int | None) -> int | None:

@@ -20,6 +20,7 @@ from pipeline.config import ATTENTION_BACKENDS, DEFAULT_CONFIG, load_config
 from pipeline.errors import ConfigError
 from pipeline.families import check_model_flags, family_of, real_model
 from pipeline.module import resolve_device
+from pipeline.stream import StartupReport
 
 if TYPE_CHECKING:
     from pipeline.config import FacecastConfig
@@ -103,16 +104,6 @@ class EngineOptions:
             if value is not None:
                 overrides[f"{section}.{key}"] = value
         return self.model, overrides
-
-
-@dataclass
-class StartupReport:
-    load_seconds: float = 0.0
-    prepare: dict = field(default_factory=dict)  # sdpa picks, compiled blocks, warm-up
-    seconds: float = 0.0  # the whole start-up
-
-    def to_dict(self) -> dict:
-        return {"load_seconds": self.load_seconds, **self.prepare, "startup_seconds": self.seconds}
 
 
 def load_engine(

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from pipeline.config import FacecastConfig
     from pipeline.photo.face import PreparedPhoto
     from pipeline.schedule import StreamStep
-    from pipeline.startup import StartupReport
 
 
 @dataclass
@@ -85,6 +84,19 @@ class AvatarStream(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@dataclass
+class StartupReport:
+    """How an engine was started (`pipeline.startup.start_engine`): its load, its
+    preparation (kernel picks, compiled blocks, FP8, warm-up) and the whole, in seconds."""
+
+    load_seconds: float = 0.0
+    prepare: dict = field(default_factory=dict)  # sdpa picks, compiled blocks, warm-up
+    seconds: float = 0.0  # the whole start-up
+
+    def to_dict(self) -> dict:
+        return {"load_seconds": self.load_seconds, **self.prepare, "startup_seconds": self.seconds}
 
 
 class StreamingEngine(Protocol):

@@ -18,8 +18,8 @@ import torch
 from pipeline.config import FacecastConfig
 from pipeline.families import family_named
 from pipeline.schedule import StreamStep
-from pipeline.startup import EngineOptions, StartupReport, start_engine
-from pipeline.stream import AvatarStream, Reference, StreamingEngine
+from pipeline.startup import EngineOptions, start_engine
+from pipeline.stream import AvatarStream, Reference, StartupReport, StreamingEngine
 from realtime.engine_process import EngineProcess
 
 

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from pipeline.schedule import ChunkPlan, StreamStep
-from pipeline.startup import EngineOptions, StartupReport
-from pipeline.stream import FrameBatch, Reference
+from pipeline.startup import EngineOptions
+from pipeline.stream import FrameBatch, Reference, StartupReport
 
 log = logging.getLogger(__name__)
 

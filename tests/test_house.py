@@ -1,7 +1,7 @@
 """House rules that tools check: one clock, the engine package never imports the server nor
 the server the client, no import cycle among the project's modules (nor, outside the
-engine package, among what the type checker reads), and each model family keeps to its
-own package (shared model code imports none, none imports another)."""
+engine package, among what the type checker reads). Each model family's own rules are in
+`test_house_families.py`."""
 
 import ast
 import io
@@ -9,18 +9,13 @@ import tokenize
 from pathlib import Path
 
 import pytest
+from support.house import PACKAGES, ROOT, import_cycles, import_graph, imports, sources
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("pipeline", "realtime", "facecast_client", "facecast")
 CLOCK = ROOT / "pipeline" / "clock.py"
 # rates (Hz) and samples or ticks per frame or packet that only pipeline/clock.py may spell
 CLOCK_NUMBERS = {"16000", "48000", "90000", "640", "1920", "3600", "960"}
 # a 25 that is not the frame rate says so on its line
 NOT_THE_CLOCK = "# not the clock"
-
-
-def _sources(*folders: str) -> list[Path]:
-    return sorted(p for f in folders for p in (ROOT / f).rglob("*.py"))
 
 
 def _clock_literals(path: Path, root: Path = ROOT) -> list[str]:
@@ -47,7 +42,7 @@ def _clock_literals(path: Path, root: Path = ROOT) -> list[str]:
 
 
 def test_no_clock_number_outside_the_clock_module():
-    found = [f for p in _sources(*PACKAGES, "bench") if p != CLOCK for f in _clock_literals(p)]
+    found = [f for p in sources(*PACKAGES, "bench") if p != CLOCK for f in _clock_literals(p)]
     assert not found, "use pipeline.clock instead:\n" + "\n".join(found)
 
 
@@ -69,7 +64,7 @@ def test_the_clock_check_sees_what_it_should(tmp_path):
     ]
 
 
-def _renamed_clock_imports(path: Path, root: Path = ROOT) -> list[str]:
+def _renamed_clockimports(path: Path, root: Path = ROOT) -> list[str]:
     """`from pipeline.clock import X as Y`: the clock's names keep their names, so that a
     search for one finds every use."""
     return [
@@ -82,7 +77,7 @@ def _renamed_clock_imports(path: Path, root: Path = ROOT) -> list[str]:
 
 
 def test_clock_names_are_imported_under_their_own_names():
-    found = [f for p in _sources(*PACKAGES, "bench", "tests") for f in _renamed_clock_imports(p)]
+    found = [f for p in sources(*PACKAGES, "bench", "tests") for f in _renamed_clockimports(p)]
     assert not found, "import the clock's names as they are:\n" + "\n".join(found)
 
 
@@ -93,80 +88,16 @@ def test_the_renamed_import_check_sees_what_it_should(tmp_path):
         "from pipeline.clock import (\n    MODEL_RATE,\n    VIDEO_CLOCK as CLOCK,\n)\n"
         "from pipeline.media import resample as rs\n"
     )
-    assert [f.split(": ")[1] for f in _renamed_clock_imports(bad, tmp_path)] == [
+    assert [f.split(": ")[1] for f in _renamed_clockimports(bad, tmp_path)] == [
         "OUTPUT_RATE as RATE",
         "VIDEO_CLOCK as CLOCK",
     ]
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _imports(path: Path, modules: set[str], typing: bool = False) -> set[str]:
-    """Project modules `path` imports, at any level of the file (a lazy import inside a
-    function is still a dependency); `if TYPE_CHECKING:` blocks are left out unless
-    `typing` (what the type checker reads: a module that names another's type needs it)."""
-    tree = ast.parse(path.read_text())
-    typing_only = {
-        id(n)
-        for node in ast.walk(tree)
-        if not typing and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for n in ast.walk(node)
-    }
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            subs = {f"{node.module}.{a.name}" for a in node.names}
-            found = subs & modules
-            names.update(found if found == subs else found | {node.module})
-
-    def owner(name: str) -> str | None:
-        while name and name not in modules:
-            name = name.rpartition(".")[0]
-        return name or None
-
-    me = _module_name(path) if path.is_relative_to(ROOT) else None
-    return {m for m in map(owner, names) if m and m != me}
-
-
-def _graph(typing: bool = False) -> dict[str, set[str]]:
-    files = {_module_name(p): p for p in _sources(*PACKAGES)}
-    return {m: _imports(p, set(files), typing) for m, p in files.items()}
-
-
-def _cycles(graph: dict[str, set[str]]) -> list[str]:
-    """Each import cycle of `graph` (module → the modules it imports) found by a walk."""
-    state: dict[str, str] = {}
-    path: list[str] = []
-    cycles: list[str] = []
-
-    def visit(m: str) -> None:
-        state[m] = "open"
-        path.append(m)
-        for d in sorted(graph[m]):
-            if state.get(d) == "open":
-                cycles.append(" -> ".join(path[path.index(d) :] + [d]))
-            elif d not in state:
-                visit(d)
-        path.pop()
-        state[m] = "done"
-
-    for m in sorted(graph):
-        if m not in state:
-            visit(m)
-    return cycles
-
-
 def test_the_engine_package_never_imports_the_server():
     offenders = [
         f"{m} imports {d}"
-        for m, deps in _graph().items()
+        for m, deps in import_graph().items()
         if m.startswith("pipeline")
         for d in deps
         if d.split(".")[0] != "pipeline"
@@ -175,14 +106,14 @@ def test_the_engine_package_never_imports_the_server():
 
 
 def test_no_import_cycle():
-    cycles = _cycles(_graph())
+    cycles = import_cycles(import_graph())
     assert not cycles, cycles
 
 
 # Packages whose imports form no cycle even as the type checker reads them (TYPE_CHECKING
 # imports included). What several parts share lives below them (realtime.buffers); what a
-# part asks of the one that holds it is a Protocol beside it (realtime.whep). `pipeline`
-# joins once its engines and start-up no longer name each other's types (issue 32).
+# part asks of the one that holds it is a Protocol beside it (realtime.whep). `pipeline` has
+# one knot left, checked on its own (the config and its families' rows).
 TYPED_ACYCLIC = ("realtime", "facecast_client", "facecast")
 
 
@@ -190,8 +121,10 @@ def test_no_import_cycle_even_for_the_type_checker():
     def ours(module: str) -> bool:
         return module.split(".")[0] in TYPED_ACYCLIC
 
-    graph = {m: {d for d in deps if ours(d)} for m, deps in _graph(typing=True).items() if ours(m)}
-    cycles = _cycles(graph)
+    graph = {
+        m: {d for d in deps if ours(d)} for m, deps in import_graph(typing=True).items() if ours(m)
+    }
+    cycles = import_cycles(graph)
     assert not cycles, "a type-level import cycle (see TYPED_ACYCLIC):\n" + "\n".join(cycles)
 
 
@@ -203,16 +136,16 @@ def test_the_type_level_check_sees_what_it_should(tmp_path):
         "if TYPE_CHECKING:\n    from realtime.session import PeerSession\n"
     )
     modules = {"realtime.buffers", "realtime.session"}
-    assert _imports(part, modules) == {"realtime.buffers"}
-    assert _imports(part, modules, typing=True) == modules
-    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a -> b -> c -> a"]
+    assert imports(part, modules) == {"realtime.buffers"}
+    assert imports(part, modules, typing=True) == modules
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a -> b -> c -> a"]
 
 
 def test_the_server_never_imports_the_client_side():
     """`facecast_client` calls a server; the engine and the server know nothing of it."""
     offenders = [
         f"{m} imports {d}"
-        for m, deps in _graph(typing=True).items()
+        for m, deps in import_graph(typing=True).items()
         if m.split(".")[0] in ("pipeline", "realtime")
         for d in deps
         if d.split(".")[0] == "facecast_client"
@@ -250,7 +183,7 @@ def test_tests_share_helpers_only_through_the_support_package():
     """`from support.X import …`, never from another test module or conftest (lazy imports
     inside a test included)."""
     offenders = []
-    for path in _sources("tests"):
+    for path in sources("tests"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = []
             if isinstance(node, ast.Import):
@@ -290,108 +223,3 @@ def test_the_realtime_package_lists_every_module():
     names += [f"{p.name}/" for p in realtime.iterdir() if (p / "__init__.py").is_file()]
     missing = [n for n in sorted(names) if f"`{n}`" not in doc]
     assert not missing, f"realtime/__init__.py does not mention {missing}"
-
-
-# Where a config's family is decided: everything else asks the family's row
-# (`pipeline.families.Family`) what it does, never which family it is.
-STACK_READER = ROOT / "pipeline" / "families.py"
-
-
-def _stack_comparisons(path: Path) -> list[str]:
-    """`runtime.stack` compared (==, !=, in, not in) in `path`'s code, as file:line."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if not isinstance(node, ast.Compare):
-            continue
-        sides = [node.left, *node.comparators]
-        if any(ast.unparse(s).endswith("runtime.stack") for s in sides):
-            found.append(
-                f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{node.lineno}"
-            )
-    return found
-
-
-def test_runtime_stack_is_compared_only_in_the_families_module():
-    found = [
-        hit
-        for path in _sources(*PACKAGES, "bench")
-        if path != STACK_READER
-        for hit in _stack_comparisons(path)
-    ]
-    assert not found, f"ask the family's row (pipeline.families) instead: {found}"
-
-
-def test_the_stack_check_sees_what_it_should(tmp_path):
-    code = tmp_path / "code.py"
-    code.write_text(
-        "a = cfg.runtime.stack == 'photo'\n"
-        "b = engine.cfg.runtime.stack in ('photo', 'flashhead')\n"
-        "c = 'x' != cfg.runtime.stack\n"
-        "d = cfg.runtime.stack  # read, not compared: fine\n"
-        "e = cfg.family.photos\n"
-    )
-    assert [hit.rpartition(":")[2] for hit in _stack_comparisons(code)] == ["1", "2", "3"]
-
-
-# The start-up contract and the family rows type-check strictly: each says so on its first
-# lines, so the rule travels with the file (mypy reads the comment).
-STRICT_MODULES = ("pipeline/families.py", "pipeline/family_engine.py")
-STRICT = "# mypy: disallow-untyped-defs"
-
-
-def test_the_family_contract_modules_type_check_strictly():
-    lax = [
-        name for name in STRICT_MODULES if STRICT not in (ROOT / name).read_text().splitlines()[:40]
-    ]
-    assert not lax, f"{lax} must carry {STRICT!r} near the top"
-
-
-# A family's code (`pipeline.families`) lies in its own package. The shared model code
-# (`pipeline/models/`) imports no family, and no family imports another: what two families
-# share lies below them (`pipeline.models`, `pipeline.faces`, `pipeline.random_weights`, …).
-def _family_packages() -> dict[str, str]:
-    """Each family's package by its stack: the package its engine lies in, or the engine's
-    module itself where that lies at the top of `pipeline` (`pipeline.engine`)."""
-    from pipeline.families import FAMILIES
-
-    modules = {f.stack: f.engine.partition(":")[0] for f in FAMILIES}
-    return {s: m.rpartition(".")[0] if m.count(".") > 1 else m for s, m in modules.items()}
-
-
-def _family_imports(graph: dict[str, set[str]], packages: dict[str, str]) -> list[tuple]:
-    """(module, its family or None, the module it imports) for each import that reaches into
-    a family's package from outside it."""
-
-    def family(module: str) -> str | None:
-        return next((s for s, p in packages.items() if f"{module}.".startswith(f"{p}.")), None)
-
-    return [
-        (m, family(m), d) for m in graph for d in graph[m] if family(d) not in (None, family(m))
-    ]
-
-
-def test_shared_model_code_imports_no_family():
-    imports = _family_imports(_graph(typing=True), _family_packages())
-    found = sorted(f"{m} imports {d}" for m, _, d in imports if m.startswith("pipeline.models."))
-    assert not found, "move what it needs below the families:\n" + "\n".join(found)
-
-
-def test_no_family_imports_another():
-    imports = _family_imports(_graph(typing=True), _family_packages())
-    found = sorted(f"{m} imports {d}" for m, family, d in imports if family)
-    assert not found, "share it from below the families instead:\n" + "\n".join(found)
-
-
-def test_the_family_checks_see_what_they_should():
-    packages = {"a": "pipeline.a", "b": "pipeline.b", "top": "pipeline.engine"}
-    graph = {
-        "pipeline.a.x": {"pipeline.a.y", "pipeline.b.z", "pipeline.ab"},
-        "pipeline.models.m": {"pipeline.engine"},
-        "pipeline.ab": {"pipeline.a.y"},
-    }
-    assert _family_imports(graph, packages) == [
-        ("pipeline.a.x", "a", "pipeline.b.z"),
-        ("pipeline.models.m", None, "pipeline.engine"),
-        ("pipeline.ab", None, "pipeline.a.y"),
-    ]
-    assert _family_packages()["photo"] == "pipeline.photo"

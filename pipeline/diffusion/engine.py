@@ -34,7 +34,7 @@ from pipeline.errors import ConfigError
 from pipeline.family_engine import EngineBase
 from pipeline.module import Module, resolve_weights_dir
 from pipeline.offload import OffloadManager
-from pipeline.placement import Placement, apply_placement, build_blockwise
+from pipeline.placement import Placement, build_blockwise
 from pipeline.schedule import Chunk, ChunkPlan, StreamStep
 from pipeline.stream import FrameBatch, StageTimes, no_prompt
 from pipeline.timeline import AudioTimeline
@@ -294,3 +294,22 @@ class Stream:
         self.latents.clear()
         self.sr_context = None
         self.vae_cache = None
+
+
+def apply_placement(
+    engine: Engine, placement: Placement, manager: OffloadManager | None = None
+) -> None:
+    """Offload a loaded engine's DiT block stacks as planned (`manager`: blocks already
+    packed by `build_blockwise`) and start each stack's first copies at the stage boundary
+    before it runs."""
+    if manager is None and placement.offload:
+        manager = OffloadManager(engine.device, placement.offload)
+        for name in ("a2v", "sr"):
+            blocks = engine.modules[name].model.get_submodule("transformer.blocks")
+            assert isinstance(blocks, nn.ModuleList)
+            manager.attach(name, blocks)
+        if manager.is_cuda:
+            torch.cuda.empty_cache()  # the blocks' former GPU copies
+    if manager is not None:
+        engine.offloader = manager
+        engine.stage_hooks.append(manager.prefetch_stack)
