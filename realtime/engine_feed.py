@@ -25,10 +25,6 @@ from realtime.playout import PlayoutControl
 log = logging.getLogger(__name__)
 
 
-def _ignore(*args: object) -> None:
-    pass
-
-
 class EngineFeed:
     """A session's engine part: the worker thread, the frames it queues and their counts.
 
@@ -125,7 +121,7 @@ class EngineFeed:
         if not await self.worker.wait_exited(30.0):
             log.error("session %s: generation thread did not stop", self._sid)
         self.worker.release()
-        self._fail = _ignore
+        self._fail = lambda exc: None
 
     def stats(self) -> dict:
         step = self.worker.step_seconds

@@ -92,6 +92,7 @@ class GenerationWorker:
         self._recent: deque[float] = deque(maxlen=16)  # wall times of recent steps (not N_0)
         self._breaks: list[tuple[int, int]] = []  # (engine sample, frames skipped before it)
         self._pad = 0  # zeros to push before the next audio (completes a frame at rebase)
+        self._reading_ahead = False  # the last feed handed the step after's audio too
         self.generated = 0  # frames produced
         self._thread = threading.Thread(target=self._run, name=f"gen-{session_id[:8]}")
         self.exited = threading.Event()
@@ -195,7 +196,8 @@ class GenerationWorker:
             # step's audio too where the backlog holds all of it
             extra = max(0, samples_wanted(stream) - stream.samples_needed())
             backlog = sum(p.size for p in self._pending) - need
-            parts = self._take(need + (extra if 0 < extra <= backlog else 0))
+            self._reading_ahead = 0 < extra <= backlog
+            parts = self._take(need + (extra if self._reading_ahead else 0))
             self.pushed += sum(p.size for p in parts)  # under the lock: rebase sees one split
             if self._pad:  # zeros that rebase already counted in `pushed` go in first
                 parts.insert(0, np.zeros(self._pad, np.float32))
@@ -217,11 +219,11 @@ class GenerationWorker:
 
     def frames_ahead_needed(self) -> float:
         """How many frame times after now new audio's first frame must be due for it to
-        exist by then (`_skip_for_slack`): margin + max(G, 2G - (E - carry)), and G more for
-        a stream that reads a step ahead."""
+        exist by then (`_skip_for_slack`): margin + max(G, 2G - (E - carry)), and G more while
+        the feed hands a stream its audio a step ahead."""
         g = self._gen_seconds * FPS  # in frame times
-        # a stream that reads ahead (`samples_wanted`) makes new audio's frames a step later
-        later = g * getattr(self._engine, "read_ahead", 0)
+        # audio handed a step ahead (`samples_wanted`) becomes frames a step later
+        later = g if self._reading_ahead else 0.0
         return (
             self._margin_s * FPS + later + max(g, 2 * g - (self._step_frames - self._carry_frames))
         )

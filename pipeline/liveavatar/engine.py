@@ -250,9 +250,12 @@ class LiveAvatarStream(WindowedStream):
                     1, (h, w), la.steps, dev, dtype
                 )
                 models.transformer.prefill(self.cache, prompt_features, ref_lat, motion)
-                # the decoder continues from the motion frames, as the authors' first clip does
+                # the decoder continues from the motion frames, as the authors' first clip does;
+                # it runs on the engine's side stream only, so its cache, freed and made anew
+                # at every block, is only ever reused in that stream's order
                 self.decoder: WanDecodeStream | None = models.vae.stream()
-                self.decoder.decode(motion)
+                with engine.side_stream.after_main(motion):
+                    self.decoder.decode(motion)
             self.latent_hw = (h, w)
         self._ahead: tuple[int, Tensor] | None = None  # (k, latents) of a block sampled ahead
         self.read_ahead = 1 if la.overlap else 0
@@ -273,25 +276,22 @@ class LiveAvatarStream(WindowedStream):
         return block.permute(1, 2, 0)[None].to(self.engine.device, self.engine.dtype)
 
     def make_chunk(self, k: int, chunk: Chunk) -> Iterator[np.ndarray]:
-        """Block k's 12 frames. Where block k+1's audio is already here (a backlog: the
-        engine is behind real time, or a bench), block k is decoded on a side stream while
-        block k+1's audio features and DiT run on the main one, so a block costs its DiT:
-        block k+1's latents wait for the next call (`_ahead`). Same frames, same order."""
+        """Block k's 12 frames, decoded on the engine's side stream. Where block k+1's
+        audio is already here (a backlog: the engine is behind real time, or a bench), block
+        k+1's audio features and DiT are queued on the main stream before the host waits for
+        block k's frames, so the two run together and a block costs its DiT; block k+1's
+        latents wait for the next call (`_ahead`). Same frames, same order."""
         if self.cache is None or self.decoder is None:
             raise RuntimeError("the stream is closed")
-        decoder = self.decoder
+        decoder, side = self.decoder, self.engine.side_stream
         with torch.inference_mode():
             x = self._latents(k, chunk)
+            with self.times.stage("decode"), side.after_main(x):
+                video = decoder.decode(x)  # (1, 3, 12, H, W) in [-1, 1]
             if self.read_ahead and self.has_audio_for(k + 1):
-                side = self.engine.side_stream
-                with self.times.stage("decode"), side.after_main(x):
-                    video = decoder.decode(x)  # (1, 3, 12, H, W) in [-1, 1]
                 self._ahead = (k + 1, self._sample(k + 1, self.plan.n_chunk(k + 1)))
-                with self.times.stage("decode"):
-                    frames = side.host(lambda: to_uint8_frames(video[0]))
-            else:
-                with self.times.stage("decode"):
-                    frames = to_uint8_frames(decoder.decode(x)[0])
+            with self.times.stage("decode"):
+                frames = side.host(lambda: to_uint8_frames(video[0]))
         yield frames
 
     def started_ahead(self, k: int) -> bool:
