@@ -5,8 +5,8 @@
 #
 # What travels (all ignored by git, named in `carry`):
 #   .ref/flash_head   the authors' package, from a checkout of github.com/Soul-AILab/SoulX-FlashHead
-#   .whl/             diffusers (Facecast's VAE)
-#   .whlserve/        for `serve`: ../shared/device/serve-wheels.sh's bundle
+#   .whl/             diffusers (Facecast's VAE): bash bench/device_wheels.sh
+#   .whlserve/        for `serve` and `sessions`: the serve stack with diffusers (bash bench/device_wheels.sh)
 #   .whlref/          the authors' stack: transformers 4.57.3, tokenizers 0.22, huggingface_hub 0.36,
 #                     diffusers 0.35.2, loguru (their wav2vec2 subclass predates transformers 5)
 #   .gpu/             grace_square.png (the portrait framed here: OpenCV 5 there has no Haar)
@@ -18,7 +18,7 @@
 # Usage there: bash bench/gpu_flashhead.sh parity|decode|speed|serve|sessions
 set -uo pipefail
 mode=${1:?parity|decode|speed|serve|sessions}
-wheels=.whl; [ "$mode" = sessions ] && wheels=.whlserve
+wheels=.whl; case $mode in serve|sessions) wheels=.whlserve ;; esac
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels/*.whl
 # the pure-Python part of the bundle travels zipped where the tree is near its 64 MiB
 [ -f $wheels/pure.zip ] && python3 -m zipfile -e $wheels/pure.zip /tmp/pure
@@ -70,8 +70,6 @@ speed)  # MODELS="flashhead-pro flashhead-lite", FLAGS_LIST a ;-separated list o
   done
   ;;
 serve)
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whlserve/*.whl
-  export PYTHONPATH=$PYTHONPATH:$PWD/.whlserve/pure
   [ -d "$work/float32/release" ] || python3 -m pipeline.flashhead.random_release "$work/float32" --shape full
   args="--serve-arg=--model=flashhead-pro --serve-arg=--weights=$work/float32/release"
   args+=" --serve-arg=--wav2vec=$work/float32/wav2vec --serve-arg=--reference=.gpu/grace_square.png"

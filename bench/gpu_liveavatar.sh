@@ -15,19 +15,19 @@
 #                    reference loads (causal_model_s2v, wan_2_2/modules/{model,attention,s2v},
 #                    causal_motioner, inference_utils) import only torch, einops (on the
 #                    image), diffusers, numpy. flash-attn is not installed there (see parity).
-#   .whl/            diffusers 0.42.1 for Facecast's VAE (cp -r /work/main/.whl .): speed, serve
-#   .whlserve/       aiortc, av, ... (../shared/device/serve-wheels.sh's bundle, 51 MB): serve
-#   .gpu/            grace_square.png (the portrait) and speech.wav: serve
-# The carry limit is 64 MiB all told: parity carries .ref .whlref .whl (28 MB), speed .whl, serve
-# carries .whl .whlserve .gpu (59 MB).
+#   .whl/            diffusers for Facecast's VAE (bash bench/device_wheels.sh): parity, speed
+#   .whlserve/       the serve stack (aiortc, av, ...) with diffusers (bash bench/device_wheels.sh,
+#                    48 MB): serve; the portrait and speech are the project's own (pipeline/assets)
+# The carry limit is 64 MiB all told: parity carries .ref .whlref .whl (25 MB), speed .whl, serve
+# .whlserve (48 MB; with the 16 MB tree, just under).
 #
 # The calls (one mode per call; each stays under the 10-minute limit by its own clock, BUDGET=570 s,
 # every step given what is left):
 #   run command="bash bench/gpu_liveavatar.sh parity" carry=[".ref",".whlref",".whl"]
 #   run command="bash bench/gpu_liveavatar.sh speed"  carry=[".whl"]
-#   run command="bash bench/gpu_liveavatar.sh serve"  carry=[".whl",".whlserve",".gpu"]
+#   run command="bash bench/gpu_liveavatar.sh serve"  carry=[".whlserve"]
 # Options (env): DTYPES="float32 bfloat16" (parity; DTYPES= runs neither), BLOCKS32=6, STEPS32=2,
-# BLOCKS16=8 (bf16 keeps 4 steps; blocks 3.. are timed: the key window full), AUTHORS_COMPILE=1
+# BLOCK_BENCH=0 (speed: no DiT-alone bench), BLOCKS16=8 (bf16 keeps 4 steps; blocks 3.. are timed: the key window full), AUTHORS_COMPILE=1
 # (parity: also time their loop under their torch.compile if 120 s are left; alone:
 # DTYPES= AUTHORS_COMPILE=1 bash bench/gpu_liveavatar.sh parity), PRECISIONS="default fp8"
 # (speed: `facecast bench --precision`, default "default"), OVERLAPS="true false" (speed: the
@@ -68,10 +68,13 @@ out=${OUT:-/tmp/out}
 work=${WORK:-/tmp/la}
 mkdir -p "$out" "$work"
 left() { echo $((budget - SECONDS)); }
+wheels=.whl; [ "$mode" = serve ] && wheels=.whlserve
 if [ -z "${SKIP_WHEELS:-}" ]; then
-  "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels/*.whl
+  # the serve bundle's pure-Python part travels zipped, to stay under the 64 MiB that travels
+  [ -f $wheels/pure.zip ] && "$py" -m zipfile -e $wheels/pure.zip /tmp/pure
 fi
-export PYTHONPATH=/tmp/site:$PWD/.whl/pure:$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:/tmp/pure:$PWD PYTHONUNBUFFERED=1
 if [ "$dev" = cuda ]; then nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader; fi
 df -h "$work" | tail -1
 
@@ -132,8 +135,8 @@ parity)
   ;;
 speed)
   # the DiT alone (Facecast), random weights drawn on the GPU, 10 blocks: the last 6 with the
-  # key window full
-  timeout $(($(left) / 4)) "$py" bench/liveavatar_block_bench.py --device "$dev" \
+  # key window full (BLOCK_BENCH=0 skips it)
+  [ "${BLOCK_BENCH:-1}" = 0 ] || timeout $(($(left) / 4)) "$py" bench/liveavatar_block_bench.py --device "$dev" \
     --size "${SIZE:-704x384}" --layers "${LAYERS:-40}" --blocks "${BB_BLOCKS:-10}" \
     --json "$out/block_bench.json" 2>"$out/block_bench.log" \
     || { echo "block bench FAILED"; tail -20 "$out/block_bench.log"; }
@@ -154,17 +157,13 @@ speed)
   done
   ;;
 serve)
-  if [ -z "${SKIP_WHEELS:-}" ]; then
-    "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whlserve/*.whl
-  fi
-  export PYTHONPATH=$PYTHONPATH:$PWD/.whlserve/pure
   release
   args="--serve-arg=--model=liveavatar --serve-arg=--weights=$weights --serve-arg=--lora=$lora"
-  args+=" --serve-arg=--reference=.gpu/grace_square.png"
+  args+=" --serve-arg=--reference=pipeline/assets/reference.png"
   for flag in ${SERVE_FLAGS:-} ${SERVE_SET:-}; do args+=" --serve-arg=$flag"; done
   # shellcheck disable=SC2086
   timeout "$(left)" "$py" bench/serve_bench.py --config liveavatar --device "$dev" $args \
-    --seconds "${SECONDS_LIVE:-60}" --mode live --mode push --wav .gpu/speech.wav \
+    --seconds "${SECONDS_LIVE:-60}" --mode live --mode push --wav pipeline/assets/sample_speech.wav \
     --server-log "$out/serve.log" --json "$out/serve.json" --markdown "$out/serve.md" \
     || { echo "serve FAILED"; tail -20 "$out/serve.log"; }
   ;;

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Build the Python packages that the lent GPU machine lacks into folders that travel with `carry`
+# (all ignored by git; the working tree and the carried folders together stay under 64 MiB).
+#   .whl/       diffusers (Facecast's Wan VAE), its per-pipeline folders stripped: 3 MB, not 6.
+#               bench/gpu_flashhead.sh decode|speed|serve, bench/gpu_liveavatar.sh parity|speed
+#   .whlserve/  ../shared/device/serve-wheels.sh's bundle (aiortc, av, boto3, silero-vad, ...) with
+#               the stripped diffusers wheel added and its pure/ folder zipped as pure.zip:
+#               bench/gpu_flashhead.sh sessions, bench/gpu_liveavatar.sh serve
+# Usage, from the project's root: bash bench/device_wheels.sh   (versions: the project's .venv)
+set -euo pipefail
+py=${PYTHON:-$PWD/.venv/bin/python}
+for d in .whl .whlserve; do
+  grep -qx "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >>"$(git rev-parse --git-common-dir)/info/exclude"
+done
+version=$($py -c "import importlib.metadata as m; print(m.version('diffusers'))")
+tmp=$(mktemp -d)
+python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp" "diffusers==$version" 2>/dev/null
+# the pipelines' own folders (hundreds of models' glue) are never imported by Facecast
+mkdir -p "$tmp/x" && (cd "$tmp/x" && python3 -m zipfile -e "$tmp"/diffusers-*.whl .)
+find "$tmp/x/diffusers/pipelines" "$tmp/x/diffusers/modular_pipelines" -mindepth 1 -maxdepth 1 -type d \
+  -exec rm -rf {} +
+rm -rf .whl && mkdir -p .whl
+(cd "$tmp/x" && python3 -m zipfile -c "$OLDPWD/.whl/diffusers-$version-py3-none-any.whl" ./*)
+rm -rf .whlserve
+PYTHON=$py bash ../shared/device/serve-wheels.sh .whlserve >/dev/null
+cp .whl/*.whl .whlserve/
+(cd .whlserve/pure && python3 -m zipfile -c ../pure.zip ./*) && rm -rf .whlserve/pure
+rm -rf "$tmp"
+du -sh .whl .whlserve
