@@ -159,7 +159,9 @@ speed)
 serve)
   release
   args="--serve-arg=--model=liveavatar --serve-arg=--weights=$weights --serve-arg=--lora=$lora"
+  # the project's portrait, its face box as LiteRT finds it here (the device image lacks LiteRT)
   args+=" --serve-arg=--reference=pipeline/assets/reference.png"
+  args+=" --serve-arg=--face-box=${FACE_BOX:-72,74,113,113}"
   for flag in ${SERVE_FLAGS:-} ${SERVE_SET:-}; do args+=" --serve-arg=$flag"; done
   # shellcheck disable=SC2086
   timeout "$(left)" "$py" bench/serve_bench.py --config liveavatar --device "$dev" $args \

@@ -141,6 +141,14 @@ def samples_wanted(stream: AvatarStream) -> int:
     return wanted() if wanted is not None else stream.samples_needed()
 
 
+def steps_to_frames(stream: AvatarStream) -> int:
+    """How many steps from now the audio a stream is handed now comes out as frames: 1, or 2
+    for a stream finishing a step started ahead (`WindowedStream.started_ahead`), which
+    starts the handed audio's step beside it and finishes that one a step later."""
+    steps = getattr(stream, "steps_to_frames", None)
+    return steps() if steps is not None else 1
+
+
 def no_prompt(cfg: FacecastConfig, prompt: str | None) -> None:
     """The one refusal of a prompt by an engine whose model reads none."""
     if prompt is not None:

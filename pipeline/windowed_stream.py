@@ -92,6 +92,12 @@ class WindowedStream:
             return 0
         return max(0, self.audio_end(self.next_n + self.read_ahead) - self.timeline.total)
 
+    def steps_to_frames(self) -> int:
+        """Steps until audio handed now is frames (`pipeline.stream.steps_to_frames`): two
+        while the next chunk was started ahead, since the chunk that audio belongs to is then
+        started in the next step and finished in the one after."""
+        return 2 if self.started_ahead(self.next_n) else 1
+
     def has_audio_for(self, k: int) -> bool:
         """Whether chunk k's audio has all arrived (and the audio has not ended, which
         would change what chunk k reads past the end)."""

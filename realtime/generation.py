@@ -30,7 +30,13 @@ import numpy as np
 
 from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME
 from pipeline.schedule import StreamStep
-from pipeline.stream import AvatarStream, FrameBatch, ready_pieces, samples_wanted
+from pipeline.stream import (
+    AvatarStream,
+    FrameBatch,
+    ready_pieces,
+    samples_wanted,
+    steps_to_frames,
+)
 from realtime.buffers import FrameQueue, PlayoutClock
 
 log = logging.getLogger(__name__)
@@ -92,7 +98,7 @@ class GenerationWorker:
         self._recent: deque[float] = deque(maxlen=16)  # wall times of recent steps (not N_0)
         self._breaks: list[tuple[int, int]] = []  # (engine sample, frames skipped before it)
         self._pad = 0  # zeros to push before the next audio (completes a frame at rebase)
-        self._reading_ahead = False  # the last feed handed the step after's audio too
+        self._reading_ahead = False  # the last feed's audio is frames a step later than its own
         self.generated = 0  # frames produced
         self._thread = threading.Thread(target=self._run, name=f"gen-{session_id[:8]}")
         self.exited = threading.Event()
@@ -191,13 +197,17 @@ class GenerationWorker:
             pending = sum(p.size for p in self._pending)
             if pending < need:
                 return False
-            self._skip_for_slack(pending - need)
             # a stream that starts its next step beside this one (`samples_wanted`) gets that
-            # step's audio too where the backlog holds all of it
+            # step's audio too where the backlog holds all of it; its frames, and those of a
+            # stream finishing a step started ahead, come a step later than their own. The
+            # skip plans as if that audio will be handed: frames early, never late
             extra = max(0, samples_wanted(stream) - stream.samples_needed())
+            later = steps_to_frames(stream) > 1
+            self._skip_for_slack(pending - need, later or extra > 0)
             backlog = sum(p.size for p in self._pending) - need
-            self._reading_ahead = 0 < extra <= backlog
-            parts = self._take(need + (extra if self._reading_ahead else 0))
+            handing_ahead = 0 < extra <= backlog
+            self._reading_ahead = later or handing_ahead
+            parts = self._take(need + (extra if handing_ahead else 0))
             self.pushed += sum(p.size for p in parts)  # under the lock: rebase sees one split
             if self._pad:  # zeros that rebase already counted in `pushed` go in first
                 parts.insert(0, np.zeros(self._pad, np.float32))
@@ -217,18 +227,19 @@ class GenerationWorker:
             size += part.size
         return parts
 
-    def frames_ahead_needed(self) -> float:
+    def frames_ahead_needed(self, reading_ahead: bool | None = None) -> float:
         """How many frame times after now new audio's first frame must be due for it to
-        exist by then (`_skip_for_slack`): margin + max(G, 2G - (E - carry)), and G more while
-        the feed hands a stream its audio a step ahead."""
+        exist by then (`_skip_for_slack`): margin + max(G, 2G - (E - carry)), and G more where
+        audio becomes frames a step later (`reading_ahead`; default: as at the last feed)."""
         g = self._gen_seconds * FPS  # in frame times
-        # audio handed a step ahead (`samples_wanted`) becomes frames a step later
-        later = g if self._reading_ahead else 0.0
+        if reading_ahead is None:
+            reading_ahead = self._reading_ahead
+        later = g if reading_ahead else 0.0
         return (
             self._margin_s * FPS + later + max(g, 2 * g - (self._step_frames - self._carry_frames))
         )
 
-    def _skip_for_slack(self, surplus: int) -> None:
+    def _skip_for_slack(self, surplus: int, reading_ahead: bool) -> None:
         """At a step boundary, with `surplus` samples of backlog beyond the step's need: skip
         the oldest, whole frames, until the frames made from the next audio are due after
         they will exist. That audio becomes this step's last frames and, `carry` frames of it,
@@ -238,7 +249,7 @@ class GenerationWorker:
         if self._clock.t0 is None or surplus < MODEL_SAMPLES_PER_FRAME:
             return
         spf = MODEL_SAMPLES_PER_FRAME
-        ahead = self.frames_ahead_needed()
+        ahead = self.frames_ahead_needed(reading_ahead)
         due_now = (time.monotonic() - self._clock.t0) * FPS
         behind = math.ceil(due_now + ahead - self.timeline_pos / spf)
         skip = min(behind, surplus // spf) * spf

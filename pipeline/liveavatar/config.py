@@ -36,8 +36,10 @@ class LiveAvatarConfig:
     audio_lookahead_frames: int = 2  # a block waits for this much audio past its end
     dtype: str = "auto"  # auto: bfloat16 on a GPU (as the authors run it), float32 on a CPU
     # decode block k on a side CUDA stream while block k+1's DiT runs, where block k+1's
-    # audio is already here (a backlog); same frames either way
-    overlap: bool = True
+    # audio is already here (a backlog); same frames either way. Off: on one H200 it gave
+    # 13.4 fps against 13.3 (the DiT keeps every SM busy, so the decode cannot hide behind
+    # it), and served live its frames come a step later (bench/RESULTS.md, issue 31)
+    overlap: bool = False
 
     def validate(self) -> None:
         check(1 <= self.steps <= 50, "liveavatar.steps", "must be in [1, 50]")

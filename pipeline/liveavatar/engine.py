@@ -252,10 +252,12 @@ class LiveAvatarStream(WindowedStream):
                 models.transformer.prefill(self.cache, prompt_features, ref_lat, motion)
                 # the decoder continues from the motion frames, as the authors' first clip does;
                 # it runs on the engine's side stream only, so its cache, freed and made anew
-                # at every block, is only ever reused in that stream's order
+                # at every block, is only ever reused in that stream's order. A block's width
+                # a pass: the same pixels as one wide pass, the compiled block-wide graph
+                # reused, and no 73-frame activations (7 GB a buffer at 704x384)
                 self.decoder: WanDecodeStream | None = models.vae.stream()
                 with engine.side_stream.after_main(motion):
-                    self.decoder.decode(motion)
+                    self.decoder.decode(motion, latents_per_pass=s2v.frames_per_block)
             self.latent_hw = (h, w)
         self._ahead: tuple[int, Tensor] | None = None  # (k, latents) of a block sampled ahead
         self.read_ahead = 1 if la.overlap else 0

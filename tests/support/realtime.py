@@ -223,7 +223,10 @@ class ScriptedEngine:
     beyond them have arrived; a step takes `rtf` times its frames' duration (it sleeps, as
     if a GPU were busy, so the test machine's load does not change it). Each frame's pixels
     hold the loudness of its own input audio, so a test can tell which audio a shown frame
-    was made from. `stalls`: steps that take longer, once (a GPU hiccup)."""
+    was made from. `stalls`: steps that take longer, once (a GPU hiccup). `read_ahead`: as
+    LiveAvatar's overlapped stream, a step whose next step's audio is here starts that one
+    too (its time is spent then) and finishes it in the next call, once the audio of the
+    step after that is here (`pipeline.windowed_stream`)."""
 
     def __init__(
         self,
@@ -232,6 +235,7 @@ class ScriptedEngine:
         chunk: int = 16,
         lookahead: int = 2,
         stalls: dict[int, float] | None = None,
+        read_ahead: bool = False,
     ):
         from types import SimpleNamespace
 
@@ -239,6 +243,7 @@ class ScriptedEngine:
 
         self.rtf, self.first, self.chunk, self.lookahead = rtf, first, chunk, lookahead
         self.stalls = stalls or {}  # step -> extra seconds it takes (a GPU hiccup)
+        self.read_ahead = read_ahead
         self.cfg = SimpleNamespace(
             video=SimpleNamespace(width=32, height=32),
             runtime=SimpleNamespace(stack="diffusion"),
@@ -273,14 +278,27 @@ class ScriptedStream:
         self.audio: list[np.ndarray] = []
         self.samples = 0
         self.step = 0
+        self.ahead = False  # `step` was started in the last call (read_ahead)
         self.closed = False
 
     def push_audio(self, samples: np.ndarray) -> None:
         self.audio.append(np.asarray(samples, np.float32))
         self.samples += len(samples)
 
+    def _audio_end(self, k: int) -> int:
+        return self.engine.stream_step(k).audio_frames * 640
+
     def samples_needed(self) -> int:
-        return max(0, self.engine.stream_step(self.step).audio_frames * 640 - self.samples)
+        # a step started ahead is finished once the step after it has its audio
+        return max(0, self._audio_end(self.step + 1 if self.ahead else self.step) - self.samples)
+
+    def samples_wanted(self) -> int:
+        if not self.engine.read_ahead:
+            return self.samples_needed()
+        return max(0, self._audio_end(self.step + 1) - self.samples)
+
+    def steps_to_frames(self) -> int:
+        return 2 if self.ahead else 1
 
     def generate_ready(self):
 
@@ -290,7 +308,11 @@ class ScriptedStream:
         audio = np.concatenate(self.audio) if self.audio else np.zeros(0, np.float32)
         while self.samples_needed() == 0:
             step = self.engine.stream_step(self.step)
-            time.sleep(self.engine.rtf * step.frames / 25 + self.engine.stalls.get(self.step, 0))
+            step_s = self.engine.rtf * step.frames / 25 + self.engine.stalls.get(self.step, 0)
+            start_next = self.engine.read_ahead and self.samples >= self._audio_end(self.step + 1)
+            # the work of this step, unless it was done ahead, and of the next, if started now
+            nxt = self.engine.rtf * self.engine.chunk / 25 if start_next else 0.0
+            time.sleep((0.0 if self.ahead else step_s) + nxt)
             values = [
                 loudness_pixel(audio[f * 640 : (f + 1) * 640])
                 for f in range(step.first_frame, step.end_frame)
@@ -298,6 +320,7 @@ class ScriptedStream:
             frames = np.repeat(np.array(values, np.uint8), 32 * 32 * 3).reshape(-1, 32, 32, 3)
             out.append(FrameBatch(step.first_frame, frames))
             self.step += 1
+            self.ahead = start_next
         return out
 
     def close(self) -> None:
