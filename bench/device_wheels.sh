@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the Python packages that the lent GPU machine lacks into folders that travel with `carry`
 # (all ignored by git; the working tree and the carried folders together stay under 64 MiB).
-#   .whl/       diffusers (Facecast's Wan VAE), its per-pipeline folders stripped: 3 MB, not 6.
+#   .whl/       diffusers (Facecast's Wan VAE), its per-pipeline folders stripped (2 MB, not 6),
+#               and ftfy (umT5's prompt cleaning, LiveAvatar).
 #               bench/gpu_flashhead.sh decode|speed|serve, bench/gpu_liveavatar.sh parity|speed
 #   .whlserve/  ../shared/device/serve-wheels.sh's bundle (aiortc, av, boto3, silero-vad, ...) with
 #               the stripped diffusers wheel added and its pure/ folder zipped as pure.zip:
@@ -21,6 +22,10 @@ find "$tmp/x/diffusers/pipelines" "$tmp/x/diffusers/modular_pipelines" -mindepth
   -exec rm -rf {} +
 rm -rf .whl && mkdir -p .whl
 (cd "$tmp/x" && python3 -m zipfile -c "$OLDPWD/.whl/diffusers-$version-py3-none-any.whl" ./*)
+# ftfy cleans umT5's prompt (LiveAvatar); wcwidth, which it imports, as its pure-Python 0.2
+# (the newer ones are 0.8 MB binary wheels, and the serve bundle is near the limit)
+python3 -m pip download -q --no-deps --only-binary=:all: -d .whl \
+  "ftfy==$($py -c "import importlib.metadata as m; print(m.version('ftfy'))")" "wcwidth==0.2.13" 2>/dev/null
 rm -rf .whlserve
 PYTHON=$py bash ../shared/device/serve-wheels.sh .whlserve >/dev/null
 cp .whl/*.whl .whlserve/
