@@ -380,11 +380,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "--face-box frames the --reference photo of the photo stack or a real model: give "
             "--reference too, with --config photo or --model NAME"
         )
-    if args.reference is not None and family.photos:
-        # a photo without one clear face fails here too, not in the first peer's session
-        from pipeline.photo.reference import load_prepared
-
-        load_prepared(args.reference, cfg, args.face_box)
+    if args.reference is not None:
+        # a missing photo, one without a clear face, or no face runtime fails here, in one
+        # line, not in every peer's session (as render checks it before its engine starts)
+        prepare_reference_early(args.reference, cfg, args.face_box)
     try:
         config = config_from_args(args)
     except ValueError as exc:

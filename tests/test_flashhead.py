@@ -547,6 +547,32 @@ async def test_serve_a_random_release_to_an_aiortc_client_for_30_seconds(release
         assert stats["fresh_share"] >= 0.98, stats
 
 
+def test_serve_refuses_a_faceless_reference_before_it_listens(
+    release, tmp_path, monkeypatch, capsys
+):
+    """`serve --model flashhead-pro --reference P`: a photo with no face found stops start-up
+    in one line that says how to frame it by hand, not every peer's session after."""
+    from PIL import Image
+
+    import realtime.server
+    from facecast.cli import main
+
+    def serve_anyway(*args, **kwargs):
+        raise AssertionError("serve went on to listen")
+
+    monkeypatch.setattr(realtime.server, "serve", serve_anyway)
+    weights, wav2vec = release
+    blank = tmp_path / "wall.png"
+    Image.fromarray(np.full((240, 320, 3), 128, np.uint8)).save(blank)
+    code = main([
+        "serve", "--model", "flashhead-pro", "--weights", str(weights), "--wav2vec", str(wav2vec),
+        "--device", "cpu", "--port", "0", "--reference", str(blank),
+    ])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "no face found" in err[0] and "--face-box" in err[0], err
+
+
 @pytest.mark.slow  # runs the command line in a process of its own
 def test_serve_refuses_a_broken_release_before_it_listens(release, tmp_path):
     weights, wav2vec = release
