@@ -82,7 +82,7 @@ serve)
     || { echo "serve FAILED"; tail -20 "$out/serve.log"; }
   ;;
 sessions)  # the product bench (batched steps, capacity), then serve: an agent alone, then
-  # CALLS live calls at once; MODEL=flashhead-lite for Lite
+  # CALLS live calls at once; MODEL=flashhead-lite for Lite; SKIP_BENCH=1, PROFILE=1
   model=${MODEL:-flashhead-pro}
   lite=; [ "$model" = flashhead-lite ] && lite=--lite
   python3 -m pipeline.flashhead.random_release "$work/float32" --shape full $lite >/dev/null 2>&1
@@ -98,6 +98,10 @@ sessions)  # the product bench (batched steps, capacity), then serve: an agent a
   [ -z "${FIRST_STEP:-}" ] || CUDA_LAUNCH_BLOCKING=1 timeout 120 python3 -m facecast bench $w \
     --precision fp8 --seconds 6 --json "$out/first_step_$model.json" 2>"$out/first_step.log" \
     | tail -2 || { echo "first-step bench FAILED"; tail -5 "$out/first_step.log"; }
+  # PROFILE=1: a steady step's kernels by kind (bench/step_profile.py)
+  [ -z "${PROFILE:-}" ] || timeout 240 python3 bench/step_profile.py $w --compile --precision fp8 \
+    --warm-steps 4 --steps 3 --json "$out/profile_$model.json" 2>"$out/profile.log" \
+    || { echo "profile FAILED"; tail -5 "$out/profile.log"; }
   args="--serve-arg=--model=$model --serve-arg=--weights=$work/float32/release"
   args+=" --serve-arg=--wav2vec=$work/float32/wav2vec --serve-arg=--reference=pipeline/assets/reference.png"
   args+=" --serve-arg=--set=flashhead.frame_reference=false --serve-arg=--set=flashhead.batch_streams=${BATCH:-3}"

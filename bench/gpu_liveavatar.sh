@@ -31,9 +31,10 @@
 # (parity: also time their loop under their torch.compile if 120 s are left; alone:
 # DTYPES= AUTHORS_COMPILE=1 bash bench/gpu_liveavatar.sh parity), PRECISIONS="default fp8"
 # (speed: `facecast bench --precision`, default "default"), OVERLAPS="true false" (speed: the
-# decode beside the next block's DiT, and serial; default "true"), BENCH_FLAGS="--compile" (speed:
-# each layer's dense work compiled, the cache and attention eager; not yet run on a GPU: allow
-# a few minutes more for the graphs), SECONDS_BENCH=20, SECONDS_LIVE=60,
+# decode beside the next block's DiT, and serial; default "false", the product's),
+# BENCH_FLAGS="--compile" (speed: each layer's dense work compiled, the cache and attention
+# eager; ~1 min more for the graphs on a fresh machine), PROFILE=1 (speed: then one steady block's kernels by kind,
+# bench/step_profile.py; PROFILE_FLAGS default "--compile"), SECONDS_BENCH=20, SECONDS_LIVE=60,
 # SERVE_FLAGS="--compile --precision=fp8" (serve; default none), LEAN=0 (the full 11 GB umT5).
 #
 # Expected time (one H200). A block forward at 704x384 is 3 latent frames = 3168 tokens against
@@ -144,7 +145,7 @@ speed)
   # the whole stream: audio features, the DiT's 4 steps a block, the VAE decode
   # OVERLAPS="true false": block k decoded beside block k+1's DiT (liveavatar.overlap), and not
   for precision in ${PRECISIONS:-default}; do
-    for overlap in ${OVERLAPS:-true}; do
+    for overlap in ${OVERLAPS:-false}; do
       name=bench_liveavatar_${precision}_overlap_$overlap
       # shellcheck disable=SC2086
       timeout "$(left)" "$py" -m facecast bench --model liveavatar --weights "$weights" \
@@ -155,6 +156,15 @@ speed)
       tail -3 "$out/$name.log"
     done
   done
+  # PROFILE=1: one steady block's kernels by kind (bench/step_profile.py), the window full
+  if [ -n "${PROFILE:-}" ]; then
+    precisions=${PRECISIONS:-default}
+    # shellcheck disable=SC2086
+    timeout "$(left)" "$py" bench/step_profile.py --model liveavatar --weights "$weights" \
+      --lora "$lora" --device "$dev" --precision "${precisions%% *}" ${PROFILE_FLAGS:---compile} \
+      --warm-steps 6 --steps 2 --json "$out/profile_liveavatar.json" 2>"$out/profile.log" \
+      || { echo "FAILED profile"; tail -20 "$out/profile.log"; }
+  fi
   ;;
 serve)
   release
