@@ -108,7 +108,7 @@ def main() -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--warm-steps", type=int, default=6)
     p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--top", type=int, default=20)
     p.add_argument("--json")
     args = p.parse_args()
     overrides = parse_overrides(args.set)
