@@ -41,6 +41,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+MEMORY_EVERY_S = 10.0  # how often a call reads the engine's GPU memory
+
+
 def metric_values(text: str) -> dict[str, float]:
     out = {}
     for line in text.splitlines():
@@ -64,7 +67,13 @@ async def one_call(
         except ConnectionError as e:  # the server full (503): a result, not a failed run
             await client.close()
             return {"mode": mode, "seconds": length, "speed": source.speed, "refused": str(e)}
-        await asyncio.sleep(length)
+        # the engine's GPU memory through the call, every MEMORY_EVERY_S: flat, or a leak
+        allocated, readings = [], max(1, round(length / MEMORY_EVERY_S))
+        for _ in range(readings):
+            await asyncio.sleep(length / readings)
+            now = metric_values(await (await http.get(f"{url}/metrics")).text())
+            if "facecast_gpu_memory_allocated_bytes" in now:
+                allocated.append(now["facecast_gpu_memory_allocated_bytes"])
         sessions = (await (await http.get(f"{url}/sessions")).json())["sessions"]
         after = metric_values(await (await http.get(f"{url}/metrics")).text())
         await client.close()
@@ -83,6 +92,7 @@ async def one_call(
         if generated
         else None,
         "gpu_memory_peak_bytes": after.get("facecast_gpu_memory_peak_bytes"),
+        "gpu_memory_allocated_bytes": allocated,  # sampled through the call
         "client": call_stats(client),
     }
 
@@ -147,8 +157,14 @@ def summary(config: str, call: dict) -> str:
         f"{s.get('playout_delay_now_ms')} ms, gen RTF {call['generation_rtf'] or 0:.3f}, "
         f"client fps {c.get('fps')} A/V {c.get('av_offset_ms')} ms gap {c.get('max_gap_ms')} ms "
         f"round trip p50/p95 {c.get('round_trip_p50_ms')}/{c.get('round_trip_p95_ms')} ms, "
-        f"GPU {gb / 1e9 if gb else 0:.2f} GB"
+        f"GPU {gb / 1e9 if gb else 0:.2f} GB{allocated_label(call)}"
     )
+
+
+def allocated_label(call: dict) -> str:
+    """', allocated A → B GB' over the call (first and last reading), or nothing on a CPU."""
+    held = call.get("gpu_memory_allocated_bytes") or []
+    return f", allocated {held[0] / 1e9:.2f} → {held[-1] / 1e9:.2f} GB" if held else ""
 
 
 def markdown(res: dict) -> str:
@@ -161,7 +177,7 @@ def markdown(res: dict) -> str:
         "",
         "| call | fresh share of deadlines (fresh/sent) | dropped · skipped · missed | time to first frame | "
         "speech-to-lips p50 / p95 | playout delay start → now | generation RTF | "
-        "client fps · A/V · max gap | round trip p50 / p95 | GPU peak |",
+        "client fps · A/V · max gap | round trip p50 / p95 | GPU peak, allocated first → last |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for call in res["calls"]:
@@ -183,7 +199,7 @@ def markdown(res: dict) -> str:
             f"{'–' if rtf is None else f'{rtf:.3f}'} | "
             f"{c.get('fps')} · {c.get('av_offset_ms')} ms · {c.get('max_gap_ms')} ms | "
             f"{c.get('round_trip_p50_ms')} / {c.get('round_trip_p95_ms')} ms | "
-            f"{f'{gb / 1e9:.1f} GB' if gb else '–'} |"
+            f"{f'{gb / 1e9:.1f} GB' if gb else '–'}{allocated_label(call)} |"
         )
     return "\n".join(lines) + "\n"
 

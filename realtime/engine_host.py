@@ -20,7 +20,7 @@ from pipeline.families import family_named
 from pipeline.schedule import StreamStep
 from pipeline.startup import EngineOptions, start_engine
 from pipeline.stream import AvatarStream, Reference, StartupReport, StreamingEngine
-from realtime.engine_process import EngineProcess
+from realtime.engine_process import EngineProcess, gpu_memory
 
 
 class HostedEngine(StreamingEngine, Protocol):
@@ -43,8 +43,9 @@ class HostedEngine(StreamingEngine, Protocol):
         where it measures none."""
         ...
 
-    def gpu_memory_peak(self) -> int | None:
-        """Peak bytes on the engine's GPU; None on a CPU. May wait for a step to finish."""
+    def gpu_memory(self) -> tuple[int, int] | None:
+        """Bytes the engine's tensors hold on its GPU now, and their peak; None on a CPU.
+        May wait for a step to finish."""
         ...
 
     def close(self) -> None:
@@ -94,9 +95,8 @@ class InProcessEngine:
             return self.engine.new_stream(reference_rgb, seed=seed)
         return self.engine.new_stream(reference_rgb, seed=seed, prompt=prompt)
 
-    def gpu_memory_peak(self) -> int | None:
-        device = self.engine.device
-        return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    def gpu_memory(self) -> tuple[int, int] | None:
+        return gpu_memory(self.engine.device)
 
     def close(self) -> None:
         """Nothing to free early: the engine's memory goes with the server's process."""

@@ -76,7 +76,7 @@ class EngineProcess:
         frames = 2 * max(self.stream_step(0).frames, self.stream_step(1).frames)
         return RemoteStream(self, sid, reference_rgb, seed, frames, cfg.video, prompt)
 
-    def gpu_memory_peak(self) -> int | None:
+    def gpu_memory(self) -> tuple[int, int] | None:
         return self.call("memory") if self.device.type == "cuda" else None
 
     def call(self, op: str, *args: object):
@@ -218,9 +218,16 @@ def _serve_engine(conn: Connection, options: EngineOptions) -> None:
         shm.close()
 
 
+def gpu_memory(device: torch.device) -> tuple[int, int] | None:
+    """(allocated now, peak) bytes of torch's allocator on `device`; None on a CPU."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.memory_allocated(device), torch.cuda.max_memory_allocated(device)
+
+
 def _handle(engine, sessions: dict, op: str, args: list):
     if op == "memory":
-        return torch.cuda.max_memory_allocated(engine.device)
+        return gpu_memory(engine.device)
     if op == "open":
         sid, reference, seed, prompt, shm_name, max_frames = args
         session = (

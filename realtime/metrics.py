@@ -107,6 +107,11 @@ class RealtimeMetrics:
             "Peak GPU memory the engine's process allocated (CUDA only)",
             registry=r,
         )
+        self.gpu_memory_now = Gauge(
+            "facecast_gpu_memory_allocated_bytes",
+            "GPU memory the engine's tensors hold now (CUDA only): flat over a long call",
+            registry=r,
+        )
         self.ready = Gauge(
             "facecast_ready", "1 once the engine is warm and sessions are taken", registry=r
         )

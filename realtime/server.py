@@ -259,9 +259,10 @@ async def metrics_text(service: Service) -> bytes:
     """The service's metrics in Prometheus text format, gauges read now."""
     service.metrics.queue_depth.set(sum(s.frames.depth() for s in service.sessions.values()))
     if service.engine is not None:
-        peak = await asyncio.to_thread(service.engine.gpu_memory_peak)  # may wait for a step
-        if peak is not None:
-            service.metrics.gpu_memory.set(peak)
+        memory = await asyncio.to_thread(service.engine.gpu_memory)  # may wait for a step
+        if memory is not None:
+            service.metrics.gpu_memory_now.set(memory[0])
+            service.metrics.gpu_memory.set(memory[1])
     return service.metrics.render()
 
 
