@@ -72,7 +72,7 @@ async def one_call(
         for _ in range(readings):
             await asyncio.sleep(length / readings)
             now = metric_values(await (await http.get(f"{url}/metrics")).text())
-            if "facecast_gpu_memory_allocated_bytes" in now:
+            if now.get("facecast_gpu_memory_allocated_bytes"):  # 0: a CPU, no reading
                 allocated.append(now["facecast_gpu_memory_allocated_bytes"])
         sessions = (await (await http.get(f"{url}/sessions")).json())["sessions"]
         after = metric_values(await (await http.get(f"{url}/metrics")).text())
