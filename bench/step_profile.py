@@ -38,10 +38,10 @@ from pipeline.stream import ready_pieces, samples_wanted  # noqa: E402
 # first match wins: a kernel's kind from its name (cuBLAS, cuDNN, CUTLASS, Triton, ATen)
 KINDS = [
     ("attention", re.compile(r"fmha|flash|attn|attention|sdpa", re.I)),
+    ("conv", re.compile(r"conv|implicit|wgrad|dgrad|fprop", re.I)),  # before GEMMs: implicit GEMMs
     ("gemm fp8", re.compile(r"(e4m3|e5m2|f8|fp8).*(gemm|xmma|cutlass|nvjet|matmul)|"
                             r"(gemm|xmma|cutlass|nvjet|matmul).*(e4m3|e5m2|f8|fp8)", re.I)),
     ("gemm", re.compile(r"gemm|xmma|cutlass|nvjet|matmul|cublas", re.I)),
-    ("conv", re.compile(r"conv|implicit|wgrad|dgrad|fprop", re.I)),
     ("compiled (triton)", re.compile(r"^triton", re.I)),
     ("copy", re.compile(r"copy|memcpy|memset|cat|fill", re.I)),
 ]  # fmt: skip
