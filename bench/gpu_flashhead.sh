@@ -15,10 +15,10 @@
 #                     stripped) and its pure/ folder as pure.zip (silero's .jit model only),
 #                     to stay under the 64 MiB that travels; the portrait and speech are the
 #                     project's own (pipeline/assets)
-# Usage there: bash bench/gpu_flashhead.sh parity|decode|speed|serve|sessions
+# Usage there: bash bench/gpu_flashhead.sh parity|decode|speed|serve|sessions|soak start|soak collect
 set -uo pipefail
-mode=${1:?parity|decode|speed|serve|sessions}
-wheels=.whl; case $mode in serve|sessions) wheels=.whlserve ;; esac
+mode=${1:?parity|decode|speed|serve|sessions|soak}
+wheels=.whl; case $mode in serve|sessions|soak) wheels=.whlserve ;; esac
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels/*.whl
 # the pure-Python part of the bundle travels zipped where the tree is near its 64 MiB
 [ -f $wheels/pure.zip ] && python3 -m zipfile -e $wheels/pure.zip /tmp/pure
@@ -114,6 +114,35 @@ sessions)  # the product bench (batched steps, capacity), then serve: an agent a
     --wav pipeline/assets/sample_speech.wav --server-log "$out/serve_$model.log" \
     --json "$out/serve_$model.json" --markdown "$out/serve_$model.md" \
     || { echo "serve FAILED"; tail -20 "$out/serve_$model.log"; }
+  ;;
+soak)  # two live Pro calls for SOAK_S (600) seconds, longer than one command may run: call
+  # `soak start` (returns once the server and clients run, detached with setsid), then within
+  # the 30 s the machine stays warm, `soak collect` (waits for them, copies the results).
+  # Both carry .whlserve. The calls' GPU memory, read every 10 s, says whether it stays flat.
+  case ${2:-start} in
+  start)
+    python3 -m pipeline.flashhead.random_release "$work/float32" --shape full >/dev/null 2>&1
+    args="--serve-arg=--model=flashhead-pro --serve-arg=--weights=$work/float32/release"
+    args+=" --serve-arg=--wav2vec=$work/float32/wav2vec --serve-arg=--reference=pipeline/assets/reference.png"
+    args+=" --serve-arg=--set=flashhead.frame_reference=false --serve-arg=--compile"
+    args+=" --serve-arg=--precision=fp8 --serve-arg=--max-sessions=2"
+    rm -f "$work/soak.json"
+    # shellcheck disable=SC2086
+    setsid nohup python3 bench/serve_bench.py --config flashhead-pro --device cuda $args \
+      --seconds "${SOAK_S:-600}" --mode "live*2" --wav pipeline/assets/sample_speech.wav \
+      --server-log "$work/soak_serve.log" --json "$work/soak.json" --markdown "$work/soak.md" \
+      >"$work/soak.log" 2>&1 </dev/null &
+    sleep 20
+    tail -3 "$work/soak.log" "$work/soak_serve.log"
+    ;;
+  collect)
+    # start-up (~3.5 min) and the calls outlast one command: collect again while not done
+    for _ in $(seq 1 110); do [ -f "$work/soak.json" ] && break; sleep 5; done
+    [ -f "$work/soak.json" ] || echo "not done yet: run 'soak collect' again within 30 s"
+    cp "$work"/soak.json "$work"/soak.md "$work"/soak.log "$work"/soak_serve.log "$out/" 2>/dev/null
+    cat "$work/soak.log"
+    ;;
+  esac
   ;;
 esac
 ls -la "$out"
