@@ -10,8 +10,9 @@
 # Usage, from the project's root: bash bench/device_wheels.sh   (versions: the project's .venv)
 set -euo pipefail
 py=${PYTHON:-$PWD/.venv/bin/python}
+exclude="$(git rev-parse --git-common-dir)/info/exclude"  # a worktree's too
 for d in .whl .whlserve; do
-  grep -qx "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >>"$(git rev-parse --git-common-dir)/info/exclude"
+  grep -qx "/$d/" "$exclude" 2>/dev/null || echo "/$d/" >>"$exclude"
 done
 version=$($py -c "import importlib.metadata as m; print(m.version('diffusers'))")
 tmp=$(mktemp -d)

@@ -27,14 +27,15 @@
 #   run command="bash bench/gpu_liveavatar.sh speed"  carry=[".whl"]
 #   run command="bash bench/gpu_liveavatar.sh serve"  carry=[".whlserve"]
 # Options (env): DTYPES="float32 bfloat16" (parity; DTYPES= runs neither), BLOCKS32=6, STEPS32=2,
-# BLOCK_BENCH=0 (speed: no DiT-alone bench), BLOCKS16=8 (bf16 keeps 4 steps; blocks 3.. are timed: the key window full), AUTHORS_COMPILE=1
+# BLOCKS16=8 (bf16 keeps 4 steps; blocks 3.. are timed: the key window full), AUTHORS_COMPILE=1
 # (parity: also time their loop under their torch.compile if 120 s are left; alone:
 # DTYPES= AUTHORS_COMPILE=1 bash bench/gpu_liveavatar.sh parity), PRECISIONS="default fp8"
 # (speed: `facecast bench --precision`, default "default"), OVERLAPS="true false" (speed: the
 # decode beside the next block's DiT, and serial; default "false", the product's),
 # BENCH_FLAGS="--compile" (speed: each layer's dense work compiled, the cache and attention
-# eager; ~1 min more for the graphs on a fresh machine), PROFILE=1 (speed: then one steady block's kernels by kind,
-# bench/step_profile.py; PROFILE_FLAGS default "--compile"), SECONDS_BENCH=20, SECONDS_LIVE=60,
+# eager; ~1 min more for the graphs on a fresh machine), BLOCK_BENCH=0 (speed: no DiT-alone
+# bench), PROFILE=1 (speed: then one steady block's kernels by kind, bench/step_profile.py;
+# PROFILE_FLAGS default "--compile"), SECONDS_BENCH=20, SECONDS_LIVE=60,
 # SERVE_FLAGS="--compile --precision=fp8" (serve; default none), LEAN=0 (the full 11 GB umT5).
 #
 # Expected time (one H200). A block forward at 704x384 is 3 latent frames = 3168 tokens against

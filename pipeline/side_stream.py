@@ -8,8 +8,9 @@ stream wrote), keeps the tensors it reads alive until the side stream is done wi
 block), and `SideStream.host()` brings a result to the host waiting only for the side
 stream. State that lives from one piece of work to the next (a causal decoder's cache) is
 made and dropped on the side stream only: freed memory is then reused in that stream's
-order, never by the main stream while side work still reads it. On a CPU there is no side stream: the same calls run the work in place, in the
-same order, so the frames are the same and only the timing differs.
+order, never by the main stream while side work still reads it. On a CPU there is no side
+stream: the same calls run the work in place, in the same order, so the frames are the
+same and only the timing differs.
 """
 
 from __future__ import annotations
