@@ -133,10 +133,16 @@ soak)  # two live Pro calls for SOAK_S (600) seconds, longer than one command ma
       --server-log "$work/soak_serve.log" --json "$work/soak.json" --markdown "$work/soak.md" \
       >"$work/soak.log" 2>&1 </dev/null &
     sleep 20
-    tail -3 "$work/soak.log" "$work/soak_serve.log"
+    tail -n 3 "$work/soak.log" "$work/soak_serve.log"
     ;;
   collect)
-    # start-up (~3.5 min) and the calls outlast one command: collect again while not done
+    # start-up (~3.5 min) and the calls outlast one command: collect again while not done.
+    # A machine that went back between the calls is a fresh one with no soak on it: say so
+    # at once rather than wait out the command's limit for a file that cannot come.
+    if ! pgrep -f "serve_bench.py --config flashhead-pro" >/dev/null && [ ! -f "$work/soak.json" ]; then
+      echo "no soak is running here (the machine was given back between calls): start it again"
+      exit 1
+    fi
     for _ in $(seq 1 110); do [ -f "$work/soak.json" ] && break; sleep 5; done
     [ -f "$work/soak.json" ] || echo "not done yet: run 'soak collect' again within 30 s"
     cp "$work"/soak.json "$work"/soak.md "$work"/soak.log "$work"/soak_serve.log "$out/" 2>/dev/null

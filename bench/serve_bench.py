@@ -134,7 +134,8 @@ async def measure(args: argparse.Namespace, cmd: list[str], port: int, script: s
             "gpu": gpu_name(),
             "commit": os.environ.get("FACECAST_COMMIT") or git_commit(),
             "config": args.config,
-            "compile": args.compile,
+            # the server compiles when told so here or through --serve-arg
+            "compile": args.compile or "--compile" in args.serve_arg,
             "command": " ".join([f"python {script}", *sys.argv[1:]]),
         },
         "startup_seconds": health.get("startup_seconds"),
