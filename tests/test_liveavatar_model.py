@@ -140,6 +140,56 @@ def test_the_cache_memory_stays_flat_as_blocks_roll_past_the_window():
     assert cache.block == blocks and blocks > cache.slots
 
 
+def test_each_step_attends_to_the_sink_rotated_for_its_block_rotating_it_once_a_block(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """The sink's keys in every step's buffer are the sink rotated for the block (exactly:
+    the same RoPE on the same keys), while only the first step of a block whose reference
+    slid rotates, and only the reference's keys; the other steps copy them."""
+    import pipeline.models.wan.s2v_cache as s2v_cache
+    from pipeline.models.layers import apply_rope
+
+    rotated: list[int] = []  # sink keys rotated by each call
+
+    def counting_rope(x: torch.Tensor, *args, **kw) -> torch.Tensor:
+        rotated.append(x.shape[1])
+        return apply_rope(x, *args, **kw)
+
+    monkeypatch.setattr(s2v_cache, "apply_rope", counting_rope)
+    model = tiny_model(5)
+    blocks, steps, fpb, layers = 6, 3, model.cfg.frames_per_block, model.cfg.num_layers
+    ins = stream_inputs(model, blocks, seed=8)
+    cache = model.new_cache(1, HW, steps, "cpu", torch.float32)
+    rotations_by_block = []
+    with torch.no_grad():
+        model.prefill(cache, ins["prompt"], ins["ref"], ins["motion"])
+        for b in range(blocks):
+            audio = model.encode_audio(ins["audio"][..., b * 4 * fpb : (b + 1) * 4 * fpb])
+            x = ins["x"][:, :, b * fpb : (b + 1) * fpb]
+            rotated.clear()
+            for step in range(steps):
+                model.forward_block(
+                    x, torch.tensor([700.0 - 200 * step]), audio, cache, step, None, 25
+                )
+            rotations_by_block.append(list(rotated))
+            # distance 25: the reference sits at frame 30 until block 2, then slides a block at a time
+            shift = model.sink_shift(b * fpb, 25)
+            cos, sin = model.sink_rope(cache, shift)
+            for layer in range(layers):
+                want = apply_rope(cache.sink_k[layer], cos, sin, tokens_first=True).transpose(1, 2)
+                for step in range(steps):
+                    got = cache.k[step, layer, :, :, : cache.sink_tokens]
+                    assert torch.equal(got, want), (b, layer, step)
+            cache.advance()
+    shifts = [model.sink_shift(b * fpb, 25) for b in range(blocks)]
+    assert shifts[:2] == [0, 0] and len(set(shifts[1:])) == blocks - 1  # it slides from block 2
+    # block 0: each layer's whole sink once (the other steps copy it); then only where it
+    # slid, the reference's keys once a layer
+    assert rotations_by_block[0] == [cache.sink_tokens] * layers
+    assert rotations_by_block[1] == []
+    assert all(r == [cache.ref_tokens] * layers for r in rotations_by_block[2:])
+
+
 # -- the published names -----------------------------------------------------------------------------
 
 

@@ -156,7 +156,7 @@ class StreamStart:
     seed: int  # rank 0's noise generator
     dtype: torch.dtype  # the model's: latents travel in it between steps
     shift: float = 3.0  # the Euler schedule's (`euler_sigmas`)
-    ref_distance: int | None = None  # `S2VTransformer.sink_rope`
+    ref_distance: int | None = None  # `S2VTransformer.sink_shift`
 
     def to(self, device: torch.device | str) -> StreamStart:
         return replace(

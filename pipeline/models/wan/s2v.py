@@ -253,15 +253,18 @@ class S2VTransformer(nn.Module):
         padded[:, :L] = prompt_BLC
         return self.text_embedding(padded.to(self.dtype))
 
-    def sink_rope(self, cache: S2VCache, frame0: int, ref_distance: int | None) -> Rope:
-        """The sink's RoPE for a block starting at latent frame `frame0`: the reference
-        moves to max(30, frame0 + distance), the motion tokens stay."""
+    def sink_shift(self, frame0: int, ref_distance: int | None) -> int:
+        """How far the reference has slid for a block starting at latent frame `frame0`: it
+        sits at max(30, frame0 + distance); the motion tokens stay."""
         cfg = self.cfg
         dist = cfg.ref_distance if ref_distance is None else ref_distance
-        shift = max(0, frame0 - (cfg.ref_position - dist))
+        return max(0, frame0 - (cfg.ref_position - dist))
+
+    def sink_rope(self, cache: S2VCache, shift: int) -> Rope:
+        """The sink's RoPE with the reference slid by `shift` latent frames."""
         pos = cache.sink_rope_pos.clone()
         pos[: cache.ref_tokens, 0] += shift
-        return rope_fp16(pos, cfg.head_dim)
+        return rope_fp16(pos, self.cfg.head_dim)
 
     def time_modulation(self, t_BT: Tensor) -> tuple[Tensor, Tensor]:
         """(e_BTD, mod_BT6D) in fp32, one per latent frame."""
@@ -348,7 +351,7 @@ class S2VTransformer(nn.Module):
     ) -> Tensor:
         """The flow (velocity) for one block's noisy latents at timestep t (0..1000), for
         sampling step `step` (its K/V go to that step's cache). `pose_BCTHW`: pose latents
-        (the authors' inference passes none: zeros); `ref_distance`: see `sink_rope`."""
+        (the authors' inference passes none: zeros); `ref_distance`: see `sink_shift`."""
         B, _, T, H, W = x_BCTHW.shape
         cfg = self.cfg
         h, w = cache.grid
@@ -363,10 +366,12 @@ class S2VTransformer(nn.Module):
             )
         frame0 = cache.block * cfg.frames_per_block
         rope = rope_fp16(block_positions(frame0, T, h, w, x_BCTHW.device), cfg.head_dim)
-        kv = CachedStep(cache, step, self.sink_rope(cache, frame0, ref_distance))
+        shift = self.sink_shift(frame0, ref_distance)
+        kv = CachedStep(cache, step, shift, lambda: self.sink_rope(cache, shift))
         x = self.embed_block(x_BCTHW, pose_BCTHW)
         t_BT = t_B.reshape(-1, 1).float().expand(B, T)
         out = self.run_layers(x, t_BT, rope, audio, cache, kv)
+        kv.finish()
         return self.unpatchify(out, (T, h, w)).to(x_BCTHW.dtype)
 
     def forward_masked(
@@ -384,7 +389,8 @@ class S2VTransformer(nn.Module):
         h, w = cache.grid
         blocks = T // cfg.frames_per_block
         sink_ropes = [
-            self.sink_rope(cache, b * cfg.frames_per_block, ref_distance) for b in range(blocks)
+            self.sink_rope(cache, self.sink_shift(b * cfg.frames_per_block, ref_distance))
+            for b in range(blocks)
         ]
         kv = BlockCausalMask(cache, sink_ropes, cache.slots)
         rope = rope_fp16(block_positions(0, T, h, w, x_BCTHW.device), cfg.head_dim)

@@ -3,7 +3,7 @@
 The sink is the reference latent frame and FramePack's motion tokens: the newest motion
 latent frame at full resolution, the two before it 2x compressed (time and space), the
 sixteen before those 4x. RoPE positions: a block's tokens at their absolute latent frame;
-the reference at frame 30 (slid along as the stream goes on, `S2VTransformer.sink_rope`);
+the reference at frame 30 (slid along as the stream goes on, `S2VTransformer.sink_shift`);
 FramePack's tokens at fixed negative frames with compressed grids sampled the authors' way
 (numpy's linspace, truncated). The angles' cos/sin are rounded to fp16, as the authors'
 complex32 tables round them.
