@@ -352,3 +352,37 @@ def test_a_block_decoded_beside_the_next_blocks_dit_gives_the_serial_frames(engi
         runs.append(np.concatenate([b.frames for b in batches]))
         stream.close()
     np.testing.assert_array_equal(runs[0], runs[1])
+
+
+def test_fp8_on_the_output_projections_too_streams_close_to_the_exact_frames(release, engine):
+    """`liveavatar.fp8_outputs`: --precision fp8 takes each layer's two attention output
+    projections as well (emulated FP8 on the CPU, the same e4m3 products), and the stream
+    still gives the exact engine's picture, within FP8's rounding."""
+    from pipeline.precision import Fp8Linear, apply_fp8
+
+    weights, lora = release
+    opts = EngineOptions(
+        model="liveavatar",
+        weights=str(weights),
+        lora=str(lora),
+        device="cpu",
+        warmup=False,
+        overrides={"video.width": SIZE, "video.height": SIZE, "liveavatar.fp8_outputs": True},
+    )
+    fp8 = start_engine(opts)[0]
+    layers = fp8.models.transformer.layers()
+    swapped = apply_fp8(fp8, "static", emulate=True)
+    assert swapped == 6 * len(layers)  # q/k/v, cross q, the FFN's two, and the two outputs
+    assert all(isinstance(layer.self_attn.o, Fp8Linear) for layer in layers)
+    assert all(isinstance(layer.cross_attn.o, Fp8Linear) for layer in layers)
+    assert len(engine.fp8_targets("static")) == 4 * len(layers)  # the default leaves them
+    audio = speechy(0.6, seed=2)
+    frames = []
+    for e in (engine, fp8):
+        stream = e.new_stream(np.full((SIZE, SIZE, 3), 150, np.uint8), seed=4)
+        stream.push_audio(audio)
+        frames.append(np.concatenate([b.frames for b in stream.finish()]))
+        stream.close()
+    assert frames[0].shape == frames[1].shape and len(frames[0]) >= BLOCK
+    diff = np.abs(frames[0].astype(np.int16) - frames[1]).mean()
+    assert 0 < diff < 8.0, diff  # grey levels: FP8 perturbs the picture, it does not break it

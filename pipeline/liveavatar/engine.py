@@ -171,8 +171,10 @@ class LiveAvatarEngine(EngineBase):
         return LiveAvatarStream(self, reference_rgb, seed, sinks or [], features)
 
     def fp8_targets(self, scaling: str) -> list[tuple[torch.nn.Module, str]]:
-        """(parent, attribute) of the linears FP8 replaces: each layer's token-wise ones."""
-        return wan_fp8_targets(self.models.transformer.layers(), scaling)
+        """(parent, attribute) of the linears FP8 replaces: each layer's token-wise ones,
+        and its attention output projections where `liveavatar.fp8_outputs` says so."""
+        layers = self.models.transformer.layers()
+        return wan_fp8_targets(layers, scaling, outputs=self.cfg.liveavatar.fp8_outputs)
 
     def compile(self, mode: str | None = None) -> int:
         """torch.compile each layer's dense work before and after its KV cache and, on a

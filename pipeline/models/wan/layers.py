@@ -88,17 +88,21 @@ class FrameCrossAttention(WanCrossAttention):
         return self.o(o_GNPH.transpose(1, 2).reshape(B, L, D))
 
 
-def wan_fp8_targets(blocks: Sequence[nn.Module], scaling: str) -> list[tuple[nn.Module, str]]:
+def wan_fp8_targets(
+    blocks: Sequence[nn.Module], scaling: str, outputs: bool = False
+) -> list[tuple[nn.Module, str]]:
     """(parent, attribute) of the linears FP8 replaces in Wan-style blocks (FlashHead's,
     S2V's): self-attention's fused q/k/v, the cross-attention's q and the FFN's two, all
-    token-wise; with per-row scales also the two output projections."""
+    token-wise; also the two attention output projections with per-row scales, or when
+    `outputs` says so (a block whose output projections sit inside its compiled graph,
+    where their inputs' quantisation fuses into the reshape before them)."""
     out: list[tuple[nn.Module, str]] = []
     for block in blocks:
         self_attn, cross_attn, ffn = block.self_attn, block.cross_attn, block.ffn
         assert isinstance(self_attn, nn.Module) and isinstance(cross_attn, nn.Module)
         assert isinstance(ffn, nn.Module)
         out += [(self_attn, "qkv"), (cross_attn, "q")]
-        if scaling == "row":
+        if scaling == "row" or outputs:
             out += [(self_attn, "o"), (cross_attn, "o")]
         out += [(ffn, "0"), (ffn, "2")]
     return out
