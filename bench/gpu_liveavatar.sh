@@ -26,6 +26,7 @@
 #   run command="bash bench/gpu_liveavatar.sh parity" carry=[".ref",".whlref",".whl"]
 #   run command="bash bench/gpu_liveavatar.sh speed"  carry=[".whl"]
 #   run command="bash bench/gpu_liveavatar.sh serve"  carry=[".whlserve"]
+#   run command="bash bench/gpu_liveavatar.sh gate"   carry=[".whl"]
 # Options (env): DTYPES="float32 bfloat16" (parity; DTYPES= runs neither), BLOCKS32=6, STEPS32=2,
 # BLOCKS16=8 (bf16 keeps 4 steps; blocks 3.. are timed: the key window full), AUTHORS_COMPILE=1
 # (parity: also time their loop under their torch.compile if 120 s are left; alone:
@@ -36,7 +37,12 @@
 # eager; ~1 min more for the graphs on a fresh machine), BLOCK_BENCH=0 (speed: no DiT-alone
 # bench), PROFILE=1 (speed: then one steady block's kernels by kind, bench/step_profile.py;
 # PROFILE_FLAGS default "--compile"), SECONDS_BENCH=20, SECONDS_LIVE=60,
-# SERVE_FLAGS="--compile --precision=fp8" (serve; default none), LEAN=0 (the full 11 GB umT5).
+# SERVE_FLAGS="--compile --precision=fp8" (serve; default none), LEAN=0 (the full 11 GB umT5),
+# SETS="-;liveavatar.fp8_outputs=true" (speed: a ;-separated list of --set variants, each a
+# space-separated list of key=value, "-" none; every precision and overlap runs each),
+# GATE_SETS (gate: the same list for FP8 against the eager bf16 baseline; default
+# "-;liveavatar.fp8_outputs=true"), GATE_SECONDS=4 (gate: seconds of video a run), GATE_FLAGS
+# (gate: more flags for every run, e.g. a size on a CPU).
 #
 # Expected time (one H200). A block forward at 704x384 is 3 latent frames = 3168 tokens against
 # a sink of 2640 and a 12-frame window of 12672: ~117 TFLOP (the matrix products,
@@ -145,16 +151,23 @@ speed)
   release
   # the whole stream: audio features, the DiT's 4 steps a block, the VAE decode
   # OVERLAPS="true false": block k decoded beside block k+1's DiT (liveavatar.overlap), and not
+  IFS=';' read -ra variants <<< "${SETS:--}"
   for precision in ${PRECISIONS:-default}; do
     for overlap in ${OVERLAPS:-false}; do
-      name=bench_liveavatar_${precision}_overlap_$overlap
-      # shellcheck disable=SC2086
-      timeout "$(left)" "$py" -m facecast bench --model liveavatar --weights "$weights" \
-        --lora "$lora" --device "$dev" --seconds "${SECONDS_BENCH:-20}" \
-        --precision "$precision" --set "liveavatar.overlap=$overlap" ${BENCH_FLAGS:-} \
-        --json "$out/$name.json" 2>"$out/$name.log" \
-        || { echo "FAILED bench $precision overlap=$overlap"; tail -20 "$out/$name.log"; }
-      tail -3 "$out/$name.log"
+      for variant in "${variants[@]}"; do
+        sets=(); tag=
+        if [ "$variant" != - ]; then
+          for kv in $variant; do sets+=(--set "$kv"); tag+=_${kv//[^A-Za-z0-9]/_}; done
+        fi
+        name=bench_liveavatar_${precision}_overlap_$overlap$tag
+        # shellcheck disable=SC2086
+        timeout "$(left)" "$py" -m facecast bench --model liveavatar --weights "$weights" \
+          --lora "$lora" --device "$dev" --seconds "${SECONDS_BENCH:-20}" \
+          --precision "$precision" --set "liveavatar.overlap=$overlap" "${sets[@]}" \
+          ${BENCH_FLAGS:-} --json "$out/$name.json" 2>"$out/$name.log" \
+          || { echo "FAILED bench $precision overlap=$overlap $variant"; tail -20 "$out/$name.log"; }
+        echo "$variant: $(tail -1 "$out/$name.log")"
+      done
     done
   done
   # PROFILE=1: one steady block's kernels by kind (bench/step_profile.py), the window full
@@ -166,6 +179,26 @@ speed)
       --warm-steps 6 --steps 2 --json "$out/profile_liveavatar.json" 2>"$out/profile.log" \
       || { echo "FAILED profile"; tail -20 "$out/profile.log"; }
   fi
+  ;;
+gate)  # the quality gate: the eager bf16 stream recorded twice (its own run-to-run band),
+  # then FP8 compiled against it, once for each GATE_SETS variant (the gate's precision tier)
+  release
+  # shellcheck disable=SC2206
+  w=(--model liveavatar --weights "$weights" --lora "$lora" --device "$dev" ${GATE_FLAGS:-})
+  timeout "$(left)" "$py" -m facecast gate "${w[@]}" --baseline "$work/gate" --record \
+    --seconds "${GATE_SECONDS:-4}" 2>"$out/gate_record.log" | tail -1 \
+    || { echo "FAILED gate record"; tail -20 "$out/gate_record.log"; }
+  IFS=';' read -ra variants <<< "${GATE_SETS:--;liveavatar.fp8_outputs=true}"
+  for variant in "${variants[@]}"; do
+    sets=(); tag=
+    if [ "$variant" != - ]; then
+      for kv in $variant; do sets+=(--set "$kv"); tag+=_${kv//[^A-Za-z0-9]/_}; done
+    fi
+    timeout "$(left)" "$py" -m facecast gate "${w[@]}" --baseline "$work/gate" --precision fp8 \
+      --compile "${sets[@]}" --json "$out/gate_fp8$tag.json" 2>"$out/gate_fp8$tag.log" | tail -1
+    [ -f "$out/gate_fp8$tag.json" ] || { echo "FAILED gate"; tail -3 "$out/gate_fp8$tag.log"; }
+    echo "  (the variant: $variant)"
+  done
   ;;
 serve)
   release

@@ -48,7 +48,7 @@ class PcmSource(MediaStreamTrack):
         # (not `_loop`: aiortc's tracks keep their event loop under that name)
         self._clip = np.asarray(pcm, np.int16).reshape(-1) if loop and pcm is not None else None
         self._buf = np.zeros(0, np.int16)
-        self.sent = np.zeros(0, np.int16)  # everything sent, for alignment
+        self._sent: list[np.ndarray] = []  # everything sent, 20 ms a piece (`sent`)
         self.sent_at: list[float] = []  # when each 20 ms frame of it was sent
         self._deadline = 0.0
         self._index = 0
@@ -75,6 +75,15 @@ class PcmSource(MediaStreamTrack):
     @property
     def queued(self) -> int:
         return self._buf.size
+
+    @property
+    def sent(self) -> np.ndarray:
+        """Everything sent so far, for alignment. Kept in 20-ms pieces and joined here:
+        joining onto one array at every frame copied the whole call 50 times a second, which
+        over a 10-minute call took the client's event loop."""
+        if len(self._sent) != 1:
+            self._sent = [np.concatenate(self._sent) if self._sent else np.zeros(0, np.int16)]
+        return self._sent[0]
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
@@ -103,7 +112,7 @@ class PcmSource(MediaStreamTrack):
             chunk = np.concatenate(
                 [chunk, np.zeros(OUTPUT_SAMPLES_PER_PACKET - chunk.size, np.int16)]
             )
-        self.sent = np.concatenate([self.sent, chunk])
+        self._sent.append(chunk)
         frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = OUTPUT_RATE
         frame.pts = self._index * OUTPUT_SAMPLES_PER_PACKET
