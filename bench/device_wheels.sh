@@ -2,7 +2,9 @@
 # Build the Python packages that the lent GPU machine lacks into folders that travel with `carry`
 # (all ignored by git; the working tree and the carried folders together stay under 64 MiB).
 #   .whl/       diffusers (Facecast's Wan VAE), its per-pipeline folders stripped (2 MB, not 6),
-#               and ftfy (umT5's prompt cleaning, LiveAvatar).
+#               and ftfy (umT5's prompt cleaning, LiveAvatar), and cuDNN's Python graph API
+#               for the device's Python 3.12 (nvidia-cudnn-frontend, 2 MB: liveavatar.attention
+#               fp8; not in .whlserve, which has no room for it).
 #               bench/gpu_flashhead.sh decode|speed|serve, bench/gpu_liveavatar.sh parity|speed
 #   .whlserve/  ../shared/device/serve-wheels.sh's bundle (aiortc, av, boto3, silero-vad, ...) with
 #               the stripped diffusers wheel added and its pure/ folder zipped as pure.zip:
@@ -30,6 +32,9 @@ python3 -m pip download -q --no-deps --only-binary=:all: -d .whl \
 rm -rf .whlserve
 PYTHON=$py bash ../shared/device/serve-wheels.sh .whlserve >/dev/null
 cp .whl/*.whl .whlserve/
+# the 1.16 line: newer ones require NVIDIA's CUTLASS DSL (hundreds of MB) as well
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --platform manylinux_2_28_x86_64 -d .whl "nvidia-cudnn-frontend==1.16.0" 2>/dev/null
 (cd .whlserve/pure && python3 -m zipfile -c ../pure.zip ./*) && rm -rf .whlserve/pure
 rm -rf "$tmp"
 du -sh .whl .whlserve

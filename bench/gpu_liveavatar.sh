@@ -38,7 +38,8 @@
 # bench), PROFILE=1 (speed: then one steady block's kernels by kind, bench/step_profile.py;
 # PROFILE_FLAGS default "--compile"), SECONDS_BENCH=20, SECONDS_LIVE=60,
 # SERVE_FLAGS="--compile --precision=fp8" (serve; default none), LEAN=0 (the full 11 GB umT5),
-# SETS="-;liveavatar.fp8_outputs=true" (speed: a ;-separated list of --set variants, each a
+# ATTENTION_BENCH=1 (speed: the self-attention's kernels first, ~1 min), BB_ATTENTION=sdpa,fp8
+# (speed: the DiT-alone bench once per kernel), SETS="-;liveavatar.fp8_outputs=true" (speed: a ;-separated list of --set variants, each a
 # space-separated list of key=value, "-" none; every precision and overlap runs each),
 # GATE_SETS (gate: the same list for FP8 against the eager bf16 baseline; default
 # "-;liveavatar.fp8_outputs=true"), GATE_SECONDS=4 (gate: seconds of video a run), GATE_FLAGS
@@ -142,10 +143,16 @@ parity)
   fi
   ;;
 speed)
+  # ATTENTION_BENCH=1: the self-attention's kernels side by side at the release's shape, each
+  # against fp32 (bench/liveavatar_attention_bench.py: SDPA's, SageAttention's, cuDNN's FP8)
+  [ -z "${ATTENTION_BENCH:-}" ] || timeout 180 "$py" bench/liveavatar_attention_bench.py \
+    --json "$out/attention_kernels.json" 2>"$out/attention_kernels.log" | tail -12 \
+    || { echo "attention bench FAILED"; tail -20 "$out/attention_kernels.log"; }
   # the DiT alone (Facecast), random weights drawn on the GPU, 10 blocks: the last 6 with the
   # key window full (BLOCK_BENCH=0 skips it)
   [ "${BLOCK_BENCH:-1}" = 0 ] || timeout $(($(left) / 4)) "$py" bench/liveavatar_block_bench.py --device "$dev" \
     --size "${SIZE:-704x384}" --layers "${LAYERS:-40}" --blocks "${BB_BLOCKS:-10}" \
+    --attention "${BB_ATTENTION:-sdpa}" \
     --json "$out/block_bench.json" 2>"$out/block_bench.log" \
     || { echo "block bench FAILED"; tail -20 "$out/block_bench.log"; }
   release

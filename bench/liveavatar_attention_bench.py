@@ -5,9 +5,11 @@ sink (2,640 tokens) and the 12-frame window (12,672): 15,312 keys read as a pref
 step's cache buffer, as `S2VCache` hands them over. About 1 TFLOP a call, 160 calls a block
 (40 layers x 4 steps): a third of the block's FLOPs.
 
-Each kernel is timed (median of CUDA-event timings) and compared with an fp32 computation of
-the same attention (cosine, largest difference, relative L2 error), beside bf16 SDPA's own
-distance from fp32. Queries and keys are RMS-normed random rows (the model norms them before
+The kernels: torch's SDPA backends, SageAttention's INT8 QK (where carried), cuDNN's FP8
+attention (`pipeline.kernels.fp8_attention`, where nvidia-cudnn-frontend is installed), and
+that one's quantisation of q, k, v alone. Each kernel is timed (median of CUDA-event
+timings) and compared with an fp32 computation of the same attention (cosine, largest
+difference, relative L2 error), beside bf16 SDPA's own distance from fp32. Queries and keys are RMS-normed random rows (the model norms them before
 attention) with a per-channel offset on the keys, which real keys carry and which INT8
 quantisation without smoothing handles worst.
 
@@ -28,6 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.bench import gpu_median_ms  # noqa: E402
+from pipeline.kernels.fp8_attention import _to_e4m3, fp8_attention, fp8_refusal  # noqa: E402
 from pipeline.kernels.int8_attention import int8_attention  # noqa: E402
 
 
@@ -84,10 +87,14 @@ def main() -> None:
         return run
 
     def sage(smooth_k: bool):
-        from sageattention import sageattn
+        def run() -> torch.Tensor:
+            from sageattention import sageattn  # where carried (its row says so otherwise)
 
-        return lambda: sageattn(q, k, v, tensor_layout="HND", smooth_k=smooth_k)
+            return sageattn(q, k, v, tensor_layout="HND", smooth_k=smooth_k)
 
+        return run
+
+    timing_only = {"fp8's quantisation of q, k, v alone"}
     variants = {
         "sdpa (torch's choice)": sdpa(None),
         "sdpa flash": sdpa(SDPBackend.FLASH_ATTENTION),
@@ -95,20 +102,11 @@ def main() -> None:
         "sdpa efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION),
         "int8 (SageAttention, smooth k)": lambda: int8_attention(q, k, v),
         "SageAttention, no smoothing": sage(False),
+        "fp8 (cuDNN's FP8 attention, cudnn-frontend), its quantisation included": fp8(q, k, v),
+        # what the FP8 variant spends before its kernel: q, k, v to e4m3
+        "fp8's quantisation of q, k, v alone": lambda: [_to_e4m3(x)[0] for x in (q, k, v)],
     }
-    rows = []
-    with torch.inference_mode():
-        for name, fn in variants.items():
-            try:
-                ms, out = gpu_median_ms(fn, a.repeats)
-            except Exception as err:  # one kernel failing must not hide the others
-                rows.append({"kernel": name, "error": f"{type(err).__name__}: {err}"[:300]})
-                print(rows[-1], flush=True)
-                continue
-            row = {"kernel": name, "ms": round(ms, 3), "tflops": round(flops / ms / 1e9, 1)}
-            row.update(distance(out, exact))
-            rows.append(row)
-            print(row, flush=True)
+    rows = time_variants(variants, exact, flops, a.repeats, timing_only)
     result = {
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -121,9 +119,44 @@ def main() -> None:
         a.json.write_text(json.dumps(result, indent=2) + "\n")
     print("\n| kernel | ms | TFLOP/s | cosine vs fp32 | max diff | rel L2 |")
     for r in rows:
-        if "ms" in r:
-            print(f"| {r['kernel']} | {r['ms']} | {r['tflops']} | {r['cosine']} | "
-                  f"{r['max_diff']} | {r['rel_l2']} |")  # fmt: skip
+        cells = [r.get(c, "–") for c in ("ms", "tflops", "cosine", "max_diff", "rel_l2")]
+        print(f"| {r['kernel']} | " + " | ".join(str(c) for c in cells) + " |")
+
+
+def fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """cuDNN's FP8 attention, its per-call quantisation included; an error where it cannot
+    run (the row says why)."""
+
+    def run() -> torch.Tensor:
+        refusal = fp8_refusal(q)
+        if refusal is not None:
+            raise RuntimeError(refusal)
+        out = fp8_attention(q, k, v)
+        if isinstance(out, str):
+            raise RuntimeError(out)
+        return out
+
+    return run
+
+
+def time_variants(
+    variants: dict, exact: torch.Tensor, flops: int, repeats: int, timing_only: set
+) -> list:
+    """Each variant timed and, unless it is a part timed alone, its distance from fp32."""
+    rows: list[dict] = []
+    with torch.inference_mode():
+        for name, fn in variants.items():
+            try:
+                ms, out = gpu_median_ms(fn, repeats)
+            except Exception as err:  # one kernel failing must not hide the others
+                rows.append({"kernel": name, "error": f"{type(err).__name__}: {err}"[:300]})
+            else:
+                rows.append({"kernel": name, "ms": round(ms, 3)})
+                if name not in timing_only:
+                    rows[-1]["tflops"] = round(flops / ms / 1e9, 1)
+                    rows[-1].update(distance(out, exact))
+            print(rows[-1], flush=True)
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Time LiveAvatar's S2V transformer block by block on one GPU, at the release's shape.
 
     python bench/liveavatar_block_bench.py [--size 704x384] [--blocks 6] [--steps 4]
-        [--layers 40] [--attention sdpa,cudnn,int8] [--json OUT] [--device cuda|cpu]
+        [--layers 40] [--attention sdpa,cudnn,int8,fp8] [--json OUT] [--device cuda|cpu]
 
 Random weights (drawn on the GPU: only the shapes matter here), bf16. It does what a
 stream does: prefill (prompt + sink), then per block (3 latent frames = 12 video frames,
@@ -106,7 +106,7 @@ def run_blocks(model: S2VTransformer, cfg: S2VConfig, a, dev: torch.device, kern
     """Prefill and `a.blocks` blocks on a fresh cache, every attention through `kernel`."""
     for m in model.modules():
         if isinstance(m, Attention):
-            m.backend = "int8" if kernel == "int8" else "sdpa"
+            m.backend = kernel if kernel in ("int8", "fp8") else "sdpa"
     context = sdpa_kernel([SDPA_KERNELS[kernel]]) if kernel in SDPA_KERNELS else nullcontext()
     with context:
         return _run_blocks(model, cfg, a, dev, kernel)

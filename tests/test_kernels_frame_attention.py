@@ -312,3 +312,63 @@ def test_int8_attention_that_cannot_run_falls_back_to_the_exact_path_saying_so_o
         torch.testing.assert_close(out, F_nn.scaled_dot_product_attention(q, k, v), rtol=0, atol=0)
     lines = [r.getMessage() for r in caplog.records if r.name == "facecast.attention"]
     assert len(lines) == 1 and "falls back" in lines[0] and "GPU" in lines[0], lines
+
+
+def test_fp8_attention_that_cannot_run_falls_back_to_the_exact_path_saying_so_once(caplog):
+    """`Attention("fp8")` (cuDNN's FP8 kernels) where they cannot run — here a CPU; on a GPU,
+    an older one, another head dim or the wheel missing — gives SDPA's exact result, with one
+    log line however many layers and calls meet it."""
+    import logging
+
+    from pipeline.kernels.fp8_attention import say_fallback
+    from pipeline.models.attention import Attention
+
+    say_fallback.cache_clear()
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 48, 64, generator=g) for _ in range(3))
+    layers = [Attention("fp8"), Attention("fp8")]
+    with caplog.at_level(logging.WARNING, logger="facecast.attention"):
+        outs = [layer(q, k, v) for layer in layers for _ in range(2)]
+    for out in outs:
+        torch.testing.assert_close(out, F_nn.scaled_dot_product_attention(q, k, v), rtol=0, atol=0)
+    lines = [r.getMessage() for r in caplog.records if r.name == "facecast.attention"]
+    assert len(lines) == 1 and "'fp8' falls back" in lines[0] and "GPU" in lines[0], lines
+
+
+def test_a_shape_cudnn_declines_goes_to_the_exact_path_saying_so_once(caplog, monkeypatch):
+    """Where the FP8 kernels could run but cuDNN declines the shape (its graph has no plan
+    for it), the layer still answers exactly, and the log says which shape and why."""
+    import logging
+
+    from pipeline.kernels import fp8_attention as fp8
+    from pipeline.models.attention import Attention
+
+    fp8.say_fallback.cache_clear()
+    declined = "cuDNN declined q (1, 2, 48, 64), k (1, 2, 48, 64): no engine"
+    monkeypatch.setattr(fp8, "fp8_refusal", lambda q: None)
+    monkeypatch.setattr(fp8, "fp8_attention", lambda q, k, v: declined)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 48, 64, generator=g) for _ in range(3))
+    with caplog.at_level(logging.WARNING, logger="facecast.attention"):
+        outs = [Attention("fp8")(q, k, v) for _ in range(3)]
+    for out in outs:
+        torch.testing.assert_close(out, F_nn.scaled_dot_product_attention(q, k, v), rtol=0, atol=0)
+    lines = [r.getMessage() for r in caplog.records if r.name == "facecast.attention"]
+    assert lines == [f"attention 'fp8' falls back to torch's exact SDPA: {declined}"]
+
+
+def test_fp8_scaling_maps_each_tensor_onto_e4m3s_range_and_back():
+    """The per-call scale puts a tensor's largest magnitude at e4m3's 448, so the values
+    come back within e4m3's rounding (3 mantissa bits) times the descale."""
+    from pipeline.kernels.fp8_attention import E4M3_MAX, _to_e4m3
+
+    g = torch.Generator().manual_seed(3)
+    for scale in (1e-3, 1.0, 50.0):
+        x = (scale * torch.randn(1, 2, 64, 64, generator=g)).to(torch.bfloat16)
+        x8, descale = _to_e4m3(x)
+        assert x8.dtype == torch.float8_e4m3fn and descale.shape == (1, 1, 1, 1)
+        assert x8.float().abs().max() == E4M3_MAX
+        back = x8.float() * descale
+        big = x.float().abs() > scale * 0.05  # away from e4m3's subnormals
+        rel = ((back - x.float()).abs() / x.float().abs())[big]
+        assert rel.max() <= 2**-4 + 1e-3  # half a unit in the last of 3 mantissa bits

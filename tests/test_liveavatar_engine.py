@@ -386,3 +386,47 @@ def test_fp8_on_the_output_projections_too_streams_close_to_the_exact_frames(rel
     assert frames[0].shape == frames[1].shape and len(frames[0]) >= BLOCK
     diff = np.abs(frames[0].astype(np.int16) - frames[1]).mean()
     assert 0 < diff < 8.0, diff  # grey levels: FP8 perturbs the picture, it does not break it
+
+
+def test_fp8_self_attention_where_it_cannot_run_streams_the_exact_frames_saying_so(
+    release, engine, caplog
+):
+    """`liveavatar.attention: fp8` puts every layer's self-attention on cuDNN's FP8 kernels;
+    on this CPU they cannot run, so the stream is the exact one, frame for frame, and the log
+    says why once. A name that is not a backend is one line at load."""
+    import logging
+
+    from pipeline.kernels.fp8_attention import say_fallback
+
+    weights, lora = release
+
+    def options(attention: str) -> EngineOptions:
+        return EngineOptions(
+            model="liveavatar",
+            weights=str(weights),
+            lora=str(lora),
+            device="cpu",
+            warmup=False,
+            overrides={
+                "video.width": SIZE,
+                "video.height": SIZE,
+                "liveavatar.attention": attention,
+            },
+        )
+
+    with pytest.raises(ConfigError, match="liveavatar.attention"):
+        start_engine(options("flash"))
+    say_fallback.cache_clear()
+    fp8 = start_engine(options("fp8"))[0]
+    assert {layer.self_attn.attend.backend for layer in fp8.models.transformer.layers()} == {"fp8"}
+    audio = speechy(0.6, seed=6)
+    frames = []
+    with caplog.at_level(logging.WARNING, logger="facecast.attention"):
+        for e in (engine, fp8):
+            stream = e.new_stream(np.full((SIZE, SIZE, 3), 150, np.uint8), seed=4)
+            stream.push_audio(audio)
+            frames.append(np.concatenate([b.frames for b in stream.finish()]))
+            stream.close()
+    np.testing.assert_array_equal(frames[0], frames[1])
+    lines = [r.getMessage() for r in caplog.records if r.name == "facecast.attention"]
+    assert len(lines) == 1 and "'fp8' falls back" in lines[0], lines

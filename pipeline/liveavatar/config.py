@@ -12,6 +12,7 @@ from pipeline.sections import DTYPES, check
 if TYPE_CHECKING:
     from pipeline.config import FacecastConfig
 
+SELF_ATTENTION = ("sdpa", "fp8")  # `pipeline.models.attention` backends for the self-attention
 LIVEAVATAR_BLOCK_FRAMES = 12  # video frames a block adds: 3 latent frames of the Wan VAE
 DEFAULT_PROMPT = (
     "A person talks to the camera, looking straight ahead, with natural expressions and "
@@ -45,6 +46,11 @@ class LiveAvatarConfig:
     # before them. They are 72 ms a block in bf16 on the H200 (of a 0.87 s block); FP8's
     # rate would save ~25 ms. Off until the H200 has measured its speed and its gate tier.
     fp8_outputs: bool = False
+    # the self-attention's kernel: sdpa (torch's exact SDPA: cuDNN's bf16 kernel on the H200,
+    # ~600 TFLOP/s, 35 % of a block) or fp8 (cuDNN's fused FP8 attention on Hopper, through
+    # the optional nvidia-cudnn-frontend wheel; the exact path where it cannot run, said once
+    # in the log). fp8 is not yet measured on a GPU, against bf16 or for speed
+    attention: str = "sdpa"
 
     def validate(self) -> None:
         check(1 <= self.steps <= 50, "liveavatar.steps", "must be in [1, 50]")
@@ -66,6 +72,11 @@ class LiveAvatarConfig:
             f"must be in [1, {FPS}] (wav2vec2's last state of a window falls short of its end)",
         )
         check(bool(self.prompt.strip()), "liveavatar.prompt", "must not be empty")
+        check(
+            self.attention in SELF_ATTENTION,
+            "liveavatar.attention",
+            f"must be one of {', '.join(SELF_ATTENTION)}",
+        )
         check(
             self.dtype in ("auto", *DTYPES), "liveavatar.dtype", f"must be auto or one of {DTYPES}"
         )

@@ -98,6 +98,8 @@ class LiveAvatarEngine(EngineBase):
         self.timesteps, self.sigmas = timesteps.to(device), sigmas.to(device)
         self._prompt_features: OrderedDict[str, Tensor] = OrderedDict()
         self.side_stream = SideStream(device)  # where a block decodes beside the next's DiT
+        for layer in models.transformer.layers():  # the self-attention over the cache
+            layer.self_attn.attend.backend = la.attention
 
     @classmethod
     def load(cls, cfg: FacecastConfig, device: str = "cpu") -> LiveAvatarEngine:

@@ -10,6 +10,9 @@ Backends (config `runtime.attention`):
   SageAttention's kernels); LiveAvatar's self-attention over its cache. Where the kernels
   cannot take the queries (no GPU, no library, another head dim) it is the exact SDPA path,
   said once in the log.
+- `fp8`: unmasked attention with QK and PV in FP8 (`pipeline.kernels.fp8_attention`, cuDNN's
+  fused FP8 kernels on Hopper); LiveAvatar's self-attention (`liveavatar.attention`). Where
+  they cannot take the queries, or cuDNN declines the shape, the exact SDPA path, said once.
 
 Unmasked attention (the A2V DiT) always goes to SDPA; `sdpa_backends`, when set from outside
 (`pipeline.compile.pick_sdpa_backends`), pins the fastest SDPA kernel measured for each shape.
@@ -81,6 +84,16 @@ class Attention(torch.nn.Module):
                 if refusal is None:
                     return int8_attention(q, k, v)
                 say_fallback(refusal)  # then the exact path below, never a guess
+            elif self.backend == "fp8":
+                from pipeline.kernels import fp8_attention as fp8
+
+                refusal = fp8.fp8_refusal(q)
+                if refusal is None:
+                    out = fp8.fp8_attention(q, k, v)
+                    if not isinstance(out, str):
+                        return out
+                    refusal = out  # cuDNN declined this shape
+                fp8.say_fallback(refusal)  # then the exact path below, never a guess
             choice = self.sdpa_backends.get(tuple(q.shape))
             if choice is None:
                 return F.scaled_dot_product_attention(q, k, v)

@@ -1,0 +1,189 @@
+"""8-bit attention from a maintained kernel library: cuDNN's FP8 fused attention on Hopper.
+
+cuDNN (already under torch on every CUDA install) has a fused FP8 attention forward for
+Hopper; its Python graph API comes in NVIDIA's `nvidia-cudnn-frontend` wheel (`pip install
+'nvidia-cudnn-frontend==1.16.0'`: 2 MB, no other dependency; it opens the libcudnn torch
+ships). QK and PV run on the FP8 tensor cores with FP32 accumulation.
+
+Each call scales q, k and v to e4m3 by one scale each (their absolute maximum / 448, kept on
+the GPU: no host sync). The softmax's probabilities, at most 1 after the kernel's running
+maximum, are held in e4m3 scaled by 448. Hopper's kernel writes O in e4m3 too; O is a convex
+combination of v's rows, so v's scale bounds it, and it is widened back to the queries'
+dtype. Queries it cannot take (a CPU, an older GPU, another dtype or head dim, the wheel
+missing, a shape cuDNN declines) go to torch's exact SDPA instead, with one log line a
+reason.
+
+Its speed and its distance from bf16 at LiveAvatar's shape are measured in
+`bench/liveavatar_attention_bench.py`; frames against bf16 by `facecast gate`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from dataclasses import dataclass
+from importlib.util import find_spec
+from typing import Any
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger("facecast.attention")
+
+E4M3_MAX = 448.0
+HEAD_DIMS = (64, 128)  # what cuDNN's FP8 forward kernels are built for on Hopper
+
+
+@functools.cache
+def _installed() -> bool:
+    return find_spec("cudnn") is not None
+
+
+def fp8_refusal(q: Tensor) -> str | None:
+    """Why cuDNN's FP8 attention cannot take these (B, N, L, K) queries, or None."""
+    if not q.is_cuda:
+        return "it runs on an NVIDIA GPU only (cuDNN)"
+    if torch.cuda.get_device_capability(q.device) < (9, 0):
+        return "it needs a Hopper GPU or newer (compute capability 9.0)"
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"head dim {q.shape[-1]} is not one of its {HEAD_DIMS}"
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"it takes float16 or bfloat16, not {q.dtype}"
+    if not _installed():
+        return "cudnn-frontend is not installed (pip install 'nvidia-cudnn-frontend==1.16.0')"
+    return None
+
+
+@functools.cache
+def say_fallback(reason: str) -> None:
+    """One log line per reason for the whole process (every layer would say the same)."""
+    log.warning("attention 'fp8' falls back to torch's exact SDPA: %s", reason)
+
+
+@dataclass
+class _Plan:
+    """One built cuDNN graph for one layout of q, k, v, and what executing it needs."""
+
+    graph: Any
+    tensors: dict[str, Any]  # name → the graph's tensor
+    workspace: Tensor
+
+
+Layout = tuple[tuple[int, ...], tuple[int, ...]]  # (shape, stride)
+_handles: dict[int, Any] = {}  # device index → cuDNN handle
+_plans: dict[tuple, _Plan | str] = {}  # layouts → a plan, or why cuDNN declined them
+
+
+def _handle(device: torch.device) -> Any:
+    import cudnn  # type: ignore[import-not-found]  # optional, GPU only
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _handles:
+        with torch.cuda.device(index):
+            _handles[index] = cudnn.create_handle()
+    return _handles[index]
+
+
+def _build(device: torch.device, q: Layout, k: Layout, v: Layout, o: Layout) -> _Plan:
+    import cudnn  # type: ignore[import-not-found]
+
+    e4m3, fp32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+    graph = cudnn.pygraph(
+        io_data_type=e4m3,
+        intermediate_data_type=fp32,
+        compute_data_type=fp32,
+        handle=_handle(device),
+    )
+    t = {
+        name: graph.tensor(name=name, dim=list(shape), stride=list(stride), data_type=e4m3)
+        for name, (shape, stride) in (("q", q), ("k", k), ("v", v))
+    }
+    for name in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"):
+        t[name] = graph.tensor(name=name, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=fp32)
+    out, _, amax_s, amax_o = graph.sdpa_fp8(
+        q=t["q"],
+        k=t["k"],
+        v=t["v"],
+        descale_q=t["descale_q"],
+        descale_k=t["descale_k"],
+        descale_v=t["descale_v"],
+        descale_s=t["descale_s"],
+        scale_s=t["scale_s"],
+        scale_o=t["scale_o"],
+        is_inference=True,
+        attn_scale=1.0 / math.sqrt(q[0][-1]),
+        use_causal_mask=False,
+        name="fp8_attention",
+    )
+    # Hopper's FP8 kernels write O in e4m3 (bf16 O is Blackwell's)
+    out.set_output(True).set_dim(list(o[0])).set_stride(list(o[1])).set_data_type(e4m3)
+    for amax in (amax_s, amax_o):
+        amax.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(fp32)
+    t |= {"o": out, "amax_s": amax_s, "amax_o": amax_o}
+    graph.validate()
+    graph.build_operation_graph()
+    graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    graph.check_support()
+    graph.build_plans()
+    workspace = torch.empty(graph.get_workspace_size(), device=device, dtype=torch.uint8)
+    return _Plan(graph, t, workspace)
+
+
+def _plan(q8: Tensor, k8: Tensor, v8: Tensor) -> _Plan | str:
+    """The plan for these layouts, built once; or why cuDNN declined them (said once)."""
+    layouts = tuple((tuple(x.shape), tuple(x.stride())) for x in (q8, k8, v8))
+    key = (q8.device, *layouts)
+    if key not in _plans:
+        try:
+            _plans[key] = _build(q8.device, *layouts, layouts[0])
+        except Exception as err:  # cuDNN's "not supported" comes as several error types
+            _plans[key] = f"cuDNN declined q {layouts[0][0]}, k {layouts[1][0]}: {err}"[:300]
+    return _plans[key]
+
+
+def _to_e4m3(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x scaled into e4m3 by one scale (its absolute maximum / 448), and that scale's
+    inverse (the descale, (1, 1, 1, 1) fp32), both computed on the GPU."""
+    descale = (x.abs().amax().float() / E4M3_MAX).clamp(min=1e-12).reshape(1, 1, 1, 1)
+    return (x.float() / descale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), descale
+
+
+def fp8_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor | str:
+    """softmax(q kᵀ / √K) v for (B, N, L, K) queries, keys and values in FP8, where
+    `fp8_refusal(q)` is None; a string (why cuDNN declined the shape) where it cannot, for
+    the caller to fall back on the exact path."""
+    import cudnn  # type: ignore[import-not-found]
+
+    q8, descale_q = _to_e4m3(q)
+    k8, descale_k = _to_e4m3(k)
+    v8, descale_v = _to_e4m3(v)
+    plan = _plan(q8, k8, v8)
+    if isinstance(plan, str):
+        return plan
+    one = torch.ones(1, 1, 1, 1, device=q.device)
+    o8 = torch.empty_like(q8)  # q's layout: (B, N, L, K) as a view of (B, L, N, K) stays one
+    amax_s, amax_o = torch.empty_like(one), torch.empty_like(one)
+    t = plan.tensors
+    cudnn.set_stream(
+        handle=_handle(q.device), stream=torch.cuda.current_stream(q.device).cuda_stream
+    )
+    plan.graph.execute(
+        {
+            t["q"]: q8,
+            t["k"]: k8,
+            t["v"]: v8,
+            t["descale_q"]: descale_q,
+            t["descale_k"]: descale_k,
+            t["descale_v"]: descale_v,
+            t["descale_s"]: one / E4M3_MAX,  # the probabilities, at most 1, times 448
+            t["scale_s"]: one * E4M3_MAX,
+            t["scale_o"]: 1.0 / descale_v,  # |O| <= max |v|: v's scale fits O
+            t["o"]: o8,
+            t["amax_s"]: amax_s,
+            t["amax_o"]: amax_o,
+        },
+        plan.workspace,
+        handle=_handle(q.device),
+    )
+    return (o8.float() * descale_v).to(q.dtype)
