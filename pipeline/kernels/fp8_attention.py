@@ -86,7 +86,7 @@ def _handle(device: torch.device) -> Any:
 
 
 def _build(device: torch.device, q: Layout, k: Layout, v: Layout, o: Layout) -> _Plan:
-    import cudnn  # type: ignore[import-not-found]
+    import cudnn
 
     e4m3, fp32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
     graph = cudnn.pygraph(
@@ -132,13 +132,13 @@ def _build(device: torch.device, q: Layout, k: Layout, v: Layout, o: Layout) -> 
 
 def _plan(q8: Tensor, k8: Tensor, v8: Tensor) -> _Plan | str:
     """The plan for these layouts, built once; or why cuDNN declined them (said once)."""
-    layouts = tuple((tuple(x.shape), tuple(x.stride())) for x in (q8, k8, v8))
-    key = (q8.device, *layouts)
+    q, k, v = ((tuple(x.shape), tuple(x.stride())) for x in (q8, k8, v8))
+    key = (q8.device, q, k, v)
     if key not in _plans:
         try:
-            _plans[key] = _build(q8.device, *layouts, layouts[0])
+            _plans[key] = _build(q8.device, q, k, v, q)  # O in q's layout
         except Exception as err:  # cuDNN's "not supported" comes as several error types
-            _plans[key] = f"cuDNN declined q {layouts[0][0]}, k {layouts[1][0]}: {err}"[:300]
+            _plans[key] = f"cuDNN declined q {q[0]}, k {k[0]}: {err}"[:300]
     return _plans[key]
 
 
@@ -153,7 +153,7 @@ def fp8_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor | str:
     """softmax(q kᵀ / √K) v for (B, N, L, K) queries, keys and values in FP8, where
     `fp8_refusal(q)` is None; a string (why cuDNN declined the shape) where it cannot, for
     the caller to fall back on the exact path."""
-    import cudnn  # type: ignore[import-not-found]
+    import cudnn
 
     q8, descale_q = _to_e4m3(q)
     k8, descale_k = _to_e4m3(k)
