@@ -30,7 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.bench import gpu_median_ms  # noqa: E402
-from pipeline.kernels.fp8_attention import _to_e4m3, fp8_attention, fp8_refusal  # noqa: E402
+from pipeline.kernels.fp8_attention import fp8_attention, fp8_refusal, to_e4m3  # noqa: E402
 from pipeline.kernels.int8_attention import int8_attention  # noqa: E402
 
 
@@ -104,7 +104,7 @@ def main() -> None:
         "SageAttention, no smoothing": sage(False),
         "fp8 (cuDNN's FP8 attention, cudnn-frontend), its quantisation included": fp8(q, k, v),
         # what the FP8 variant spends before its kernel: q, k, v to e4m3
-        "fp8's quantisation of q, k, v alone": lambda: [_to_e4m3(x)[0] for x in (q, k, v)],
+        "fp8's quantisation of q, k, v alone": lambda: [to_e4m3(x)[0] for x in (q, k, v)],
     }
     rows = time_variants(variants, exact, flops, a.repeats, timing_only)
     result = {
