@@ -151,8 +151,10 @@ def _to_e4m3(x: Tensor) -> tuple[Tensor, Tensor]:
 
 # Eager, the quantisation makes fp32 copies of the whole key window (~5 passes over 300 MB
 # a call at LiveAvatar's shape, a third of the bf16 kernel's time); compiled, it is one
-# reduction and one fused scale-and-cast. Compiled at its first call on a GPU, once per shape.
-to_e4m3 = torch.compile(_to_e4m3, dynamic=False)
+# reduction and one fused scale-and-cast. Compiled at its first call on a GPU, with the token
+# count dynamic: the key window grows block by block until it is full, and a graph per length
+# (with the queries' and the sink's) would crowd torch.compile's cache of eight.
+to_e4m3 = torch.compile(_to_e4m3, dynamic=True)
 
 
 def fp8_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor | str:
