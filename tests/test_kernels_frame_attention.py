@@ -293,46 +293,29 @@ def test_facecast_backend_dispatch():
     assert _rel_err(out, _reference(q, k, v, F, W, R)) <= 1e-2
 
 
-def test_int8_attention_that_cannot_run_falls_back_to_the_exact_path_saying_so_once(caplog):
-    """`Attention("int8")` (SageAttention's INT8 QK kernels) where they cannot run — here a
-    CPU; on a GPU, a head dim they lack or the library missing — gives SDPA's exact result,
-    and says why in one log line however many layers and calls meet it."""
+@pytest.mark.parametrize("backend, kernels", [("int8", "int8_attention"), ("fp8", "fp8_attention")])
+def test_8_bit_attention_that_cannot_run_falls_back_to_the_exact_path_saying_so_once(
+    backend, kernels, caplog
+):
+    """`Attention("int8")` (SageAttention's INT8 QK kernels) and `Attention("fp8")` (cuDNN's
+    FP8 kernels) where they cannot run — here a CPU; on a GPU, a head dim they lack, an older
+    GPU or the library missing — give SDPA's exact result, and say why in one log line
+    however many layers and calls meet it."""
+    import importlib
     import logging
 
-    from pipeline.kernels.int8_attention import say_fallback
     from pipeline.models.attention import Attention
 
-    say_fallback.cache_clear()
+    importlib.import_module(f"pipeline.kernels.{kernels}").say_fallback.cache_clear()
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 48, 64, generator=g) for _ in range(3))
-    layers = [Attention("int8"), Attention("int8")]
+    layers = [Attention(backend), Attention(backend)]
     with caplog.at_level(logging.WARNING, logger="facecast.attention"):
         outs = [layer(q, k, v) for layer in layers for _ in range(2)]
     for out in outs:
         torch.testing.assert_close(out, F_nn.scaled_dot_product_attention(q, k, v), rtol=0, atol=0)
     lines = [r.getMessage() for r in caplog.records if r.name == "facecast.attention"]
-    assert len(lines) == 1 and "falls back" in lines[0] and "GPU" in lines[0], lines
-
-
-def test_fp8_attention_that_cannot_run_falls_back_to_the_exact_path_saying_so_once(caplog):
-    """`Attention("fp8")` (cuDNN's FP8 kernels) where they cannot run — here a CPU; on a GPU,
-    an older one, another head dim or the wheel missing — gives SDPA's exact result, with one
-    log line however many layers and calls meet it."""
-    import logging
-
-    from pipeline.kernels.fp8_attention import say_fallback
-    from pipeline.models.attention import Attention
-
-    say_fallback.cache_clear()
-    g = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(1, 2, 48, 64, generator=g) for _ in range(3))
-    layers = [Attention("fp8"), Attention("fp8")]
-    with caplog.at_level(logging.WARNING, logger="facecast.attention"):
-        outs = [layer(q, k, v) for layer in layers for _ in range(2)]
-    for out in outs:
-        torch.testing.assert_close(out, F_nn.scaled_dot_product_attention(q, k, v), rtol=0, atol=0)
-    lines = [r.getMessage() for r in caplog.records if r.name == "facecast.attention"]
-    assert len(lines) == 1 and "'fp8' falls back" in lines[0] and "GPU" in lines[0], lines
+    assert len(lines) == 1 and f"'{backend}' falls back" in lines[0] and "GPU" in lines[0], lines
 
 
 def test_a_shape_cudnn_declines_goes_to_the_exact_path_saying_so_once(caplog, monkeypatch):

@@ -35,18 +35,22 @@ def release(tmp_path_factory) -> tuple[Path, Path]:
     return write(tmp_path_factory.mktemp("liveavatar"), "test", seed=5)
 
 
-@pytest.fixture(scope="module")
-def engine(release):
+def options(release: tuple[Path, Path], **overrides) -> EngineOptions:
+    """The test release at the smallest size on the CPU, with `--set` overrides."""
     weights, lora = release
-    opts = EngineOptions(
+    return EngineOptions(
         model="liveavatar",
         weights=str(weights),
         lora=str(lora),
         device="cpu",
         warmup=False,
-        overrides={"video.width": SIZE, "video.height": SIZE},
+        overrides={"video.width": SIZE, "video.height": SIZE, **overrides},
     )
-    return start_engine(opts)[0]
+
+
+@pytest.fixture(scope="module")
+def engine(release):
+    return start_engine(options(release))[0]
 
 
 def facecast(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -360,16 +364,7 @@ def test_fp8_on_the_output_projections_too_streams_close_to_the_exact_frames(rel
     still gives the exact engine's picture, within FP8's rounding."""
     from pipeline.precision import Fp8Linear, apply_fp8
 
-    weights, lora = release
-    opts = EngineOptions(
-        model="liveavatar",
-        weights=str(weights),
-        lora=str(lora),
-        device="cpu",
-        warmup=False,
-        overrides={"video.width": SIZE, "video.height": SIZE, "liveavatar.fp8_outputs": True},
-    )
-    fp8 = start_engine(opts)[0]
+    fp8 = start_engine(options(release, **{"liveavatar.fp8_outputs": True}))[0]
     layers = fp8.models.transformer.layers()
     swapped = apply_fp8(fp8, "static", emulate=True)
     assert swapped == 6 * len(layers)  # q/k/v, cross q, the FFN's two, and the two outputs
@@ -398,26 +393,10 @@ def test_fp8_self_attention_where_it_cannot_run_streams_the_exact_frames_saying_
 
     from pipeline.kernels.fp8_attention import say_fallback
 
-    weights, lora = release
-
-    def options(attention: str) -> EngineOptions:
-        return EngineOptions(
-            model="liveavatar",
-            weights=str(weights),
-            lora=str(lora),
-            device="cpu",
-            warmup=False,
-            overrides={
-                "video.width": SIZE,
-                "video.height": SIZE,
-                "liveavatar.attention": attention,
-            },
-        )
-
     with pytest.raises(ConfigError, match="liveavatar.attention"):
-        start_engine(options("flash"))
+        start_engine(options(release, **{"liveavatar.attention": "flash"}))
     say_fallback.cache_clear()
-    fp8 = start_engine(options("fp8"))[0]
+    fp8 = start_engine(options(release, **{"liveavatar.attention": "fp8"}))[0]
     assert {layer.self_attn.attend.backend for layer in fp8.models.transformer.layers()} == {"fp8"}
     audio = speechy(0.6, seed=6)
     frames = []
