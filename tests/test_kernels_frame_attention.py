@@ -301,12 +301,11 @@ def test_8_bit_attention_that_cannot_run_falls_back_to_the_exact_path_saying_so_
     FP8 kernels) where they cannot run — here a CPU; on a GPU, a head dim they lack, an older
     GPU or the library missing — give SDPA's exact result, and say why in one log line
     however many layers and calls meet it."""
-    import importlib
     import logging
 
-    from pipeline.models.attention import Attention
+    from pipeline.models.attention import Attention, say_fallback
 
-    importlib.import_module(f"pipeline.kernels.{kernels}").say_fallback.cache_clear()
+    say_fallback.cache_clear()
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 48, 64, generator=g) for _ in range(3))
     layers = [Attention(backend), Attention(backend)]
@@ -324,9 +323,9 @@ def test_a_shape_cudnn_declines_goes_to_the_exact_path_saying_so_once(caplog, mo
     import logging
 
     from pipeline.kernels import fp8_attention as fp8
-    from pipeline.models.attention import Attention
+    from pipeline.models.attention import Attention, say_fallback
 
-    fp8.say_fallback.cache_clear()
+    say_fallback.cache_clear()
     declined = "cuDNN declined q (1, 2, 48, 64), k (1, 2, 48, 64): no engine"
     monkeypatch.setattr(fp8, "fp8_refusal", lambda q: None)
     monkeypatch.setattr(fp8, "fp8_attention", lambda q, k, v: declined)

@@ -391,7 +391,7 @@ def test_fp8_self_attention_where_it_cannot_run_streams_the_exact_frames_saying_
     says why once. A name that is not a backend is one line at load."""
     import logging
 
-    from pipeline.kernels.fp8_attention import say_fallback
+    from pipeline.models.attention import say_fallback
 
     with pytest.raises(ConfigError, match="liveavatar.attention"):
         start_engine(options(release, **{"liveavatar.attention": "flash"}))

@@ -20,7 +20,6 @@ Its speed and its distance from bf16 at LiveAvatar's shape are measured in
 from __future__ import annotations
 
 import functools
-import logging
 import math
 from dataclasses import dataclass
 from importlib.util import find_spec
@@ -28,8 +27,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-
-log = logging.getLogger("facecast.attention")
 
 E4M3_MAX = 448.0
 HEAD_DIMS = (64, 128)  # what cuDNN's FP8 forward kernels are built for on Hopper
@@ -53,12 +50,6 @@ def fp8_refusal(q: Tensor) -> str | None:
     if not _installed():
         return "cudnn-frontend is not installed (pip install 'nvidia-cudnn-frontend==1.16.0')"
     return None
-
-
-@functools.cache
-def say_fallback(reason: str) -> None:
-    """One log line per reason for the whole process (every layer would say the same)."""
-    log.warning("attention 'fp8' falls back to torch's exact SDPA: %s", reason)
 
 
 @dataclass

@@ -14,13 +14,10 @@ Its distance from bf16 attention is measured at LiveAvatar's shape in
 from __future__ import annotations
 
 import functools
-import logging
 from importlib.util import find_spec
 
 import torch
 from torch import Tensor
-
-log = logging.getLogger("facecast.attention")
 
 HEAD_DIMS = (64, 96, 128)  # what SageAttention 1.0.6's kernels are built for
 
@@ -41,12 +38,6 @@ def int8_refusal(q: Tensor) -> str | None:
     if not _installed():
         return "SageAttention is not installed (pip install 'sageattention==1.0.6')"
     return None
-
-
-@functools.cache
-def say_fallback(reason: str) -> None:
-    """One log line per reason for the whole process (every layer would say the same)."""
-    log.warning("attention 'int8' falls back to torch's exact SDPA: %s", reason)
 
 
 def int8_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:

@@ -22,12 +22,16 @@ Shapes: q, k, v are (B, N, L, H) — batch, heads, tokens, head dim.
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+log = logging.getLogger("facecast.attention")
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,13 @@ def frame_window_dense_mask(num_tokens: int, spec: FrameWindow, device=None) -> 
     return visible.repeat_interleave(f, dim=0).repeat_interleave(f, dim=1)
 
 
+@functools.cache
+def say_fallback(backend: str, reason: str) -> None:
+    """One log line per backend and reason for the whole process (every layer would say the
+    same)."""
+    log.warning("attention %r falls back to torch's exact SDPA: %s", backend, reason)
+
+
 class Attention(torch.nn.Module):
     """Holds the backend choice and per-shape masks, so the hot path allocates nothing."""
 
@@ -74,16 +85,12 @@ class Attention(torch.nn.Module):
         # own (SDPA backend per shape, compiled FlexAttention, the Triton kernel)
         if window is None:
             if self.backend == "int8":
-                from pipeline.kernels.int8_attention import (
-                    int8_attention,
-                    int8_refusal,
-                    say_fallback,
-                )
+                from pipeline.kernels.int8_attention import int8_attention, int8_refusal
 
                 refusal = int8_refusal(q)
                 if refusal is None:
                     return int8_attention(q, k, v)
-                say_fallback(refusal)  # then the exact path below, never a guess
+                say_fallback("int8", refusal)  # then the exact path below, never a guess
             elif self.backend == "fp8":
                 from pipeline.kernels import fp8_attention as fp8
 
@@ -93,7 +100,7 @@ class Attention(torch.nn.Module):
                     if not isinstance(out, str):
                         return out
                     refusal = out  # cuDNN declined this shape
-                fp8.say_fallback(refusal)  # then the exact path below, never a guess
+                say_fallback("fp8", refusal)  # then the exact path below, never a guess
             choice = self.sdpa_backends.get(tuple(q.shape))
             if choice is None:
                 return F.scaled_dot_product_attention(q, k, v)
