@@ -409,3 +409,23 @@ def test_fp8_self_attention_where_it_cannot_run_streams_the_exact_frames_saying_
     np.testing.assert_array_equal(frames[0], frames[1])
     lines = [r.getMessage() for r in caplog.records if r.name == "facecast.attention"]
     assert len(lines) == 1 and "'fp8' falls back" in lines[0], lines
+
+
+def test_the_configured_compile_mode_reaches_every_layers_graphs(release, monkeypatch):
+    """`liveavatar.compile_mode` (CUDA graphs, autotuned GEMMs) is the mode each layer's
+    two halves are compiled with; a mode torch.compile lacks is one line at load."""
+    import pipeline.liveavatar.engine as engine_module
+
+    with pytest.raises(ConfigError, match="liveavatar.compile_mode"):
+        start_engine(options(release, **{"liveavatar.compile_mode": "fastest"}))
+    modes = []
+
+    def recording_compile(fn, mode=None, **kw):
+        modes.append(mode)
+        return fn
+
+    monkeypatch.setattr(engine_module.torch, "compile", recording_compile)
+    eng = start_engine(options(release, **{"liveavatar.compile_mode": "reduce-overhead"}))[0]
+    layers = eng.compile()
+    assert layers == len(eng.models.transformer.layers())
+    assert modes == ["reduce-overhead"] * 2 * layers  # the VAE's decoder: on a GPU only

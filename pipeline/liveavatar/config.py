@@ -12,6 +12,7 @@ from pipeline.sections import DTYPES, check
 if TYPE_CHECKING:
     from pipeline.config import FacecastConfig
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 SELF_ATTENTION = ("sdpa", "fp8")  # `pipeline.models.attention` backends for the self-attention
 LIVEAVATAR_BLOCK_FRAMES = 12  # video frames a block adds: 3 latent frames of the Wan VAE
 DEFAULT_PROMPT = (
@@ -51,6 +52,11 @@ class LiveAvatarConfig:
     # the optional nvidia-cudnn-frontend wheel; the exact path where it cannot run, said once
     # in the log). fp8 is not yet measured on a GPU, against bf16 or for speed
     attention: str = "sdpa"
+    # torch.compile's mode for the layers' compiled halves under --compile: default, or
+    # reduce-overhead (CUDA graphs over each half: the H200's profile shows the GPU idle 4 %
+    # of a block, ~35 ms, between launches), or max-autotune-no-cudagraphs (Triton GEMM
+    # templates tried against cuBLAS; minutes more at start-up). Not yet measured on a GPU
+    compile_mode: str = "default"
 
     def validate(self) -> None:
         check(1 <= self.steps <= 50, "liveavatar.steps", "must be in [1, 50]")
@@ -72,6 +78,11 @@ class LiveAvatarConfig:
             f"must be in [1, {FPS}] (wav2vec2's last state of a window falls short of its end)",
         )
         check(bool(self.prompt.strip()), "liveavatar.prompt", "must not be empty")
+        check(
+            self.compile_mode in COMPILE_MODES,
+            "liveavatar.compile_mode",
+            f"must be one of {', '.join(COMPILE_MODES)}",
+        )
         check(
             self.attention in SELF_ATTENTION,
             "liveavatar.attention",

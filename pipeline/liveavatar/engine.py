@@ -184,14 +184,17 @@ class LiveAvatarEngine(EngineBase):
         length change from block to block as Python numbers: they stay outside the graphs,
         with the attention (the project's backend, not traced), so the graphs are made at
         the sink's shape and at a block's, once for every layer, and no later block
-        recompiles (tests/test_liveavatar_engine.py counts them)."""
+        recompiles (tests/test_liveavatar_engine.py counts them). The layers' mode is
+        `mode` if given, else `liveavatar.compile_mode`."""
+        configured = self.cfg.liveavatar.compile_mode
+        layer_mode = mode or (None if configured == "default" else configured)
         layers = self.models.transformer.layers()
         for layer in layers:
             layer.before_attention = torch.compile(  # type: ignore[method-assign]
-                layer.before_attention, mode=mode, dynamic=False
+                layer.before_attention, mode=layer_mode, dynamic=False
             )
             layer.after_attention = torch.compile(  # type: ignore[method-assign]
-                layer.after_attention, mode=mode, dynamic=False
+                layer.after_attention, mode=layer_mode, dynamic=False
             )
         if self.device.type == "cuda":
             self.models.vae.causal_decoder.compile(mode, whole_pass=True)
