@@ -99,7 +99,7 @@ sessions)  # the product bench (batched steps, capacity), then serve: an agent a
     --precision fp8 --seconds 6 --json "$out/first_step_$model.json" 2>"$out/first_step.log" \
     | tail -2 || { echo "first-step bench FAILED"; tail -5 "$out/first_step.log"; }
   # PROFILE=1: a steady step's kernels by kind (bench/step_profile.py)
-  [ -z "${PROFILE:-}" ] || timeout 240 python3 bench/step_profile.py $w --compile --precision fp8 \
+  [ -z "${PROFILE:-}" ] || timeout 240 python3 bench/step_profile.py $w --compile --precision fp8 --ops \
     --warm-steps 4 --steps 3 --json "$out/profile_$model.json" 2>"$out/profile.log" \
     || { echo "profile FAILED"; tail -5 "$out/profile.log"; }
   args="--serve-arg=--model=$model --serve-arg=--weights=$work/float32/release"

@@ -36,11 +36,13 @@
 # BENCH_FLAGS="--compile" (speed: each layer's dense work compiled, the cache and attention
 # eager; ~1 min more for the graphs on a fresh machine), BLOCK_BENCH=0 (speed: no DiT-alone
 # bench), PROFILE=1 (speed: then one steady block's kernels by kind, bench/step_profile.py;
-# PROFILE_FLAGS default "--compile"), SECONDS_BENCH=20, SECONDS_LIVE=60,
+# PROFILE_FLAGS default "--compile --ops": the operators by input shapes too),
+# SECONDS_BENCH=20, SECONDS_LIVE=60,
 # SERVE_FLAGS="--compile --precision=fp8" (serve; default none), LEAN=0 (the full 11 GB umT5),
 # ATTENTION_BENCH=1 (speed: the self-attention's kernels first, ~1 min), BB_ATTENTION=sdpa,fp8
-# (speed: the DiT-alone bench once per kernel), SETS="-;liveavatar.fp8_outputs=true" (speed: a ;-separated list of --set variants, each a
-# space-separated list of key=value, "-" none; every precision and overlap runs each),
+# (speed: the DiT-alone bench once per kernel), SETS="-;liveavatar.fp8_outputs=true" (speed:
+# a ;-separated list of --set variants, each a space-separated list of key=value, "-" none;
+# every precision and overlap runs each),
 # GATE_SETS (gate: the same list for FP8 against the eager bf16 baseline; default
 # "-;liveavatar.fp8_outputs=true"), GATE_SECONDS=4 (gate: seconds of video a run), GATE_FLAGS
 # (gate: more flags for every run, e.g. a size on a CPU).
@@ -182,7 +184,7 @@ speed)
     precisions=${PRECISIONS:-default}
     # shellcheck disable=SC2086
     timeout "$(left)" "$py" bench/step_profile.py --model liveavatar --weights "$weights" \
-      --lora "$lora" --device "$dev" --precision "${precisions%% *}" ${PROFILE_FLAGS:---compile} \
+      --lora "$lora" --device "$dev" --precision "${precisions%% *}" ${PROFILE_FLAGS:---compile --ops} \
       --warm-steps 6 --steps 2 --json "$out/profile_liveavatar.json" 2>"$out/profile.log" \
       || { echo "FAILED profile"; tail -20 "$out/profile.log"; }
   fi

@@ -11,7 +11,10 @@ after 4 blocks, so its steady shape needs 5 or more), then `--steps` steps run u
 torch's profiler. Reported, per profiled step: wall time, the GPU's busy time (kernels on
 any stream, overlaps merged) and so its idle share, kernel time by kind (FP8 and bf16
 matrix products, attention, convolutions, the compiled fused kernels, copies, the rest),
-and the largest kernels by name. `--device cpu` with a test-shape release only checks that
+and the largest kernels by name. With `--ops`, also the operators that launched the most
+GPU time, by name and input shapes: where eager copies and elementwise kernels come from (the
+profiler then records every operator's shapes, which slows the host: read the wall time and
+idle share from a run without it). `--device cpu` with a test-shape release only checks that
 it runs (the CPU's operators stand in for kernels).
 """
 
@@ -96,6 +99,26 @@ def kernel_report(prof, wall_s: float, steps: int, top: int) -> dict:
     }
 
 
+def op_report(prof, steps: int, top: int, cuda: bool) -> list[dict]:
+    """The operators whose own kernels took the most time, by name and input shapes, per
+    step (an operator's children are counted where they are, not in it)."""
+    rows = []
+    for e in prof.key_averages(group_by_input_shape=True):
+        us = e.self_device_time_total if cuda else e.self_cpu_time_total
+        if us > 0:
+            rows.append((us, e.key, str(e.input_shapes)[:160], e.count))
+    rows.sort(key=lambda r: -r[0])
+    return [
+        {
+            "op": key,
+            "input_shapes": shapes,
+            "ms_per_step": us / 1e3 / steps,
+            "calls_per_step": n / steps,
+        }
+        for us, key, shapes, n in rows[:top]
+    ]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True)
@@ -109,6 +132,7 @@ def main() -> int:
     p.add_argument("--warm-steps", type=int, default=6)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--top", type=int, default=20)
+    p.add_argument("--ops", action="store_true", help="also the operators, by input shapes")
     p.add_argument("--json")
     args = p.parse_args()
     overrides = parse_overrides(args.set)
@@ -138,7 +162,7 @@ def main() -> int:
     for _ in range(args.warm_steps):
         step()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=args.ops) as prof:
         t = time.perf_counter()
         frames = sum(step() for _ in range(args.steps))
         if cuda:
@@ -160,6 +184,8 @@ def main() -> int:
         },
         **kernel_report(prof, wall, args.steps, args.top),
     }
+    if args.ops:
+        report["largest_ops"] = op_report(prof, args.steps, args.top, cuda)
     kinds = ", ".join(f"{k} {ms:.1f}" for k, ms in report["kernel_ms_per_step_by_kind"].items())
     print(
         f"{args.model}: a step {report['wall_ms_per_step']:.1f} ms, GPU busy "

@@ -50,7 +50,7 @@ def test_the_profile_runs_on_a_test_shape_release(tmp_path):
             sys.executable, str(ROOT / "bench" / "step_profile.py"), "--model", "liveavatar",
             "--weights", str(weights), "--lora", str(lora), "--device", "cpu",
             "--set", "video.width=64", "--set", "video.height=64",
-            "--warm-steps", "2", "--steps", "1", "--json", str(out),
+            "--warm-steps", "2", "--steps", "1", "--ops", "--json", str(out),
         ],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )  # fmt: skip
@@ -59,3 +59,9 @@ def test_the_profile_runs_on_a_test_shape_release(tmp_path):
     assert report["meta"]["frames"] == 12  # one block of LiveAvatar's
     assert report["wall_ms_per_step"] > 0 and report["largest_kernels"]
     assert sum(report["kernel_ms_per_step_by_kind"].values()) > 0
+    # --ops: the operators by input shapes, the largest first
+    ops = report["largest_ops"]
+    assert ops and any(o["op"].startswith("aten::") for o in ops)
+    assert all(o["calls_per_step"] > 0 for o in ops)
+    assert [o["ms_per_step"] for o in ops] == sorted((o["ms_per_step"] for o in ops), reverse=True)
+    assert any(o["input_shapes"] != "[]" for o in ops)
