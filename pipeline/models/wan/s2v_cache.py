@@ -97,12 +97,12 @@ class SinkPrefill:
 
     def __init__(self, cache: S2VCache) -> None:
         self.cache = cache
+        cache.sink_shifts = [None] * len(cache.sink_shifts)  # rotated by the first block
 
     def __call__(self, layer: int, k_raw: Tensor, k_rot: Tensor, v: Tensor) -> Attended:
         c, n = self.cache, k_raw.shape[1]
         c.sink_k[layer] = k_raw
         c.v[:, layer, :, :, :n] = v.transpose(1, 2)[None]  # every step's buffer
-        c.sink_shifts = [None] * len(c.sink_shifts)  # the keys are rotated by the first block
         return k_rot.transpose(1, 2), v.transpose(1, 2), None
 
 
