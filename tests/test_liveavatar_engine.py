@@ -359,18 +359,20 @@ def test_a_block_decoded_beside_the_next_blocks_dit_gives_the_serial_frames(engi
 
 
 def test_fp8_on_the_output_projections_too_streams_close_to_the_exact_frames(release, engine):
-    """`liveavatar.fp8_outputs`: --precision fp8 takes each layer's two attention output
-    projections as well (emulated FP8 on the CPU, the same e4m3 products), and the stream
-    still gives the exact engine's picture, within FP8's rounding."""
+    """`liveavatar.fp8_outputs` (the default): --precision fp8 takes each layer's two
+    attention output projections as well (emulated FP8 on the CPU, the same e4m3 products),
+    and the stream still gives the exact engine's picture, within FP8's rounding; set false,
+    they stay in the model's dtype."""
     from pipeline.precision import Fp8Linear, apply_fp8
 
-    fp8 = start_engine(options(release, **{"liveavatar.fp8_outputs": True}))[0]
+    fp8 = start_engine(options(release))[0]
     layers = fp8.models.transformer.layers()
     swapped = apply_fp8(fp8, "static", emulate=True)
     assert swapped == 6 * len(layers)  # q/k/v, cross q, the FFN's two, and the two outputs
     assert all(isinstance(layer.self_attn.o, Fp8Linear) for layer in layers)
     assert all(isinstance(layer.cross_attn.o, Fp8Linear) for layer in layers)
-    assert len(engine.fp8_targets("static")) == 4 * len(layers)  # the default leaves them
+    without = start_engine(options(release, **{"liveavatar.fp8_outputs": False}))[0]
+    assert len(without.fp8_targets("static")) == 4 * len(layers)
     audio = speechy(0.6, seed=2)
     frames = []
     for e in (engine, fp8):
@@ -412,12 +414,16 @@ def test_fp8_self_attention_where_it_cannot_run_streams_the_exact_frames_saying_
 
 
 def test_the_configured_compile_mode_reaches_every_layers_graphs(release, monkeypatch):
-    """`liveavatar.compile_mode` (CUDA graphs, autotuned GEMMs) is the mode each layer's
-    two halves are compiled with; a mode torch.compile lacks is one line at load."""
+    """`liveavatar.compile_mode` (autotuned GEMMs) is the mode each layer's two halves are
+    compiled with; a mode torch.compile lacks is one line at load, and so are the CUDA-graph
+    modes, with the reason (the layers share graphs that CUDA graphs would overwrite)."""
     import pipeline.liveavatar.engine as engine_module
 
     with pytest.raises(ConfigError, match="liveavatar.compile_mode"):
         start_engine(options(release, **{"liveavatar.compile_mode": "fastest"}))
+    for graphs in ("reduce-overhead", "max-autotune"):
+        with pytest.raises(ConfigError, match="CUDA graphs over the layers"):
+            start_engine(options(release, **{"liveavatar.compile_mode": graphs}))
     modes = []
 
     def recording_compile(fn, mode=None, **kw):
@@ -425,7 +431,8 @@ def test_the_configured_compile_mode_reaches_every_layers_graphs(release, monkey
         return fn
 
     monkeypatch.setattr(engine_module.torch, "compile", recording_compile)
-    eng = start_engine(options(release, **{"liveavatar.compile_mode": "reduce-overhead"}))[0]
+    autotune = "max-autotune-no-cudagraphs"
+    eng = start_engine(options(release, **{"liveavatar.compile_mode": autotune}))[0]
     layers = eng.compile()
     assert layers == len(eng.models.transformer.layers())
-    assert modes == ["reduce-overhead"] * 2 * layers  # the VAE's decoder: on a GPU only
+    assert modes == [autotune] * 2 * layers  # the VAE's decoder: on a GPU only

@@ -12,7 +12,9 @@ from pipeline.sections import DTYPES, check
 if TYPE_CHECKING:
     from pipeline.config import FacecastConfig
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+# torch.compile's modes with CUDA graphs: refused, with the reason (see `compile_mode` below)
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 SELF_ATTENTION = ("sdpa", "fp8")  # `pipeline.models.attention` backends for the self-attention
 LIVEAVATAR_BLOCK_FRAMES = 12  # video frames a block adds: 3 latent frames of the Wan VAE
 DEFAULT_PROMPT = (
@@ -44,18 +46,21 @@ class LiveAvatarConfig:
     overlap: bool = False
     # --precision fp8 on each layer's two attention output projections as well: they sit in
     # the layer's compiled half, where their inputs' quantisation fuses into the reshape
-    # before them. They are 72 ms a block in bf16 on the H200 (of a 0.87 s block); FP8's
-    # rate would save ~25 ms. Off until the H200 has measured its speed and its gate tier.
-    fp8_outputs: bool = False
+    # before them. On the H200: 14.5 fps against 14.1, 2.1 GB less held, and the gate's FP8
+    # tier passed at 40.1 dB against bf16 (41.4 without them; bench/RESULTS.md, issue 31)
+    fp8_outputs: bool = True
     # the self-attention's kernel: sdpa (torch's exact SDPA: cuDNN's bf16 kernel on the H200,
-    # ~600 TFLOP/s, 35 % of a block) or fp8 (cuDNN's fused FP8 attention on Hopper, through
+    # 1.65 ms a call, 35 % of a block) or fp8 (cuDNN's fused FP8 attention on Hopper, through
     # the optional nvidia-cudnn-frontend wheel; the exact path where it cannot run, said once
-    # in the log). fp8 is not yet measured on a GPU, against bf16 or for speed
+    # in the log). Measured on the H200, fp8 is slower (2.56 ms a call, 1.19 of it quantising
+    # q, k and v) and 16x further from fp32 (rel. L2 0.096 against 0.006): it stays off
     attention: str = "sdpa"
     # torch.compile's mode for the layers' compiled halves under --compile: default, or
-    # reduce-overhead (CUDA graphs over each half: the H200's profile shows the GPU idle 4 %
-    # of a block, ~35 ms, between launches), or max-autotune-no-cudagraphs (Triton GEMM
-    # templates tried against cuBLAS; minutes more at start-up). Not yet measured on a GPU
+    # max-autotune-no-cudagraphs (Triton GEMM templates tried against cuBLAS; minutes more at
+    # start-up). The CUDA-graph modes are refused: every layer replays the same graphs, so
+    # inductor's graph trees take each layer's call for a new iteration and overwrite the
+    # output the next layer is reading (it failed so on the H200), and the GPU is idle only
+    # 4 % of a block (~35 ms), less the copies out of the graphs that would make them safe
     compile_mode: str = "default"
 
     def validate(self) -> None:
@@ -78,6 +83,13 @@ class LiveAvatarConfig:
             f"must be in [1, {FPS}] (wav2vec2's last state of a window falls short of its end)",
         )
         check(bool(self.prompt.strip()), "liveavatar.prompt", "must not be empty")
+        check(
+            self.compile_mode not in CUDA_GRAPH_MODES,
+            "liveavatar.compile_mode",
+            f"{self.compile_mode} puts CUDA graphs over the layers, which LiveAvatar's 40 "
+            "layers sharing one graph cannot replay safely; use default or "
+            "max-autotune-no-cudagraphs",
+        )
         check(
             self.compile_mode in COMPILE_MODES,
             "liveavatar.compile_mode",
