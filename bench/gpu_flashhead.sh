@@ -25,7 +25,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $
 export PYTHONPATH=/tmp/site:/tmp/pure:$PWD/$wheels/pure:$PWD PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}
 work=/tmp/fh
-mkdir -p "$work"
+mkdir -p "$work" "$work/logs"
+# a call returns at most 8 files: each step's log stays here, and their tails go back as one
+logs=$work/logs
 nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader
 
 reference() {  # the authors' code, in its own environment
@@ -40,18 +42,18 @@ case $mode in
 parity)
   for dtype in float32 bfloat16; do
     reference --out "$work/$dtype" --shape full --dtype "$dtype" --chunks 3 \
-      > "$out/reference_$dtype.log" 2>&1 || { echo "reference $dtype FAILED"; tail -30 "$out/reference_$dtype.log"; }
+      > "$logs/reference_$dtype.log" 2>&1 || { echo "reference $dtype FAILED"; tail -30 "$logs/reference_$dtype.log"; }
     python3 bench/parity/flashhead_compare.py --reference-out "$work/$dtype" --device cuda \
       --json "$out/parity_full_$dtype.json" 2>&1 | grep -v "Loading\|Warning\|warn" | tee "$out/parity_full_$dtype.txt"
   done
   # the authors' pipeline as they run it (compiled, bf16), timed on the same weights
   reference --out "$work/authors" --shape full --dtype bfloat16 --chunks 1 --time 12 \
-    > "$out/authors_timing.log" 2>&1; tail -2 "$out/authors_timing.log"
+    > "$logs/authors_timing.log" 2>&1; tail -2 "$logs/authors_timing.log"
   cp "$work/authors/timing.json" "$out/authors_timing.json"
   ;;
 decode)  # the Wan VAE's decode schedules and layouts, one chunk
-  python3 bench/wan_decode_bench.py --json "$out/wan_decode.json" 2>"$out/wan_decode.log" \
-    || { echo "decode bench FAILED"; tail -20 "$out/wan_decode.log"; }
+  python3 bench/wan_decode_bench.py --json "$out/wan_decode.json" 2>"$logs/wan_decode.log" \
+    || { echo "decode bench FAILED"; tail -20 "$logs/wan_decode.log"; }
   ;;
 speed)  # MODELS="flashhead-pro flashhead-lite", FLAGS_LIST a ;-separated list of flag sets
   lite=; case "${MODELS:-}" in *lite*) lite=--lite;; esac
@@ -64,8 +66,8 @@ speed)  # MODELS="flashhead-pro flashhead-lite", FLAGS_LIST a ;-separated list o
     for flags in "${flag_sets[@]}"; do
       name=$model$(echo "$flags" | tr -d ' -')
       # shellcheck disable=SC2086
-      timeout 420 python3 -m facecast bench $w $flags --json "$out/$name.json" 2>"$out/$name.log" \
-        || { echo "FAILED $model $flags"; tail -5 "$out/$name.log"; }
+      timeout 420 python3 -m facecast bench $w $flags --json "$out/$name.json" 2>"$logs/$name.log" \
+        || { echo "FAILED $model $flags"; tail -5 "$logs/$name.log"; }
     done
   done
   ;;
@@ -90,18 +92,18 @@ sessions)  # the product bench (batched steps, capacity), then serve: an agent a
   sets="--set flashhead.batch_streams=${BATCH:-3}"
   # shellcheck disable=SC2086
   [ -n "${SKIP_BENCH:-}" ] || timeout 240 python3 -m facecast bench $w --compile --precision fp8 \
-    $sets --seconds 20 --json "$out/bench_$model.json" 2>"$out/bench_$model.log" | tail -3 \
-    || { echo "bench FAILED"; tail -5 "$out/bench_$model.log"; }
+    $sets --seconds 20 --json "$out/bench_$model.json" 2>"$logs/bench_$model.log" | tail -3 \
+    || { echo "bench FAILED"; tail -5 "$logs/bench_$model.log"; }
   # FIRST_STEP=1: a call's first step against a steady one, stage by stage, eager, every
   # kernel waited for (host times are then kernel times)
   # shellcheck disable=SC2086
   [ -z "${FIRST_STEP:-}" ] || CUDA_LAUNCH_BLOCKING=1 timeout 120 python3 -m facecast bench $w \
-    --precision fp8 --seconds 6 --json "$out/first_step_$model.json" 2>"$out/first_step.log" \
-    | tail -2 || { echo "first-step bench FAILED"; tail -5 "$out/first_step.log"; }
+    --precision fp8 --seconds 6 --json "$out/first_step_$model.json" 2>"$logs/first_step.log" \
+    | tail -2 || { echo "first-step bench FAILED"; tail -5 "$logs/first_step.log"; }
   # PROFILE=1: a steady step's kernels by kind (bench/step_profile.py)
   [ -z "${PROFILE:-}" ] || timeout 240 python3 bench/step_profile.py $w --compile --precision fp8 --ops \
-    --warm-steps 4 --steps 3 --json "$out/profile_$model.json" 2>"$out/profile.log" \
-    || { echo "profile FAILED"; tail -5 "$out/profile.log"; }
+    --warm-steps 4 --steps 3 --json "$out/profile_$model.json" 2>"$logs/profile.log" \
+    || { echo "profile FAILED"; tail -5 "$logs/profile.log"; }
   args="--serve-arg=--model=$model --serve-arg=--weights=$work/float32/release"
   args+=" --serve-arg=--wav2vec=$work/float32/wav2vec --serve-arg=--reference=pipeline/assets/reference.png"
   args+=" --serve-arg=--set=flashhead.frame_reference=false --serve-arg=--set=flashhead.batch_streams=${BATCH:-3}"
@@ -151,4 +153,6 @@ soak)  # two live Pro calls for SOAK_S (600) seconds, longer than one command ma
   esac
   ;;
 esac
+for f in "$logs"/*.log; do [ -f "$f" ] && { echo "== $(basename "$f")"; tail -n 40 "$f"; }; done >"$out/logs.txt"
+rm -f "$logs"/*.log  # the next call on a warm machine starts with its own
 ls -la "$out"

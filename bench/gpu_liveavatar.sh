@@ -77,7 +77,9 @@ py=${PYTHON:-python3}
 budget=${BUDGET:-570}
 out=${OUT:-/tmp/out}
 work=${WORK:-/tmp/la}
-mkdir -p "$out" "$work"
+mkdir -p "$out" "$work" "$work/logs"
+# a call returns at most 8 files: each step's log stays here, and their tails go back as one
+logs=$work/logs
 left() { echo $((budget - SECONDS)); }
 wheels=.whl; [ "$mode" = serve ] && wheels=.whlserve
 if [ -z "${SKIP_WHEELS:-}" ]; then
@@ -106,8 +108,8 @@ release() {  # a full-shape random release on disk, once per machine
     local lean=--lean
     [ "${LEAN:-1}" = 0 ] && lean=
     timeout "$(left)" "$py" -m pipeline.liveavatar.random_release "$rel" \
-      --shape "${RELEASE_SHAPE:-full}" --device "$dev" $lean >"$out/release.log" 2>&1 \
-      || { echo "random release FAILED"; tail -20 "$out/release.log"; exit 1; }
+      --shape "${RELEASE_SHAPE:-full}" --device "$dev" $lean >"$logs/release.log" 2>&1 \
+      || { echo "random release FAILED"; tail -20 "$logs/release.log"; exit 1; }
     echo "release written at ${SECONDS} s: $(du -sh "$rel" | cut -f1)"
     df -h "$work" | tail -1
   fi
@@ -126,9 +128,9 @@ parity)
     [ "$dtype" = float32 ] && limit=$((limit - 150))
     t0=$SECONDS
     reference $((limit / 2)) --out "$d" --dtype "$dtype" --steps "$steps" --blocks "$blocks" \
-      >"$out/reference_$dtype.log" 2>&1 \
-      || { echo "reference $dtype FAILED"; tail -30 "$out/reference_$dtype.log"; continue; }
-    grep "^built\|^reference:" "$out/reference_$dtype.log"
+      >"$logs/reference_$dtype.log" 2>&1 \
+      || { echo "reference $dtype FAILED"; tail -30 "$logs/reference_$dtype.log"; continue; }
+    grep "^built\|^reference:" "$logs/reference_$dtype.log"
     timeout $((limit - (SECONDS - t0))) "$py" bench/parity/liveavatar_compare.py \
       --reference-out "$d" --json "$out/parity_${shape}_$dtype.json" 2>&1 \
       | grep -v "Warning\|warn" | tee "$out/parity_${shape}_$dtype.txt"
@@ -139,8 +141,8 @@ parity)
   if [ -n "${AUTHORS_COMPILE:-}" ] && [ "$(left)" -gt 120 ]; then
     # their loop as they run it: torch.compile on (their ENABLE_COMPILE default), bf16
     reference "$(left)" --out "$work/compiled" --dtype bfloat16 --blocks "${BLOCKS16:-8}" --compile \
-      >"$out/authors_compiled.log" 2>&1 || echo "compiled timing FAILED or cut short"
-    tail -1 "$out/authors_compiled.log"
+      >"$logs/authors_compiled.log" 2>&1 || echo "compiled timing FAILED or cut short"
+    tail -1 "$logs/authors_compiled.log"
     [ -f "$work/compiled/timing.json" ] && cp "$work/compiled/timing.json" "$out/authors_timing_compiled.json"
   fi
   ;;
@@ -148,15 +150,15 @@ speed)
   # ATTENTION_BENCH=1: the self-attention's kernels side by side at the release's shape, each
   # against fp32 (bench/liveavatar_attention_bench.py: SDPA's, SageAttention's, cuDNN's FP8)
   [ -z "${ATTENTION_BENCH:-}" ] || timeout 180 "$py" bench/liveavatar_attention_bench.py \
-    --json "$out/attention_kernels.json" 2>"$out/attention_kernels.log" | tail -12 \
-    || { echo "attention bench FAILED"; tail -20 "$out/attention_kernels.log"; }
+    --json "$out/attention_kernels.json" 2>"$logs/attention_kernels.log" | tail -12 \
+    || { echo "attention bench FAILED"; tail -20 "$logs/attention_kernels.log"; }
   # the DiT alone (Facecast), random weights drawn on the GPU, 10 blocks: the last 6 with the
   # key window full (BLOCK_BENCH=0 skips it)
   [ "${BLOCK_BENCH:-1}" = 0 ] || timeout $(($(left) / 4)) "$py" bench/liveavatar_block_bench.py --device "$dev" \
     --size "${SIZE:-704x384}" --layers "${LAYERS:-40}" --blocks "${BB_BLOCKS:-10}" \
     --attention "${BB_ATTENTION:-sdpa}" \
-    --json "$out/block_bench.json" 2>"$out/block_bench.log" \
-    || { echo "block bench FAILED"; tail -20 "$out/block_bench.log"; }
+    --json "$out/block_bench.json" 2>"$logs/block_bench.log" \
+    || { echo "block bench FAILED"; tail -20 "$logs/block_bench.log"; }
   release
   # the whole stream: audio features, the DiT's 4 steps a block, the VAE decode
   # OVERLAPS="true false": block k decoded beside block k+1's DiT (liveavatar.overlap), and not
@@ -173,9 +175,9 @@ speed)
         timeout "$(left)" "$py" -m facecast bench --model liveavatar --weights "$weights" \
           --lora "$lora" --device "$dev" --seconds "${SECONDS_BENCH:-20}" \
           --precision "$precision" --set "liveavatar.overlap=$overlap" "${sets[@]}" \
-          ${BENCH_FLAGS:-} --json "$out/$name.json" 2>"$out/$name.log" \
-          || { echo "FAILED bench $precision overlap=$overlap $variant"; tail -20 "$out/$name.log"; }
-        echo "$variant: $(tail -1 "$out/$name.log")"
+          ${BENCH_FLAGS:-} --json "$out/$name.json" 2>"$logs/$name.log" \
+          || { echo "FAILED bench $precision overlap=$overlap $variant"; tail -20 "$logs/$name.log"; }
+        echo "$variant: $(tail -1 "$logs/$name.log")"
       done
     done
   done
@@ -185,8 +187,8 @@ speed)
     # shellcheck disable=SC2086
     timeout "$(left)" "$py" bench/step_profile.py --model liveavatar --weights "$weights" \
       --lora "$lora" --device "$dev" --precision "${precisions%% *}" ${PROFILE_FLAGS:---compile --ops} \
-      --warm-steps 6 --steps 2 --json "$out/profile_liveavatar.json" 2>"$out/profile.log" \
-      || { echo "FAILED profile"; tail -20 "$out/profile.log"; }
+      --warm-steps 6 --steps 2 --json "$out/profile_liveavatar.json" 2>"$logs/profile.log" \
+      || { echo "FAILED profile"; tail -20 "$logs/profile.log"; }
   fi
   ;;
 gate)  # the quality gate: the eager bf16 stream recorded twice (its own run-to-run band),
@@ -195,8 +197,8 @@ gate)  # the quality gate: the eager bf16 stream recorded twice (its own run-to-
   # shellcheck disable=SC2206
   w=(--model liveavatar --weights "$weights" --lora "$lora" --device "$dev" ${GATE_FLAGS:-})
   timeout "$(left)" "$py" -m facecast gate "${w[@]}" --baseline "$work/gate" --record \
-    --seconds "${GATE_SECONDS:-4}" 2>"$out/gate_record.log" | tail -1 \
-    || { echo "FAILED gate record"; tail -20 "$out/gate_record.log"; }
+    --seconds "${GATE_SECONDS:-4}" 2>"$logs/gate_record.log" | tail -1 \
+    || { echo "FAILED gate record"; tail -20 "$logs/gate_record.log"; }
   IFS=';' read -ra variants <<< "${GATE_SETS:--;liveavatar.fp8_outputs=true}"
   for variant in "${variants[@]}"; do
     sets=(); tag=
@@ -228,4 +230,6 @@ serve)
   ;;
 esac
 echo "finished at ${SECONDS} s"
+for f in "$logs"/*.log; do [ -f "$f" ] && { echo "== $(basename "$f")"; tail -n 40 "$f"; }; done >"$out/logs.txt"
+rm -f "$logs"/*.log  # the next call on a warm machine starts with its own
 ls -la "$out"

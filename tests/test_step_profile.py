@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from step_profile import busy_ms, kind_of  # noqa: E402
+from step_profile import busy_ms, kernel_report, kind_of  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -37,6 +37,33 @@ def test_the_gpu_is_busy_for_the_union_of_its_kernels_not_their_sum():
     # two streams' kernels overlapping for 2 us, then a gap, then one more (times in us)
     assert busy_ms([(0, 5), (3, 8), (20, 21)]) == pytest.approx(0.009)
     assert busy_ms([]) == 0.0
+
+
+def test_kernel_time_counts_kernels_not_the_annotations_spanning_them():
+    """An annotation's GPU-side span (inductor's record_function ranges) covers kernels
+    already counted: counted too, the kinds added up to more than the GPU was busy."""
+    from types import SimpleNamespace
+
+    import torch
+
+    cuda = torch.autograd.DeviceType.CUDA
+
+    def event(name, start, us, annotation=False):
+        span = SimpleNamespace(start=start)
+        return SimpleNamespace(
+            name=name, device_type=cuda, device_time=us, time_range=span,
+            is_user_annotation=annotation, self_cpu_time_total=0,
+        )  # fmt: skip
+
+    events = [
+        event("## Call CompiledFxGraph fabc ##", 0, 1000, annotation=True),
+        event("nvjet_tst_256x128_64x4_2x1_v_bz_coopB_TNT", 0, 600),
+        event("triton_poi_fused_add_0", 600, 300),
+    ]
+    report = kernel_report(SimpleNamespace(events=lambda: events), wall_s=0.001, steps=1, top=5)
+    assert report["kernel_ms_per_step_by_kind"] == {"gemm": 0.6, "compiled (triton)": 0.3}
+    assert report["gpu_busy_ms_per_step"] == pytest.approx(0.9)
+    assert [k["name"] for k in report["largest_kernels"]][0].startswith("nvjet")
 
 
 @pytest.mark.slow  # a test-shape release and a start-up of its engine, in a process
