@@ -6,7 +6,10 @@ and the VAD; under load, most visibly when an agent pushes audio five times fast
 real time, a step then takes up to twice its time. `EngineProcess` starts the engine in a
 spawned child (`pipeline.startup.start_engine`: load, compile, warm-up) and offers what the
 server's sessions use of an `Engine`: `cfg`, `stream_step`, `step_seconds`, `device`,
-`new_stream`. Calls cross one pipe (serialised, like the engine itself); frames come back
+`new_stream`. Calls cross one pipe, each numbered and its reply matched by number, so
+several sessions' calls are in flight at once; in the child each session's calls run in
+order on a thread of its own, so an engine that batches its sessions' steps
+(`pipeline.batching`) batches them here as in the server's process. Frames come back
 through a shared-memory buffer per session, so a 720p step's 44 MB are copied once.
 
 A failure inside the child is raised in the caller as `EngineProcessError`; the child
@@ -17,8 +20,10 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import queue
 import threading
 import traceback
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
 
@@ -41,9 +46,6 @@ class EngineProcess:
     `realtime.engine_host.HostedEngine`."""
 
     own_process = True
-    # its calls cross one pipe in turn, so sessions' steps never meet there to be batched
-    batches_steps = False
-    capacity = None
 
     def __init__(self, options: EngineOptions) -> None:
         ctx = mp.get_context("spawn")  # CUDA cannot be forked; a clean interpreter anyway
@@ -53,14 +55,24 @@ class EngineProcess:
         )
         self._proc.start()
         child.close()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the pipe's sending end, and the numbers below
         self._next_id = 0
-        info = self._reply()  # blocks until the engine is warm (or failed to start)
+        self._next_call = 0
+        self._waiting: dict[int, _Reply] = {}  # calls sent, by number, until answered
+        info = self._startup_reply()  # blocks until the engine is warm (or failed to start)
         self.cfg = info["cfg"]
         self.step_seconds: dict[str, float] = info["step_seconds"]
         self.startup: StartupReport = info["startup"]
         self.device = torch.device(info["device"])  # a name only: CUDA stays in the child
+        # an engine that batches its sessions' steps does so in the child too (one thread
+        # a session there): the server's sessions then run side by side, as in-process
+        self.batches_steps: bool = info["batches_steps"]
+        self.capacity: int | None = info["capacity"]
         self._plan = ChunkPlan(self.cfg.schedule)
+        self._reader = threading.Thread(
+            target=self._read_replies, name="engine-replies", daemon=True
+        )
+        self._reader.start()
 
     def stream_step(self, k: int) -> StreamStep:
         cfg = self.cfg
@@ -80,34 +92,59 @@ class EngineProcess:
         return self.call("memory") if self.device.type == "cuda" else None
 
     def call(self, op: str, *args: object):
+        """Send one call and wait for its answer; other threads' calls go on meanwhile."""
+        reply = _Reply()
         with self._lock:
             if not self._proc.is_alive():
                 raise EngineProcessError(f"the engine process is gone (exit {self._proc.exitcode})")
+            self._next_call += 1
+            number = self._next_call
+            self._waiting[number] = reply
             try:
-                self._conn.send((op, *args))
+                self._conn.send((number, op, *args))
             except (OSError, EOFError) as exc:
+                del self._waiting[number]
                 raise EngineProcessError(f"the engine process is gone: {exc}") from None
-            return self._reply()
+        return reply.wait()
 
     def close(self) -> None:
         try:
             with self._lock:
-                self._conn.send(("exit",))
+                self._conn.send((0, "exit"))
         except (OSError, EOFError):
             pass
         self._proc.join(10)
         if self._proc.is_alive():
             self._proc.terminate()
             self._proc.join(5)
+        self._reader.join(5)
         self._conn.close()
+
+    def _read_replies(self) -> None:
+        """Hand each answer to the call waiting for it; when the child is gone, fail them all."""
+        while True:
+            try:
+                number, ok, value = self._conn.recv()
+            except (OSError, EOFError):
+                break
+            with self._lock:
+                reply = self._waiting.pop(number, None)
+            if reply is not None:
+                reply.set(ok, value)
+        self._proc.join(1)
+        gone = EngineProcessError(f"the engine process died (exit {self._proc.exitcode})")
+        with self._lock:
+            waiting, self._waiting = list(self._waiting.values()), {}
+        for reply in waiting:
+            reply.fail(gone)
 
     @property
     def alive(self) -> bool:
         return self._proc.is_alive()
 
-    def _reply(self):
+    def _startup_reply(self):
         try:
-            ok, value = self._conn.recv()
+            _, ok, value = self._conn.recv()
         except (OSError, EOFError):
             raise EngineProcessError(
                 f"the engine process died (exit {self._proc.exitcode})"
@@ -115,6 +152,32 @@ class EngineProcess:
         if not ok:
             raise EngineProcessError(value)
         return value
+
+
+@dataclass
+class _Reply:
+    """One call's answer, waited for by the thread that made the call."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    value: object = None
+    error: BaseException | None = None
+
+    def set(self, ok: bool, value: object) -> None:
+        if ok:
+            self.value = value
+        else:
+            self.error = EngineProcessError(value)
+        self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()
+
+    def wait(self):
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 class RemoteStream:
@@ -184,13 +247,15 @@ class RemoteStream:
 
 
 def _serve_engine(conn: Connection, options: EngineOptions) -> None:
-    """The engine process: start the engine, then answer calls until told to exit."""
+    """The engine process: start the engine, then answer calls until told to exit. Each
+    session's calls run in order on its own thread (`_Lane`), so different sessions' steps
+    wait in the engine together, where a batching engine runs them as one batch."""
     from pipeline.startup import freeze_long_lived_objects, start_engine
 
     try:
         engine, report = start_engine(options)
     except Exception as exc:
-        conn.send((False, f"{type(exc).__name__}: {exc}"))
+        conn.send((0, False, f"{type(exc).__name__}: {exc}"))
         return
     freeze_long_lived_objects()
     info = {
@@ -198,24 +263,92 @@ def _serve_engine(conn: Connection, options: EngineOptions) -> None:
         "step_seconds": engine.step_seconds,
         "startup": report,
         "device": str(engine.device),
+        "batches_steps": getattr(engine, "batcher", None) is not None,
+        "capacity": getattr(engine, "capacity", None),
     }
-    conn.send((True, info))
+    conn.send((0, True, info))
+    _answer_calls(conn, engine)
+
+
+def _answer_calls(conn: Connection, engine) -> None:
+    """Until told to exit: each call answered by number, a session's on its own lane."""
+    sending = threading.Lock()
+
+    def answer(number: int, call) -> None:
+        try:
+            reply = (number, True, call())
+        except Exception as exc:  # reported to the caller; the process serves on
+            detail = traceback.format_exc(limit=4)
+            reply = (number, False, f"{type(exc).__name__}: {exc}\n{detail}")
+        with sending:
+            conn.send(reply)
+
     sessions: dict[int, tuple] = {}
+    lanes: dict[int, _Lane] = {}
     while True:
         try:
-            op, *args = conn.recv()
+            number, op, *args = conn.recv()
         except (OSError, EOFError):  # the server went away
             break
         if op == "exit":
             break
-        try:
-            conn.send((True, _handle(engine, sessions, op, args)))
-        except Exception as exc:  # reported to the caller; the process serves on
-            detail = traceback.format_exc(limit=4)
-            conn.send((False, f"{type(exc).__name__}: {exc}\n{detail}"))
-    for session, shm, _ in sessions.values():
+        if op == "memory":
+            answer(number, lambda: gpu_memory(engine.device))
+            continue
+        if op == "batching":  # (batches, steps in them) so far: the batch size in use
+            answer(number, lambda: _batching(engine))
+            continue
+        sid = args[0]
+        if op == "open":
+            lanes[sid] = _Lane(answer, name=f"engine-session-{sid}")
+        lane = lanes.get(sid)
+        if lane is None:
+            answer(number, lambda sid=sid: _no_session(sid))
+            continue
+        lane.put(number, lambda op=op, args=args: _handle(engine, sessions, op, args))
+        if op == "close":
+            lane.stop()
+            del lanes[sid]
+    for lane in lanes.values():
+        lane.stop()
+    for lane in lanes.values():
+        lane.join(5)  # a step under way ends before its session closes
+    for session, shm, _ in list(sessions.values()):
         session.close()
         shm.close()
+
+
+def _batching(engine) -> tuple[int, int] | None:
+    batcher = getattr(engine, "batcher", None)
+    return None if batcher is None else (batcher.batches, batcher.jobs)
+
+
+def _no_session(sid: int):
+    raise KeyError(f"no open session {sid}")
+
+
+class _Lane:
+    """One session's calls in the child, run in order on a thread of their own."""
+
+    def __init__(self, answer, name: str) -> None:
+        self._answer = answer
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, number: int, call) -> None:
+        self._calls.put((number, call))
+
+    def stop(self) -> None:
+        """End the thread once the calls already put have run."""
+        self._calls.put(None)
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while (item := self._calls.get()) is not None:
+            self._answer(*item)
 
 
 def gpu_memory(device: torch.device) -> tuple[int, int] | None:

@@ -368,6 +368,66 @@ def test_a_stalled_stream_holds_no_batch_back(release):
     assert stalls.generate_ready()[0].start == engine.new_frames
 
 
+@pytest.mark.slow  # an engine started in a spawned process
+@pytest.mark.timeout(300)
+def test_an_engine_in_its_own_process_batches_its_sessions_steps(release):
+    """`serve --engine-process` keeps the engine's Python off the media loop's GIL. Its
+    sessions' calls cross one pipe, numbered, and run in the child on a thread a session:
+    a call never waits for another session's whole call, two sessions' steps meet in the
+    engine's batcher, and each stream's frames are what it makes in the server's process."""
+    import threading
+    import time
+
+    from realtime.engine_process import EngineProcess
+
+    options = engine_options(release)
+    engine, _ = start_engine(options)
+    per_chunk = engine.new_frames * MODEL_SAMPLES_PER_FRAME
+    speech = (0.2 * np.sin(np.arange(4 * per_chunk) * 0.05)).astype(np.float32)
+    refs = {seed: np.full((48, 40, 3), seed, np.uint8) for seed in (90, 150, 210)}
+    chunks = {90: 3, 150: 1, 210: 1}  # the first call has three steps to make, the others one
+
+    def frames_of(batches) -> np.ndarray:
+        return np.concatenate([b.frames for b in batches])
+
+    alone = {}
+    for seed, ref in refs.items():
+        stream = engine.new_stream(ref, seed=seed)
+        stream.push_audio(speech[: chunks[seed] * per_chunk])
+        alone[seed] = frames_of(stream.generate_ready())
+        stream.close()
+
+    hosted = EngineProcess(options)
+    try:
+        assert hosted.batches_steps  # so the server lets its sessions' steps in at once
+        streams = {seed: hosted.new_stream(ref, seed=seed) for seed, ref in refs.items()}
+        for seed, stream in streams.items():
+            stream.push_audio(speech[: chunks[seed] * per_chunk])
+        batches, jobs = hosted.call("batching")
+        made, finished = {}, []
+
+        def generate(seed: int) -> None:
+            made[seed] = frames_of(streams[seed].generate_ready())
+            finished.append(seed)
+
+        calls = [threading.Thread(target=generate, args=(seed,)) for seed in refs]
+        calls[0].start()
+        time.sleep(0.02)  # its first step under way: the other two calls wait for it together
+        for call in calls[1:]:
+            call.start()
+        for call in calls:
+            call.join(120)
+        assert finished[-1] == 90  # the one-step calls did not wait out the three-step one
+        for seed in refs:
+            np.testing.assert_array_equal(made[seed], alone[seed])
+        batches_now, jobs_now = hosted.call("batching")
+        assert jobs_now - jobs == 5 and batches_now - batches <= 4  # two steps met in a batch
+        for stream in streams.values():
+            stream.close()
+    finally:
+        hosted.close()
+
+
 @pytest.mark.slow  # runs the command line in a process of its own
 def test_the_command_line_says_what_is_wrong_in_one_line_and_writes_nothing(release, tmp_path):
     weights, wav2vec = release

@@ -267,6 +267,47 @@ class ScriptedEngine:
         return stream
 
 
+class ScriptedBatchingEngine(ScriptedEngine):
+    """A scripted engine that runs its sessions' steps as FlashHead's does: one thread takes
+    every step waiting, up to the largest batch, and runs them together
+    (`pipeline.batching.StepBatcher`). A batch of n later steps takes `batch_seconds[n]`;
+    streams' first steps run as a group of their own after them, `first_seconds` (FlashHead's
+    first chunk has another shape). Its warm-up figures (`step_seconds`, `capacity`) are
+    what `pipeline.warmup` would measure for those times."""
+
+    def __init__(
+        self,
+        batch_seconds: dict[int, float],
+        first_seconds: float,
+        chunk: int = 24,
+        lookahead: int = 2,
+    ):
+        from pipeline.batching import StepBatcher
+        from pipeline.warmup import capacity
+
+        super().__init__(rtf=batch_seconds[1] * 25 / chunk, first=chunk, chunk=chunk,
+                         lookahead=lookahead)  # fmt: skip
+        self.batch_seconds = batch_seconds
+        self.first_seconds = first_seconds
+        self.step_seconds = {
+            "first": first_seconds,
+            "steady": batch_seconds[1],
+            **{f"steady_x{n}": t for n, t in batch_seconds.items() if n > 1},
+        }
+        self.capacity = capacity(self.step_seconds, chunk / 25)
+        self.batcher = StepBatcher(self._run_batch, max(batch_seconds), name="scripted-steps")
+        self.batch_sizes: list[int] = []
+
+    def _run_batch(self, jobs):
+        later = [k for _, k in jobs if k > 0]
+        self.batch_sizes.append(len(jobs))
+        if later:
+            time.sleep(self.batch_seconds[len(later)])
+        if len(later) < len(jobs):
+            time.sleep(self.first_seconds)
+        yield [True] * len(jobs)
+
+
 def loudness_pixel(pcm: np.ndarray) -> int:
     """The pixel value a ScriptedStream frame gets for its audio (float in [-1, 1])."""
     return int(min(255, 700 * float(np.sqrt(np.mean(np.square(pcm, dtype=np.float64))))))
@@ -312,7 +353,11 @@ class ScriptedStream:
             start_next = self.engine.read_ahead and self.samples >= self._audio_end(self.step + 1)
             # the work of this step, unless it was done ahead, and of the next, if started now
             nxt = self.engine.rtf * self.engine.chunk / 25 if start_next else 0.0
-            time.sleep((0.0 if self.ahead else step_s) + nxt)
+            if isinstance(self.engine, ScriptedBatchingEngine):
+                for _ in self.engine.batcher.run((self, self.step)):
+                    pass  # the batch's time is spent in the batcher's thread
+            else:
+                time.sleep((0.0 if self.ahead else step_s) + nxt)
             values = [
                 loudness_pixel(audio[f * 640 : (f + 1) * 640])
                 for f in range(step.first_frame, step.end_frame)
