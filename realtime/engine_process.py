@@ -292,11 +292,8 @@ def _answer_calls(conn: Connection, engine) -> None:
             break
         if op == "exit":
             break
-        if op == "memory":
-            answer(number, lambda: gpu_memory(engine.device))
-            continue
-        if op == "batching":  # (batches, steps in them) so far: the batch size in use
-            answer(number, lambda: _batching(engine))
+        if op in ENGINE_CALLS:
+            answer(number, lambda op=op: ENGINE_CALLS[op](engine))
             continue
         sid = args[0]
         if op == "open":
@@ -309,6 +306,10 @@ def _answer_calls(conn: Connection, engine) -> None:
         if op == "close":
             lane.stop()
             del lanes[sid]
+    _close_all(lanes, sessions)
+
+
+def _close_all(lanes: dict, sessions: dict) -> None:
     for lane in lanes.values():
         lane.stop()
     for lane in lanes.values():
@@ -319,8 +320,14 @@ def _answer_calls(conn: Connection, engine) -> None:
 
 
 def _batching(engine) -> tuple[int, int] | None:
+    """(batches, steps in them) so far: the batch size in use; None for an engine that
+    does not batch."""
     batcher = getattr(engine, "batcher", None)
     return None if batcher is None else (batcher.batches, batcher.jobs)
+
+
+# calls about the engine, not a session: answered at once, in the order they come
+ENGINE_CALLS = {"memory": lambda engine: gpu_memory(engine.device), "batching": _batching}
 
 
 def _no_session(sid: int):
