@@ -84,7 +84,8 @@ serve)
     || { echo "serve FAILED"; tail -20 "$out/serve.log"; }
   ;;
 sessions)  # the product bench (batched steps, capacity), then serve: an agent alone, then
-  # CALLS live calls at once; MODEL=flashhead-lite for Lite; SKIP_BENCH=1, PROFILE=1
+  # CALLS live calls at once; MODEL=flashhead-lite for Lite; BATCH=3 (batch_streams);
+  # SKIP_BENCH=1, PROFILE=1, SERVE_FLAGS
   model=${MODEL:-flashhead-pro}
   lite=; [ "$model" = flashhead-lite ] && lite=--lite
   python3 -m pipeline.flashhead.random_release "$work/float32" --shape full $lite >/dev/null 2>&1
@@ -110,6 +111,9 @@ sessions)  # the product bench (batched steps, capacity), then serve: an agent a
   args+=" --serve-arg=--compile --serve-arg=--precision=fp8"
   # unset: as many sessions as the engine measured it carries; set, the operator's limit
   [ -n "${MAX_SESSIONS:-}" ] && args+=" --serve-arg=--max-sessions=$MAX_SESSIONS"
+  # SERVE_FLAGS: more `facecast serve` flags, e.g. --engine-process (the engine's Python off
+  # the media loop's GIL; its sessions' steps still batched)
+  for flag in ${SERVE_FLAGS:-}; do args+=" --serve-arg=$flag"; done
   # shellcheck disable=SC2086
   timeout "${SERVE_TIMEOUT:-330}" python3 bench/serve_bench.py --config "$model" --device cuda $args \
     --seconds "${SECONDS_LIVE:-60}" --mode push --mode "live*${CALLS:-2}" \
