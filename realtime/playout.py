@@ -77,21 +77,27 @@ def required_delay(
     A step's frames all exist when it ends, or, for an engine that sends them in pieces,
     its first frames `first_frames` (step 0's, a later step's) after it starts and the
     rest, no slower than the video plays, by its end: then its first frame's deadline and
-    its last frame's bound the step."""
+    its last frame's bound the step.
+
+    The margin covers every deadline but one: the stream's very first frame. The clock
+    starts when that frame exists (`PlayoutControl.start`), so a step 0 later than planned
+    moves the start by as much and makes no frame late; a margin there would only hold back
+    every first frame (an agent's first answer most of all)."""
     early = first_frames or (first_seconds, steady_seconds)
-    done, worst = 0.0, 0.0
+    done, worst, first_frame_at = 0.0, 0.0, 0.0
     for step in steps:
         arrived = max(start_s, (step.audio_frames / FPS - preroll_s) / rate)
         seconds, first = (
             (first_seconds, early[0]) if step.index == 0 else (steady_seconds, early[1])
         )
         began, done = max(arrived, done), max(arrived, done) + seconds
-        worst = max(
-            worst,
-            began + min(first, seconds) - step.first_frame / FPS,
-            done - (step.end_frame - 1) / FPS,
-        )
-    return worst + margin_s
+        first_due = began + min(first, seconds) - step.first_frame / FPS
+        if step.index == 0:
+            first_frame_at = first_due
+        else:
+            worst = max(worst, first_due)
+        worst = max(worst, done - (step.end_frame - 1) / FPS)
+    return max(first_frame_at, worst + margin_s)
 
 
 def plan_playout(

@@ -50,14 +50,16 @@ class Sink:
         return float(np.sqrt(np.mean(pcm**2)))
 
 
-async def serve_scripted(engine: ScriptedEngine, seconds: float, **session):
+async def serve_scripted(engine: ScriptedEngine, seconds: float, speed: float = 1.0, **session):
+    """A call of `seconds` on the scripted engine: a microphone, or an agent pushing its
+    audio `speed` times faster than real time."""
     sink = Sink()
 
     async def attach(_session):
         return sink
 
     async with running_server(engine=engine, sink_factories=[attach], **session) as (url, app):
-        client = FacecastClient(url, PcmSource(loudness_track(seconds + 4)))
+        client = FacecastClient(url, PcmSource(loudness_track(seconds + 4), speed=speed))
         await client.connect()
         await asyncio.sleep(seconds)
         live = app[SERVICE].sessions[client.session_id]
@@ -102,6 +104,41 @@ def test_budget_is_the_schedules_bound():
     # Pushed five times faster, no pre-roll: the engine's own speed bounds the delay.
     pushed = plan_playout(engine.stream_step, *engine.step_seconds.values(), rate=5.0)
     assert pushed.preroll == 0 and pushed.delay < budget.delay
+
+
+def test_the_first_frame_is_planned_for_when_step_0_makes_it_with_no_margin():
+    """A step 0 later than planned moves the clock's start and makes no frame late, so the
+    stream's first frame is planned for when step 0 makes it; the later steps' deadlines
+    keep the margin, and bind when the engine is slow enough."""
+    fast = ScriptedEngine(rtf=0.3)
+    first, steady = fast.step_seconds["first"], fast.step_seconds["steady"]
+    pushed = plan_playout(fast.stream_step, first, steady, rate=10.0, margin_s=0.1)
+    step_0_audio = fast.stream_step(0).audio_frames / 25 / 10
+    assert pushed.first_frame == pytest.approx(step_0_audio + first)  # no margin
+    slow = ScriptedEngine(rtf=0.8)
+    first, steady = slow.step_seconds["first"], slow.step_seconds["steady"]
+    pushed = plan_playout(slow.stream_step, first, steady, rate=10.0, margin_s=0.1)
+    step_0_ends = step_0_audio + first
+    one = slow.stream_step(1)  # its audio is here before step 0 ends: it runs right after
+    step_1_due = step_0_ends + steady - one.first_frame / 25
+    assert pushed.first_frame == pytest.approx(step_1_due + 0.1)  # with the margin
+
+
+@pytest.mark.slow  # a served call for seconds
+@pytest.mark.timeout(60)
+@REAL_TIME_ON_A_SHARED_CPU
+async def test_a_pushed_call_whose_first_step_runs_late_starts_later_and_drops_nothing():
+    """An agent pushing at 5x to an engine whose step 0 takes 0.3 s longer than it measured:
+    the first frame leaves when it exists, later than planned by about that much, and every
+    frame after is fresh and on time."""
+    engine = ScriptedEngine(rtf=0.3, stalls={0: 0.3})
+    sink, stats, budget, session = await serve_scripted(engine, seconds=5.0, speed=5.0)
+    assert budget.preroll == 0 and budget.first_frame < 0.5  # planned with no margin
+    assert stats["frames_dropped"] == 0 and stats["frames_missed"] == 0, stats
+    assert stats["frames_repeated"] == 0 and stats["fresh_share"] == 1.0, stats
+    late = stats["ttff_ms"] / 1000 - budget.first_frame
+    assert 0.2 <= late <= 0.45, (stats["ttff_ms"], budget)
+    assert sync_lag(sink) == 0
 
 
 @pytest.mark.slow  # a served call for seconds
