@@ -115,14 +115,16 @@ async def measure(args: argparse.Namespace, cmd: list[str], port: int, script: s
         pcm = read_pcm(args.wav)
         calls = []
         for mode, n in map(mode_and_calls, args.mode):
+            before = await engine_batches(url)
             together = await asyncio.gather(
                 *(
                     one_call(url, pcm, mode, args.seconds, args.push_speed, i * args.stagger)
                     for i in range(n)
                 )
             )
+            batching = batches_between(before, await engine_batches(url))
             for i, call in enumerate(together):
-                call.update(concurrent=n, call=i)
+                call.update(concurrent=n, call=i, engine_batching=batching)
                 calls.append(call)
                 print(summary(args.config, call), flush=True)
     finally:
@@ -144,6 +146,23 @@ async def measure(args: argparse.Namespace, cmd: list[str], port: int, script: s
     }
 
 
+async def engine_batches(url: str) -> tuple[int, int] | None:
+    """(batches, steps in them) the server's engine ran so far (/healthz), or None."""
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/healthz") as r:
+        health = await r.json()
+    if "batches" not in health:
+        return None
+    return health["batches"], health["batched_steps"]
+
+
+def batches_between(before, after) -> dict | None:
+    """The engine's batching over a set of calls: batches, steps, and the mean batch."""
+    if before is None or after is None:
+        return None
+    batches, steps = after[0] - before[0], after[1] - before[1]
+    return {"batches": batches, "steps": steps, "mean_batch": round(steps / max(1, batches), 2)}
+
+
 def summary(config: str, call: dict) -> str:
     if "refused" in call:
         return f"{config} {call['mode']} (call {call.get('call', 0) + 1} of {call.get('concurrent', 1)}): {call['refused']}"
@@ -158,8 +177,14 @@ def summary(config: str, call: dict) -> str:
         f"{s.get('playout_delay_now_ms')} ms, gen RTF {call['generation_rtf'] or 0:.3f}, "
         f"client fps {c.get('fps')} A/V {c.get('av_offset_ms')} ms gap {c.get('max_gap_ms')} ms "
         f"round trip p50/p95 {c.get('round_trip_p50_ms')}/{c.get('round_trip_p95_ms')} ms, "
-        f"GPU {gb / 1e9 if gb else 0:.2f} GB{allocated_label(call)}"
+        f"GPU {gb / 1e9 if gb else 0:.2f} GB{allocated_label(call)}{batching_label(call)}"
     )
+
+
+def batching_label(call: dict) -> str:
+    """', steps in batches of 2.4 (120 in 50)' over the calls made together, or nothing."""
+    b = call.get("engine_batching")
+    return f", steps in batches of {b['mean_batch']} ({b['steps']} in {b['batches']})" if b else ""
 
 
 def allocated_label(call: dict) -> str:

@@ -20,7 +20,7 @@ from pipeline.families import family_named
 from pipeline.schedule import StreamStep
 from pipeline.startup import EngineOptions, start_engine
 from pipeline.stream import AvatarStream, Reference, StartupReport, StreamingEngine
-from realtime.engine_process import EngineProcess, gpu_memory
+from realtime.engine_process import EngineProcess, batch_counts, gpu_memory
 
 
 class HostedEngine(StreamingEngine, Protocol):
@@ -46,6 +46,12 @@ class HostedEngine(StreamingEngine, Protocol):
     def gpu_memory(self) -> tuple[int, int] | None:
         """Bytes the engine's tensors hold on its GPU now, and their peak; None on a CPU.
         May wait for a step to finish."""
+        ...
+
+    def batching(self) -> tuple[int, int] | None:
+        """(batches run, steps in them) since start-up, for an engine that batches its
+        sessions' steps (their ratio is the batch size in use); None for one that does not.
+        May wait for the engine's process."""
         ...
 
     def close(self) -> None:
@@ -97,6 +103,9 @@ class InProcessEngine:
 
     def gpu_memory(self) -> tuple[int, int] | None:
         return gpu_memory(self.engine.device)
+
+    def batching(self) -> tuple[int, int] | None:
+        return batch_counts(self.engine)
 
     def close(self) -> None:
         """Nothing to free early: the engine's memory goes with the server's process."""

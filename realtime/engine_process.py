@@ -91,6 +91,9 @@ class EngineProcess:
     def gpu_memory(self) -> tuple[int, int] | None:
         return self.call("memory") if self.device.type == "cuda" else None
 
+    def batching(self) -> tuple[int, int] | None:
+        return self.call("batching") if self.batches_steps else None
+
     def call(self, op: str, *args: object):
         """Send one call and wait for its answer; other threads' calls go on meanwhile."""
         reply = _Reply()
@@ -319,15 +322,11 @@ def _close_all(lanes: dict, sessions: dict) -> None:
         shm.close()
 
 
-def _batching(engine) -> tuple[int, int] | None:
-    """(batches, steps in them) so far: the batch size in use; None for an engine that
-    does not batch."""
-    batcher = getattr(engine, "batcher", None)
-    return None if batcher is None else (batcher.batches, batcher.jobs)
-
-
 # calls about the engine, not a session: answered at once, in the order they come
-ENGINE_CALLS = {"memory": lambda engine: gpu_memory(engine.device), "batching": _batching}
+ENGINE_CALLS = {
+    "memory": lambda engine: gpu_memory(engine.device),
+    "batching": lambda e: batch_counts(e),
+}
 
 
 def _no_session(sid: int):
@@ -356,6 +355,12 @@ class _Lane:
     def _run(self) -> None:
         while (item := self._calls.get()) is not None:
             self._answer(*item)
+
+
+def batch_counts(engine) -> tuple[int, int] | None:
+    """(batches, steps in them) an engine's step batcher ran so far; None where it has none."""
+    batcher = getattr(engine, "batcher", None)
+    return None if batcher is None else (batcher.batches, batcher.jobs)
 
 
 def gpu_memory(device: torch.device) -> tuple[int, int] | None:

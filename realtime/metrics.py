@@ -112,6 +112,16 @@ class RealtimeMetrics:
             "GPU memory the engine's tensors hold now (CUDA only): flat over a long call",
             registry=r,
         )
+        self.engine_batches = Gauge(
+            "facecast_engine_batches",
+            "Batches of sessions' steps the engine ran since start-up (an engine that batches)",
+            registry=r,
+        )
+        self.engine_batched_steps = Gauge(
+            "facecast_engine_batched_steps",
+            "Sessions' steps in those batches: over facecast_engine_batches, the batch size in use",
+            registry=r,
+        )
         self.ready = Gauge(
             "facecast_ready", "1 once the engine is warm and sessions are taken", registry=r
         )

@@ -243,6 +243,9 @@ async def _healthz(request: web.Request) -> web.Response:
     body["free"] = max(0, service.max_sessions - len(service.sessions) - service.reserved)
     if service.engine is not None:
         body["startup_seconds"] = round(service.startup_seconds, 3)
+        counts = await asyncio.to_thread(service.engine.batching)  # may wait for its process
+        if counts is not None:  # the batch size in use: how much the sessions share the GPU
+            body["batches"], body["batched_steps"] = counts
     else:
         body["starting_for_s"] = round(time.monotonic() - service.startup_began, 1)
         if service.startup_error:
@@ -263,6 +266,10 @@ async def metrics_text(service: Service) -> bytes:
         if memory is not None:
             service.metrics.gpu_memory_now.set(memory[0])
             service.metrics.gpu_memory.set(memory[1])
+        counts = await asyncio.to_thread(service.engine.batching)
+        if counts is not None:
+            service.metrics.engine_batches.set(counts[0])
+            service.metrics.engine_batched_steps.set(counts[1])
     return service.metrics.render()
 
 

@@ -403,7 +403,7 @@ def test_an_engine_in_its_own_process_batches_its_sessions_steps(release):
         streams = {seed: hosted.new_stream(ref, seed=seed) for seed, ref in refs.items()}
         for seed, stream in streams.items():
             stream.push_audio(speech[: chunks[seed] * per_chunk])
-        batches, jobs = hosted.call("batching")
+        batches, jobs = hosted.batching()
         made, finished = {}, []
 
         def generate(seed: int) -> None:
@@ -420,7 +420,7 @@ def test_an_engine_in_its_own_process_batches_its_sessions_steps(release):
         assert finished[-1] == 90  # the one-step calls did not wait out the three-step one
         for seed in refs:
             np.testing.assert_array_equal(made[seed], alone[seed])
-        batches_now, jobs_now = hosted.call("batching")
+        batches_now, jobs_now = hosted.batching()
         assert jobs_now - jobs == 5 and batches_now - batches <= 4  # two steps met in a batch
         for stream in streams.values():
             stream.close()

@@ -21,6 +21,9 @@ class MemoryEngine:
     def gpu_memory(self):
         return self.memory
 
+    def batching(self):
+        return None
+
 
 async def test_metrics_carry_the_gpu_memory_held_now_and_its_peak():
     service = SimpleNamespace(

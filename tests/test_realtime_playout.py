@@ -7,7 +7,12 @@ import asyncio
 
 import numpy as np
 import pytest
-from support.realtime import REAL_TIME_ON_A_SHARED_CPU, ScriptedEngine, running_server
+from support.realtime import (
+    REAL_TIME_ON_A_SHARED_CPU,
+    ScriptedBatchingEngine,
+    ScriptedEngine,
+    running_server,
+)
 
 from facecast_client import FacecastClient, PcmSource
 from realtime.playout import PROBE_S, plan_playout, required_delay
@@ -258,3 +263,35 @@ def test_a_session_opened_beside_others_plans_on_their_batched_step():
     assert beside_five.steady_seconds == pytest.approx(1.7 * slow)  # the largest batch measured
     plain = SimpleNamespace(step_seconds={"first": 0.3, "steady": 0.5}, stream_step=None)
     assert EngineTiming.of(plain, sessions=3).first_seconds == EngineTiming.of(plain).first_seconds
+
+
+@pytest.mark.slow  # three served calls for seconds
+@pytest.mark.timeout(90)
+@REAL_TIME_ON_A_SHARED_CPU
+async def test_three_calls_on_a_batching_engine_at_lites_speed_are_all_fresh():
+    """FlashHead Lite's batches as the H200 timed them (a 24-frame step alone 0.150 s, two
+    0.279 s, three 0.256 s) behind the real server: three live calls at once, their steps
+    batched by the engine's own thread, every call fresh on the server's own counters, and
+    /healthz and /metrics say how many steps ran in how many batches."""
+    import aiohttp
+
+    engine = ScriptedBatchingEngine({1: 0.150, 2: 0.279, 3: 0.279}, first_seconds=0.2)
+    assert engine.capacity == 3
+    async with running_server(engine=engine) as (url, app):
+        clients = [FacecastClient(url, PcmSource(loudness_track(16, seed=i))) for i in range(3)]
+        for client in clients:
+            await client.connect()
+        await asyncio.sleep(12)
+        stats = [app[SERVICE].sessions[c.session_id].stats() for c in clients]
+        for client in clients:
+            await client.close()
+        await asyncio.sleep(0.5)  # a step under way ends
+        async with aiohttp.ClientSession() as http:
+            health = await (await http.get(f"{url}/healthz")).json()
+            metrics = await (await http.get(f"{url}/metrics")).text()
+    for call in stats:
+        assert call["frames_sent"] > 200 and call["frames_missed"] == 0, call
+        assert call["frames_fresh"] >= 0.99 * call["frames_sent"], call
+    assert health["batched_steps"] >= health["batches"] == len(engine.batch_sizes) > 20
+    assert health["batched_steps"] == sum(engine.batch_sizes)
+    assert f"facecast_engine_batched_steps {float(health['batched_steps'])}" in metrics
