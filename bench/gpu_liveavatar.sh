@@ -43,8 +43,9 @@
 # (speed: the DiT-alone bench once per kernel), SETS="-;liveavatar.fp8_outputs=true" (speed:
 # a ;-separated list of --set variants, each a space-separated list of key=value, "-" none;
 # every precision and overlap runs each),
-# GATE_SETS (gate: the same list for FP8 against the eager bf16 baseline; default
-# "-;liveavatar.fp8_outputs=true"), GATE_SECONDS=4 (gate: seconds of video a run), GATE_FLAGS
+# GATE_SETS (gate: the same list for FP8 against the eager bf16 baseline; default "-"),
+# GATE_PRECISIONS="fp8 fp8-fast" (gate: each with every GATE_SETS variant; default fp8),
+# GATE_SECONDS=4 (gate: seconds of video a run), GATE_FLAGS
 # (gate: more flags for every run, e.g. a size on a CPU).
 #
 # Expected time (one H200). A block forward at 704x384 is 3 latent frames = 3168 tokens against
@@ -199,16 +200,19 @@ gate)  # the quality gate: the eager bf16 stream recorded twice (its own run-to-
   timeout "$(left)" "$py" -m facecast gate "${w[@]}" --baseline "$work/gate" --record \
     --seconds "${GATE_SECONDS:-4}" 2>"$logs/gate_record.log" | tail -1 \
     || { echo "FAILED gate record"; tail -20 "$logs/gate_record.log"; }
-  IFS=';' read -ra variants <<< "${GATE_SETS:--;liveavatar.fp8_outputs=true}"
-  for variant in "${variants[@]}"; do
-    sets=(); tag=
-    if [ "$variant" != - ]; then
-      for kv in $variant; do sets+=(--set "$kv"); tag+=_${kv//[^A-Za-z0-9]/_}; done
-    fi
-    timeout "$(left)" "$py" -m facecast gate "${w[@]}" --baseline "$work/gate" --precision fp8 \
-      --compile "${sets[@]}" --json "$out/gate_fp8$tag.json" 2>"$out/gate_fp8$tag.log" | tail -1
-    [ -f "$out/gate_fp8$tag.json" ] || { echo "FAILED gate"; tail -3 "$out/gate_fp8$tag.log"; }
-    echo "  (the variant: $variant)"
+  IFS=';' read -ra variants <<< "${GATE_SETS:--}"
+  for precision in ${GATE_PRECISIONS:-fp8}; do
+    for variant in "${variants[@]}"; do
+      sets=(); tag=_${precision//-/_}
+      if [ "$variant" != - ]; then
+        for kv in $variant; do sets+=(--set "$kv"); tag+=_${kv//[^A-Za-z0-9]/_}; done
+      fi
+      timeout "$(left)" "$py" -m facecast gate "${w[@]}" --baseline "$work/gate" \
+        --precision "$precision" --compile "${sets[@]}" --json "$out/gate$tag.json" \
+        2>"$logs/gate$tag.log" | tail -1
+      [ -f "$out/gate$tag.json" ] || { echo "FAILED gate"; tail -3 "$logs/gate$tag.log"; }
+      echo "  (the variant: $precision $variant)"
+    done
   done
   ;;
 serve)

@@ -82,10 +82,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser, default_config: str) -
     )
     parser.add_argument(
         "--precision",
-        choices=["default", "fp8", "fp8-rowwise"],
+        choices=["default", "fp8", "fp8-fast", "fp8-rowwise"],  # pipeline.startup.PRECISIONS
         default="default",
         help="fp8: the DiTs' linear layers in float8 e4m3, activation scales calibrated at "
-        "start-up; fp8-rowwise: scaled per token on every call (FP8 GPUs; bench/RESULTS.md)",
+        "start-up; fp8-fast: the same with Hopper's fast FP8 accumulation; fp8-rowwise: "
+        "scaled per token on every call (FP8 GPUs; bench/RESULTS.md)",
     )
 
 
@@ -345,9 +346,10 @@ def cmd_gate(args: argparse.Namespace) -> int:
             return 0
     if args.precision != "default":
         from pipeline.precision import apply_fp8
-        from pipeline.startup import FP8_SCALING
+        from pipeline.startup import FP8_FAST_ACCUM, FP8_SCALING
 
-        apply_fp8(engine, FP8_SCALING[args.precision])
+        fast = args.precision in FP8_FAST_ACCUM
+        apply_fp8(engine, FP8_SCALING[args.precision], fast_accum=fast)
     family = engine.cfg.family
     if args.sdpa_pick and family.picks_sdpa:  # the project's diffusion stack's kernel picks
         pick_sdpa_backends(engine)

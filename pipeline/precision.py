@@ -13,6 +13,10 @@
   per-tensor FP8 GEMM needs. The attention output projection stays bf16: its input comes
   from the attention kernel, outside the compiled graph, and a separate quantisation pass
   made it slower than bf16 (A2V: 440 against 700 TFLOP/s).
+- `static` with `fast_accum` (`--precision fp8-fast`): as `static`, the GEMMs in Hopper's
+  fast accumulation mode (cuBLAS's FP8 GEMMs then skip the periodic promotion of partial
+  sums to full fp32; torchao runs its float8 inference so), faster and less exact: the
+  gate's FP8 tier says whether a model keeps its picture.
 - `row` (`--precision fp8-rowwise`): per-token activation and per-channel weight scales
   computed on every call. Nothing to calibrate, but the absolute-max pass over each input
   costs what FP8 saves (670-900 TFLOP/s, slower than bf16 on the small layers).
@@ -45,10 +49,13 @@ class Fp8Linear(nn.Module):
     input_scale: Tensor  # () static only
     bias: Tensor | None
 
-    def __init__(self, linear: nn.Linear, input_amax: Tensor | None = None) -> None:
+    def __init__(
+        self, linear: nn.Linear, input_amax: Tensor | None = None, fast_accum: bool = False
+    ) -> None:
         super().__init__()
         w = linear.weight.detach().float()
         self.static = input_amax is not None
+        self.fast_accum = fast_accum
         if input_amax is not None:
             scale = w.abs().amax().clamp(min=1e-12) / E4M3_MAX  # one for the tensor
             self.register_buffer("weight_scale", scale)
@@ -76,6 +83,7 @@ class Fp8Linear(nn.Module):
             scale_a=scale,
             scale_b=self.weight_scale,
             out_dtype=x.dtype,
+            use_fast_accum=self.fast_accum,
         )
         if self.bias is not None:
             y = y + self.bias
@@ -113,10 +121,14 @@ def calibrate_input_amax(engine, linears: list[nn.Linear]) -> dict[nn.Module, Te
     return amax
 
 
-def apply_fp8(engine, scaling: str = "static", emulate: bool = False) -> int:
+def apply_fp8(
+    engine, scaling: str = "static", emulate: bool = False, fast_accum: bool = False
+) -> int:
     """Swap the DiT blocks' token-wise linears for `Fp8Linear`; returns how many.
     `emulate` allows any device: torch's reference kernels compute the same e4m3 products,
-    slowly, which is enough to measure what FP8 does to quality (bench/fp8_quality.py)."""
+    slowly, which is enough to measure what FP8 does to quality (bench/fp8_quality.py).
+    `fast_accum`: the GEMMs in the fast accumulation mode (a GPU's; the CPU's reference
+    kernels accumulate exactly either way)."""
     from pipeline.errors import ConfigError
 
     if scaling not in SCALINGS:
@@ -131,6 +143,7 @@ def apply_fp8(engine, scaling: str = "static", emulate: bool = False) -> int:
         amax = calibrate_input_amax(engine, [getattr(p, a) for p, a in layers])
     for parent, attr in layers:
         linear = getattr(parent, attr)
-        setattr(parent, attr, Fp8Linear(linear, amax[linear] if amax is not None else None))
-    engine.precision = f"fp8-{scaling}"
+        layer_amax = amax[linear] if amax is not None else None
+        setattr(parent, attr, Fp8Linear(linear, layer_amax, fast_accum=fast_accum))
+    engine.precision = f"fp8-{scaling}" + ("-fast" if fast_accum else "")
     return len(layers)

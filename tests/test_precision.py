@@ -47,6 +47,30 @@ def test_static_fp8_linear_matches_within_its_calibrated_range(bias):
     assert torch.isfinite(huge).all()
 
 
+def test_fp8_fast_asks_the_gemm_for_fast_accumulation(monkeypatch):
+    """`--precision fp8-fast`: the static layers, their GEMMs in the fast accumulation mode
+    (what a GPU's kernel does with it; the CPU's reference accumulates exactly either way)."""
+    from pipeline.startup import FP8_FAST_ACCUM, FP8_SCALING, PRECISIONS
+
+    assert "fp8-fast" in PRECISIONS and FP8_SCALING["fp8-fast"] == "static"
+    assert FP8_FAST_ACCUM == {"fp8-fast"}
+    asked = []
+    scaled_mm = torch._scaled_mm
+
+    def recording(*args, **kwargs):
+        asked.append(kwargs["use_fast_accum"])
+        return scaled_mm(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_mm", recording)
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(128, 64).to(torch.bfloat16)
+    x = torch.randn(8, 128, dtype=torch.bfloat16)
+    exact, fast = (Fp8Linear(layer, x.abs().amax(), fast_accum=f) for f in (False, True))
+    want = exact(x)
+    torch.testing.assert_close(fast(x), want)  # the same products here
+    assert asked == [False, True]
+
+
 def test_fp8_needs_an_fp8_gpu(tiny_engine):
     with pytest.raises(ConfigError, match="FP8 GPU"):
         apply_fp8(tiny_engine)
