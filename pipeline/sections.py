@@ -64,6 +64,10 @@ class RuntimeConfig:
     attention: str = "sdpa"
     weights: str | None = None  # safetensors path, or "package:NAME" for shipped weights
     init_seed: int = 0  # used when weights is None: deterministic random init
+    # the real models' speech encoders (wav2vec2) from CUDA graphs on a GPU: their few hundred
+    # short kernels launched at once instead of one by one (`pipeline.graphs`); the same
+    # numbers, checked at capture. Off until the H200 has measured what it saves
+    speech_graphs: bool = False
 
     def validate(self) -> None:
         check(self.dtype in DTYPES, "runtime.dtype", f"must be one of {DTYPES}")

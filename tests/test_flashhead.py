@@ -166,6 +166,25 @@ def test_pro_sends_a_chunks_first_new_frames_before_the_rest_and_the_same_frames
     torch.testing.assert_close(motion, wide_motion, atol=1e-4, rtol=1e-4)
 
 
+def test_speech_graphs_reach_the_engines_speech_encoder_and_change_no_frame(release):
+    """`runtime.speech_graphs`: wav2vec2 through `pipeline.graphs.ShapeGraphs` (CUDA graphs
+    on a GPU, tested in tests/test_graphs.py there; the function itself on a CPU)."""
+    from pipeline.graphs import ShapeGraphs
+
+    plain = start_engine(engine_options(release))[0]
+    graphed = start_engine(engine_options(release, overrides={"runtime.speech_graphs": True}))[0]
+    assert isinstance(graphed.models.speech._states, ShapeGraphs)
+    assert not isinstance(plain.models.speech._states, ShapeGraphs)
+    speech = 0.2 * np.sin(np.arange(2 * plain.new_frames * MODEL_SAMPLES_PER_FRAME) * 0.05)
+    frames = []
+    for engine in (plain, graphed):
+        stream = engine.new_stream(np.full((48, 40, 3), 120, np.uint8), seed=3)
+        stream.push_audio(speech.astype(np.float32))
+        frames.append(np.concatenate([b.frames for b in stream.generate_ready()]))
+        stream.close()
+    np.testing.assert_array_equal(frames[0], frames[1])
+
+
 @pytest.mark.parametrize("model", ["flashhead-pro", "flashhead-lite"])
 def test_two_streams_batched_make_each_ones_frames_as_alone(release, model):
     """Two sessions whose steps wait together run as one batch (the DiT, the decode and

@@ -123,7 +123,7 @@ class FlashHeadEngine(EngineBase):
         dev = torch.device(device)
         dtype = model_dtype(cfg, dev)
         dit_dir, vae_path = release_paths(fh.weights, fh.variant)
-        speech = SpeechFeatures(fh.wav2vec, dev)
+        speech = SpeechFeatures(fh.wav2vec, dev, graphs=cfg.runtime.speech_graphs)
         dit = load_dit(dit_dir, dev, dtype, speech.layers, speech.width)
         vae: WanVAE | LtxVae
         if fh.variant == "pro":

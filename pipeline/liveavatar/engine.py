@@ -120,7 +120,9 @@ class LiveAvatarEngine(EngineBase):
                 f"make {block} video frames, the config's schedule {cfg.schedule.chunk_latents}"
             )
         vae = load_wan_vae(paths.vae, dev, dtype, config=None)
-        speech = S2VSpeechFeatures(la.wav2vec or paths.wav2vec, dev, dtype)
+        speech = S2VSpeechFeatures(
+            la.wav2vec or paths.wav2vec, dev, dtype, graphs=cfg.runtime.speech_graphs
+        )
         s2v = transformer.cfg
         if (speech.num_states, speech.width) != (s2v.audio_layers, s2v.audio_dim):
             raise CheckpointError(

@@ -25,6 +25,7 @@ Shapes: L hidden states (layers + 1), T steps, W the model width, F video frames
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,7 @@ from torch import Tensor
 
 from pipeline.clock import FPS, MODEL_RATE
 from pipeline.errors import CheckpointError
+from pipeline.graphs import ShapeGraphs
 from pipeline.models.encoders.pretrained import load_files, load_model
 from pipeline.models.encoders.wav2vec2 import write_feature_extractor
 
@@ -67,7 +69,10 @@ class S2VSpeechFeatures:
         folder: str | Path,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        graphs: bool = False,
     ) -> None:
+        """`graphs`: on a GPU, the network runs from a CUDA graph (`pipeline.graphs`: the
+        same numbers, its launches at once; the window is the same length every block)."""
         from transformers import Wav2Vec2FeatureExtractor, Wav2Vec2ForCTC
 
         folder = Path(folder)
@@ -88,12 +93,20 @@ class S2VSpeechFeatures:
         self.device, self.dtype = torch.device(device), dtype
         self.num_states = self.model.config.num_hidden_layers + 1
         self.width = self.model.config.hidden_size
+        self._states: Callable[[Tensor], Tensor] = (
+            ShapeGraphs(self._all_states, "wav2vec2-large") if graphs else self._all_states
+        )
 
     @torch.inference_mode()
     def hidden_states(self, audio: np.ndarray) -> Tensor:
         """float32 mono audio at MODEL_RATE → (L, T, W) float32 at 50 steps a second."""
         values = self.extractor(audio, sampling_rate=MODEL_RATE).input_values[0]
         x = torch.as_tensor(np.asarray(values), dtype=self.dtype, device=self.device)[None]
+        return self._states(x)
+
+    def _all_states(self, x: Tensor) -> Tensor:
+        """Normalised audio (1, samples) → (L, T, W) float32: the network alone, nothing
+        read back to the host."""
         layers = self.model.encoder.layers
         states: list[Tensor] = []
 

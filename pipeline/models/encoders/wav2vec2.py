@@ -9,6 +9,7 @@ every transformer layer's output is kept, so a frame's feature is (layers, width
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from torch import Tensor
 
 from pipeline.clock import FPS, MODEL_RATE
 from pipeline.errors import CheckpointError
+from pipeline.graphs import ShapeGraphs
 from pipeline.models.encoders.pretrained import load_files, load_model
 
 # the tiny wav2vec2 that tests, parity fixtures and random releases build (transformers'
@@ -37,7 +39,11 @@ WAV2VEC2_TINY: dict = dict(
 class SpeechFeatures:
     """A wav2vec2 model folder, loaded once; `frames()` maps audio to per-frame features."""
 
-    def __init__(self, folder: str | Path, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, folder: str | Path, device: torch.device | str = "cpu", graphs: bool = False
+    ) -> None:
+        """`graphs`: on a GPU, the network runs from CUDA graphs, one per batch shape
+        (`pipeline.graphs`: the same numbers, its launches at once)."""
         from transformers import Wav2Vec2FeatureExtractor, Wav2Vec2Model
 
         folder = Path(folder)
@@ -55,6 +61,9 @@ class SpeechFeatures:
         self.device = torch.device(device)
         self.layers = self.model.config.num_hidden_layers
         self.width = self.model.config.hidden_size
+        self._states: Callable[[Tensor, int], Tensor] = (
+            ShapeGraphs(self._layer_states, "wav2vec2") if graphs else self._layer_states
+        )
 
     @torch.inference_mode()
     def frames(self, audio: np.ndarray, num_frames: int | None = None) -> Tensor:
@@ -72,6 +81,11 @@ class SpeechFeatures:
             num_frames = int(len(audios[0]) * FPS / MODEL_RATE)
         values = self.extractor(list(audios), sampling_rate=MODEL_RATE).input_values
         x = torch.as_tensor(np.stack(values), dtype=torch.float32, device=self.device)
+        return self._states(x, num_frames)
+
+    def _layer_states(self, x: Tensor, num_frames: int) -> Tensor:
+        """Normalised audio (B, samples) → every layer's output per frame (B, F, layers,
+        width): the network alone, nothing read back to the host."""
         conv_BCt = self.model.feature_extractor(x)
         per_frame_BCF = F.interpolate(conv_BCt, size=num_frames, mode="linear", align_corners=True)
         hidden, _ = self.model.feature_projection(per_frame_BCF.transpose(1, 2))
