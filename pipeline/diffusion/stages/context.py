@@ -18,10 +18,10 @@ from pipeline.config import FacecastConfig
 from pipeline.diffusion.audio_encoder import AudioEncoder
 from pipeline.diffusion.config import latent_grid
 from pipeline.diffusion.sampler import chunk_generator
-from pipeline.diffusion.stages.transfer import to_device
 from pipeline.module import Module
 from pipeline.schedule import Chunk
 from pipeline.timeline import AudioTimeline
+from pipeline.transfer import to_device
 
 
 @dataclass

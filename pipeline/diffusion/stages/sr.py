@@ -12,8 +12,8 @@ from torch import Tensor
 from pipeline.diffusion.sampler import chunk_generator
 from pipeline.diffusion.sr_dit import SRDiT
 from pipeline.diffusion.stages.init import ReferenceCond
-from pipeline.diffusion.stages.transfer import to_device
 from pipeline.module import Module
+from pipeline.transfer import to_device
 
 
 class SRStage:

@@ -38,6 +38,7 @@ from pipeline.errors import CheckpointError
 from pipeline.graphs import ShapeGraphs
 from pipeline.models.encoders.pretrained import load_files, load_model
 from pipeline.models.encoders.wav2vec2 import write_feature_extractor
+from pipeline.transfer import to_device
 
 STATES_PER_SECOND = 50  # wav2vec2's convolutions: one state per 20 ms at 16 kHz
 FEATURE_RATE = 30  # the authors' AudioEncoder.video_rate: the grid the states are resampled to
@@ -101,8 +102,9 @@ class S2VSpeechFeatures:
     def hidden_states(self, audio: np.ndarray) -> Tensor:
         """float32 mono audio at MODEL_RATE → (L, T, W) float32 at 50 steps a second."""
         values = self.extractor(audio, sampling_rate=MODEL_RATE).input_values[0]
-        x = torch.as_tensor(np.asarray(values), dtype=self.dtype, device=self.device)[None]
-        return self._states(x)
+        # staged through pinned memory: no wait here for the GPU's queued work
+        x = to_device(torch.from_numpy(np.asarray(values, np.float32)), self.device, self.dtype)
+        return self._states(x[None])
 
     def _all_states(self, x: Tensor) -> Tensor:
         """Normalised audio (1, samples) → (L, T, W) float32: the network alone, nothing

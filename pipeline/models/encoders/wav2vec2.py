@@ -21,6 +21,7 @@ from pipeline.clock import FPS, MODEL_RATE
 from pipeline.errors import CheckpointError
 from pipeline.graphs import ShapeGraphs
 from pipeline.models.encoders.pretrained import load_files, load_model
+from pipeline.transfer import to_device
 
 # the tiny wav2vec2 that tests, parity fixtures and random releases build (transformers'
 # Wav2Vec2Config keyword arguments, over its defaults or over a release's shape): every
@@ -80,7 +81,9 @@ class SpeechFeatures:
         if num_frames is None:
             num_frames = int(len(audios[0]) * FPS / MODEL_RATE)
         values = self.extractor(list(audios), sampling_rate=MODEL_RATE).input_values
-        x = torch.as_tensor(np.stack(values), dtype=torch.float32, device=self.device)
+        # staged through pinned memory: the host goes on queueing while the GPU finishes
+        # the last step's work, instead of waiting for it at this copy
+        x = to_device(torch.from_numpy(np.stack(values).astype(np.float32)), self.device)
         return self._states(x, num_frames)
 
     def _layer_states(self, x: Tensor, num_frames: int) -> Tensor:

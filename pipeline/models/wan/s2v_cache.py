@@ -34,8 +34,9 @@ Attended = tuple[Tensor, Tensor, Tensor | None]  # keys, values (B, N, L', K), m
 
 class KeyValues(Protocol):
     """Where a layer's self-attention finds its keys and values: it receives the current
-    tokens' normed keys (un-rotated and rotated) and values, (B, L, N, K) each, keeps what it
-    must, and returns keys and values (B, N, L', K) to attend to, and a mask or None."""
+    tokens' normed keys before RoPE (B, L, N, K), and their keys rotated and values (B, N,
+    L, K), keeps what it must, and returns keys and values (B, N, L', K) to attend to, and a
+    mask or None."""
 
     def __call__(self, layer: int, k_raw: Tensor, k_rot: Tensor, v: Tensor) -> Attended: ...
 
@@ -102,8 +103,8 @@ class SinkPrefill:
     def __call__(self, layer: int, k_raw: Tensor, k_rot: Tensor, v: Tensor) -> Attended:
         c, n = self.cache, k_raw.shape[1]
         c.sink_k[layer] = k_raw
-        c.v[:, layer, :, :, :n] = v.transpose(1, 2)[None]  # every step's buffer
-        return k_rot.transpose(1, 2), v.transpose(1, 2), None
+        c.v[:, layer, :, :, :n] = v[None]  # every step's buffer
+        return k_rot, v, None
 
 
 class CachedStep:
@@ -132,7 +133,7 @@ class CachedStep:
         self.rope = sink_rope() if self.rewrite and self.source is None else None
 
     def __call__(self, layer: int, k_raw: Tensor, k_rot: Tensor, v: Tensor) -> Attended:
-        c, s, end = self.cache, self.step, self.start + k_rot.shape[1]
+        c, s, end = self.cache, self.step, self.start + k_rot.shape[2]
         k, v_buf = c.k[s, layer], c.v[s, layer]
         if n := self.rewrite:
             if self.rope is None:
@@ -141,8 +142,8 @@ class CachedStep:
                 cos, sin = self.rope
                 k_sink = apply_rope(c.sink_k[layer][:, :n], cos[:n], sin[:n], tokens_first=True)
                 k[:, :, :n] = k_sink.transpose(1, 2)
-        k[:, :, self.start : end] = k_rot.transpose(1, 2)
-        v_buf[:, :, self.start : end] = v.transpose(1, 2)
+        k[:, :, self.start : end] = k_rot
+        v_buf[:, :, self.start : end] = v
         return k[:, :, : self.valid], v_buf[:, :, : self.valid], None
 
     def finish(self) -> None:
@@ -170,6 +171,6 @@ class BlockCausalMask:
             apply_rope(c.sink_k[layer], *r, tokens_first=True).transpose(1, 2)
             for r in self.sink_ropes
         ]
-        k_all = torch.cat([k_rot.transpose(1, 2), *sinks_k], dim=2)
-        v_all = torch.cat([v.transpose(1, 2), *[v_sink] * len(sinks_k)], dim=2)
+        k_all = torch.cat([k_rot, *sinks_k], dim=2)
+        v_all = torch.cat([v, *[v_sink] * len(sinks_k)], dim=2)
         return k_all, v_all, self.mask.to(k_all.device)
