@@ -23,16 +23,18 @@ import multiprocessing as mp
 import queue
 import threading
 import traceback
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
+from typing import Any
 
 import numpy as np
 import torch
 
 from pipeline.schedule import ChunkPlan, StreamStep
 from pipeline.startup import EngineOptions
-from pipeline.stream import FrameBatch, Reference, StartupReport
+from pipeline.stream import FrameBatch, Reference, StartupReport, ready_pieces
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,17 @@ class EngineProcess:
 
     def call(self, op: str, *args: object):
         """Send one call and wait for its answer; other threads' calls go on meanwhile."""
+        return self._send(op, args).wait()
+
+    def call_in_pieces(self, op: str, *args: object) -> Generator[Any, None, Any]:
+        """Send one call whose answer comes in pieces: yields each as it arrives, and
+        returns the final answer (the generator's value)."""
+        reply = self._send(op, args)
+        while (piece := reply.pieces.get()) is not _END:
+            yield piece
+        return reply.wait()
+
+    def _send(self, op: str, args: tuple) -> _Reply:
         reply = _Reply()
         with self._lock:
             if not self._proc.is_alive():
@@ -108,7 +121,7 @@ class EngineProcess:
             except (OSError, EOFError) as exc:
                 del self._waiting[number]
                 raise EngineProcessError(f"the engine process is gone: {exc}") from None
-        return reply.wait()
+        return reply
 
     def close(self) -> None:
         try:
@@ -131,8 +144,10 @@ class EngineProcess:
             except (OSError, EOFError):
                 break
             with self._lock:
-                reply = self._waiting.pop(number, None)
-            if reply is not None:
+                reply = self._waiting.get(number) if ok is None else self._waiting.pop(number, None)
+            if reply is not None and ok is None:  # a piece of an answer still coming
+                reply.pieces.put(value)
+            elif reply is not None:
                 reply.set(ok, value)
         self._proc.join(1)
         gone = EngineProcessError(f"the engine process died (exit {self._proc.exitcode})")
@@ -157,13 +172,18 @@ class EngineProcess:
         return value
 
 
+_END = object()  # the last of a call's pieces
+
+
 @dataclass
 class _Reply:
-    """One call's answer, waited for by the thread that made the call."""
+    """One call's answer, waited for by the thread that made the call, and the pieces
+    that came before it (`call_in_pieces`)."""
 
     done: threading.Event = field(default_factory=threading.Event)
     value: object = None
     error: BaseException | None = None
+    pieces: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
 
     def set(self, ok: bool, value: object) -> None:
         if ok:
@@ -171,10 +191,12 @@ class _Reply:
         else:
             self.error = EngineProcessError(value)
         self.done.set()
+        self.pieces.put(_END)
 
     def fail(self, error: BaseException) -> None:
         self.error = error
         self.done.set()
+        self.pieces.put(_END)
 
     def wait(self):
         self.done.wait()
@@ -217,21 +239,33 @@ class RemoteStream:
     def generate_ready(self) -> list[FrameBatch]:
         return self._frames(*self._host.call("generate", self.id))
 
+    def iter_ready(self) -> Iterator[FrameBatch]:
+        """`generate_ready`, each batch as soon as the child's stream has made it (FlashHead
+        Pro's first decode pass leaves before the rest of its step, as in-process)."""
+        pieces = self._host.call_in_pieces("pieces", self.id)
+        while True:
+            try:
+                placed = next(pieces)
+            except StopIteration as answer:
+                self._needed = answer.value
+                return
+            yield self._batch(placed)
+
     def finish(self) -> list[FrameBatch]:
         return self._frames(*self._host.call("finish", self.id))
 
-    def _frames(self, batches: list, needed: int) -> list[FrameBatch]:
+    def _frames(self, placed: list, needed: int) -> list[FrameBatch]:
         self._needed = needed
-        out: list[FrameBatch] = []
-        offset = 0
-        for start, count, pickled in batches:
-            if pickled is not None:  # more than the buffer holds (never in serving)
-                out.append(FrameBatch(start, pickled))
-                continue
-            view = np.ndarray((count, *self._shape), np.uint8, self._shm.buf, offset=offset)
-            out.append(FrameBatch(start, view.copy()))
-            offset += view.nbytes
-        return out
+        return [self._batch(p) for p in placed]
+
+    def _batch(self, placed: tuple) -> FrameBatch:
+        """A batch as the child placed it: in this session's buffer, or pickled where it
+        did not fit (never in serving)."""
+        start, count, offset, pickled = placed
+        if pickled is not None:
+            return FrameBatch(start, pickled)
+        view = np.ndarray((count, *self._shape), np.uint8, self._shm.buf, offset=offset)
+        return FrameBatch(start, view.copy())
 
     def close(self) -> None:
         if self.closed:
@@ -277,14 +311,17 @@ def _answer_calls(conn: Connection, engine) -> None:
     """Until told to exit: each call answered by number, a session's on its own lane."""
     sending = threading.Lock()
 
+    def send(message: tuple) -> None:
+        with sending:
+            conn.send(message)
+
     def answer(number: int, call) -> None:
         try:
             reply = (number, True, call())
         except Exception as exc:  # reported to the caller; the process serves on
             detail = traceback.format_exc(limit=4)
             reply = (number, False, f"{type(exc).__name__}: {exc}\n{detail}")
-        with sending:
-            conn.send(reply)
+        send(reply)
 
     sessions: dict[int, tuple] = {}
     lanes: dict[int, _Lane] = {}
@@ -305,7 +342,13 @@ def _answer_calls(conn: Connection, engine) -> None:
         if lane is None:
             answer(number, lambda sid=sid: _no_session(sid))
             continue
-        lane.put(number, lambda op=op, args=args: _handle(engine, sessions, op, args))
+
+        def piece(value, number=number) -> None:  # a piece of this call's answer
+            send((number, None, value))
+
+        lane.put(
+            number, lambda op=op, args=args, piece=piece: _handle(engine, sessions, op, args, piece)
+        )
         if op == "close":
             lane.stop()
             del lanes[sid]
@@ -357,6 +400,24 @@ class _Lane:
             self._answer(*item)
 
 
+class _FramePlacer:
+    """One call's frames into the session's shared buffer, one after another (the caller
+    copies each out before its next call), or pickled where they would not fit."""
+
+    def __init__(self, shm: SharedMemory, max_frames: int) -> None:
+        self.shm, self.offset, self.room = shm, 0, max_frames
+
+    def __call__(self, batch: FrameBatch) -> tuple[int, int, int, np.ndarray | None]:
+        frames = np.ascontiguousarray(batch.frames)
+        if len(frames) > self.room:
+            return batch.start, len(frames), 0, frames
+        np.ndarray(frames.shape, np.uint8, self.shm.buf, offset=self.offset)[:] = frames
+        placed = (batch.start, len(frames), self.offset, None)
+        self.offset += frames.nbytes
+        self.room -= len(frames)
+        return placed
+
+
 def batch_counts(engine) -> tuple[int, int] | None:
     """(batches, steps in them) an engine's step batcher ran so far; None where it has none."""
     batcher = getattr(engine, "batcher", None)
@@ -370,7 +431,7 @@ def gpu_memory(device: torch.device) -> tuple[int, int] | None:
     return torch.cuda.memory_allocated(device), torch.cuda.max_memory_allocated(device)
 
 
-def _handle(engine, sessions: dict, op: str, args: list):
+def _handle(engine, sessions: dict, op: str, args: list, piece: Callable[[object], None]):
     if op == "memory":
         return gpu_memory(engine.device)
     if op == "open":
@@ -390,18 +451,13 @@ def _handle(engine, sessions: dict, op: str, args: list):
         return session.samples_needed()
     if op in ("generate", "finish"):
         made = session.generate_ready() if op == "generate" else session.finish()
-        layout: list[tuple[int, int, np.ndarray | None]] = []
-        offset, room = 0, max_frames
-        for batch in made:
-            frames = np.ascontiguousarray(batch.frames)
-            if len(frames) > room:
-                layout.append((batch.start, len(frames), frames))
-                continue
-            np.ndarray(frames.shape, np.uint8, shm.buf, offset=offset)[:] = frames
-            layout.append((batch.start, len(frames), None))
-            offset += frames.nbytes
-            room -= len(frames)
-        return layout, session.samples_needed()
+        place = _FramePlacer(shm, max_frames)
+        return [place(batch) for batch in made], session.samples_needed()
+    if op == "pieces":  # generate, each batch sent on as soon as the stream has made it
+        place = _FramePlacer(shm, max_frames)
+        for batch in ready_pieces(session):
+            piece(place(batch))
+        return session.samples_needed()
     if op == "close":
         session.close()
         shm.close()

@@ -393,13 +393,16 @@ def test_an_engine_in_its_own_process_batches_its_sessions_steps(release):
     """`serve --engine-process` keeps the engine's Python off the media loop's GIL. Its
     sessions' calls cross one pipe, numbered, and run in the child on a thread a session:
     a call never waits for another session's whole call, two sessions' steps meet in the
-    engine's batcher, and each stream's frames are what it makes in the server's process."""
+    engine's batcher, and each stream's frames are what it makes in the server's process,
+    in the same pieces."""
     import threading
     import time
 
+    from pipeline.stream import ready_pieces
     from realtime.engine_process import EngineProcess
 
-    options = engine_options(release)
+    # the decode in passes of 2 latent frames, as on a GPU: a step's frames in pieces
+    options = engine_options(release, overrides={"flashhead.decode_pass_latents": 2})
     engine, _ = start_engine(options)
     per_chunk = engine.new_frames * MODEL_SAMPLES_PER_FRAME
     speech = (0.2 * np.sin(np.arange(4 * per_chunk) * 0.05)).astype(np.float32)
@@ -441,6 +444,18 @@ def test_an_engine_in_its_own_process_batches_its_sessions_steps(release):
             np.testing.assert_array_equal(made[seed], alone[seed])
         batches_now, jobs_now = hosted.batching()
         assert jobs_now - jobs == 5 and batches_now - batches <= 4  # two steps met in a batch
+        # a step's frames come back in the pieces the stream makes them in (Pro: the first
+        # decode pass before the rest), as `ready_pieces` gives them in the server's process
+        here = engine.new_stream(refs[150], seed=150)
+        here.push_audio(speech[: 2 * per_chunk])
+        pieces_here = [p for p in ready_pieces(here) if p.start >= engine.new_frames]
+        here.close()
+        streams[150].push_audio(speech[per_chunk : 2 * per_chunk])
+        pieces_there = list(ready_pieces(streams[150]))
+        assert len(pieces_there) > 1 and streams[150].samples_needed() > 0
+        assert [p.start for p in pieces_there] == [p.start for p in pieces_here]
+        for there, want in zip(pieces_there, pieces_here, strict=True):
+            np.testing.assert_array_equal(there.frames, want.frames)
         for stream in streams.values():
             stream.close()
     finally:
