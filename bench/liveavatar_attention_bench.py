@@ -7,7 +7,9 @@ step's cache buffer, as `S2VCache` hands them over. About 1 TFLOP a call, 160 ca
 
 The kernels: torch's SDPA backends, SageAttention's INT8 QK (where carried), cuDNN's FP8
 attention (`pipeline.kernels.fp8_attention`, where nvidia-cudnn-frontend is installed), and
-that one's quantisation of q, k, v alone. Each kernel is timed (median of CUDA-event
+that one's quantisation of q, k, v alone; then, through cuDNN's graph API, every execution
+plan (engine) cuDNN offers for the shape in bf16 and in FP8, each timed: the heuristics'
+first choice is not always the fastest. Each kernel is timed (median of CUDA-event
 timings) and compared with an fp32 computation of the same attention (cosine, largest
 difference, relative L2 error), beside bf16 SDPA's own distance from fp32. Queries and keys are RMS-normed random rows (the model norms them before
 attention) with a per-channel offset on the keys, which real keys carry and which INT8
@@ -106,6 +108,16 @@ def main() -> None:
         # what the FP8 variant spends before its kernel: q, k, v to e4m3
         "fp8's quantisation of q, k, v alone": lambda: [to_e4m3(x)[0] for x in (q, k, v)],
     }
+    # every engine cuDNN offers for this shape, bf16 and FP8 (the latter on inputs already
+    # in e4m3: the kernel alone), not only the one its heuristics put first
+    for fp8_inputs in (False, True):
+        try:
+            plans = cudnn_plans(q, k, v, fp8_inputs)
+        except Exception as err:  # the wheel missing, or the graph refused: one row says so
+            plans = {f"cuDNN plans ({'fp8' if fp8_inputs else 'bf16'})": _raise(err)}
+        variants |= plans
+        if fp8_inputs:
+            timing_only |= set(plans)
     rows = time_variants(variants, exact, flops, a.repeats, timing_only)
     result = {
         "gpu": torch.cuda.get_device_name(),
@@ -137,6 +149,90 @@ def fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         return out
 
     return run
+
+
+def _raise(err: Exception):
+    def run():
+        raise err
+
+    return run
+
+
+def cudnn_plans(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8_inputs: bool) -> dict:
+    """cuDNN's attention through its graph API, one variant per execution plan its
+    heuristics (modes A, B and fallback) offer for these layouts, each built and timed: is
+    there a faster engine than the one torch's SDPA (bf16) or the FP8 backend (plan 0) runs?
+    FP8 takes q, k, v already in e4m3, so its rows time the kernel alone."""
+    import math
+
+    import cudnn  # type: ignore[import-not-found]  # optional, GPU only
+
+    from pipeline.kernels.fp8_attention import E4M3_MAX, _handle
+
+    handle = _handle(q.device)
+    io = cudnn.data_type.FP8_E4M3 if fp8_inputs else cudnn.data_type.BFLOAT16
+    fp32 = cudnn.data_type.FLOAT
+    graph = cudnn.pygraph(
+        io_data_type=io, intermediate_data_type=fp32, compute_data_type=fp32, handle=handle
+    )
+    data = dict(zip("qkv", (q, k, v), strict=True))
+    if fp8_inputs:
+        data = {name: to_e4m3(x)[0] for name, x in data.items()}
+    t = {
+        name: graph.tensor(name=name, dim=list(x.shape), stride=list(x.stride()), data_type=io)
+        for name, x in data.items()
+    }
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    out = torch.empty_like(data["q"])
+    pack = {t[name]: x for name, x in data.items()}
+    if fp8_inputs:
+        one = torch.ones(1, 1, 1, 1, device=q.device)
+        scalars = {
+            "descale_q": one, "descale_k": one, "descale_v": one, "descale_s": one / E4M3_MAX,
+            "scale_s": one * E4M3_MAX, "scale_o": one,
+        }  # fmt: skip
+        for name, x in scalars.items():
+            t[name] = graph.tensor(name=name, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=fp32)
+            pack[t[name]] = x
+        o, _, amax_s, amax_o = graph.sdpa_fp8(
+            q=t["q"], k=t["k"], v=t["v"], is_inference=True, attn_scale=scale,
+            use_causal_mask=False, name="fp8",
+            **{name: t[name] for name in scalars},
+        )  # fmt: skip
+        for amax in (amax_s, amax_o):
+            amax.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(fp32)
+            pack[amax] = torch.empty_like(one)
+    else:
+        o, _ = graph.sdpa(
+            q=t["q"], k=t["k"], v=t["v"], is_inference=True, attn_scale=scale,
+            use_causal_mask=False, name="bf16",
+        )  # fmt: skip
+    o.set_output(True).set_dim(list(out.shape)).set_stride(list(out.stride())).set_data_type(io)
+    pack[o] = out
+    graph.validate()
+    graph.build_operation_graph()
+    graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
+    kind = "fp8 (inputs in e4m3)" if fp8_inputs else "bf16"
+    variants = {}
+    for i in range(graph.get_execution_plan_count()):
+        name = f"cuDNN {kind} plan {i}"
+        try:
+            graph.build_plan_at_index(i)
+            name += f" ({graph.get_plan_name_at_index(i)})"
+            workspace = torch.empty(
+                graph.get_workspace_size_plan_at_index(i), device=q.device, dtype=torch.uint8
+            )
+        except Exception as err:  # a plan that does not build: its row says why
+            variants[name] = _raise(err)
+            continue
+
+        def run(i=i, workspace=workspace) -> torch.Tensor:
+            cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+            graph.execute_plan_at_index(pack, workspace, i, handle=handle)
+            return out
+
+        variants[name] = run
+    return variants
 
 
 def time_variants(
