@@ -164,5 +164,28 @@ class WindowedStream:
 def to_uint8_frames(video_3FHW: Tensor) -> np.ndarray:
     """[-1, 1] pixels → uint8 (F, H, W, 3) on the host, truncated as the authors' writers do
     (`astype(uint8)`), for every stream here."""
-    frames = (((video_3FHW.float() + 1) / 2).clamp(0, 1) * 255).permute(1, 2, 3, 0)
-    return frames.to(torch.uint8).cpu().numpy()
+    return HostFrames(video_3FHW).numpy()
+
+
+class HostFrames:
+    """`to_uint8_frames` in two halves: made, the frames are converted on the device and
+    their copy to pinned host memory is queued; `numpy()` waits for that copy alone. Between
+    the two the host can queue the GPU's next work (the next decode pass) instead of leaving
+    the GPU idle while it waits, converts and launches."""
+
+    def __init__(self, video_3FHW: Tensor) -> None:
+        frames = (((video_3FHW.float() + 1) / 2).clamp(0, 1) * 255).permute(1, 2, 3, 0)
+        frames = frames.to(torch.uint8)
+        self.done: torch.cuda.Event | None = None
+        if frames.is_cuda:
+            self.host = torch.empty(frames.shape, dtype=torch.uint8, pin_memory=True)
+            self.host.copy_(frames, non_blocking=True)
+            self.done = torch.cuda.Event()
+            self.done.record()
+        else:
+            self.host = frames.contiguous()
+
+    def numpy(self) -> np.ndarray:
+        if self.done is not None:
+            self.done.synchronize()
+        return self.host.numpy()

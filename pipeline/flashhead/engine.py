@@ -50,7 +50,7 @@ from pipeline.models.wan.vae import WanVAE, load_wan_vae
 from pipeline.module import DTYPES
 from pipeline.schedule import Chunk, ChunkPlan, StreamStep
 from pipeline.stream import FrameBatch, no_prompt, stage_of
-from pipeline.windowed_stream import WindowedStream, to_uint8_frames
+from pipeline.windowed_stream import HostFrames, WindowedStream, to_uint8_frames
 
 REFERENCES_KEPT = 8  # pictures whose latents an engine keeps (~1 MB each for Pro at 512x512)
 
@@ -260,6 +260,9 @@ class FlashHeadEngine(EngineBase):
         strength = self.cfg.flashhead.color_correction
         ref_mean = torch.cat([s.color.mean for s in streams])
         ref_std = torch.cat([s.color.std for s in streams])
+        # each pass's frames go to the host while the next pass runs: a pass is handed on
+        # once the next one is queued, so the GPU never waits for the host between them
+        on_the_way: list[HostFrames] | None = None
         for pixels in passes:
             video = pixels
             if strength > 0:  # each stream's frames to its own reference's colours
@@ -269,9 +272,16 @@ class FlashHeadEngine(EngineBase):
             tail = [*tail, video][-2:]  # a pass gives 4+ frames: two hold the motion's 5
             if lo >= video.shape[2]:
                 continue
-            pieces = [to_uint8_frames(v[:, lo:]) for v in video]
+            queued = [HostFrames(v[:, lo:]) for v in video]
+            if on_the_way is not None:
+                _add_time(streams, "decode", t)
+                yield list[np.ndarray | None]([frames.numpy() for frames in on_the_way])
+                t = time.perf_counter()
+            on_the_way = queued
+        if on_the_way is not None:
+            pieces: list[np.ndarray | None] = [frames.numpy() for frames in on_the_way]
             _add_time(streams, "decode", t)
-            yield list(pieces)
+            yield pieces
             t = time.perf_counter()
         _add_time(streams, "decode", t)
         with stage_of([s.times for s in streams], "encode"):
