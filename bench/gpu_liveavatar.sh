@@ -39,7 +39,8 @@
 # PROFILE_FLAGS default "--compile --ops": the operators by input shapes too),
 # SECONDS_BENCH=20, SECONDS_LIVE=60,
 # SERVE_FLAGS="--compile --precision=fp8" (serve; default none), LEAN=0 (the full 11 GB umT5),
-# ATTENTION_BENCH=1 (speed: the self-attention's kernels first, ~1 min), BB_ATTENTION=sdpa,fp8
+# ATTENTION_BENCH=1 (speed: the self-attention's kernels first, ~1 min), GRAPHS_CHECK=1 (speed:
+# bench/graphs_check.py, CUDA graphs against eager, ~20 s), BB_ATTENTION=sdpa,fp8
 # (speed: the DiT-alone bench once per kernel), SETS="-;liveavatar.fp8_outputs=true" (speed:
 # a ;-separated list of --set variants, each a space-separated list of key=value, "-" none;
 # every precision and overlap runs each),
@@ -161,6 +162,10 @@ speed)
     --json "$out/block_bench.json" 2>"$logs/block_bench.log" \
     || { echo "block bench FAILED"; tail -20 "$logs/block_bench.log"; }
   release
+  # GRAPHS_CHECK=1: pipeline.graphs' CUDA graphs against eager, the release's wav2vec2 too
+  [ -z "${GRAPHS_CHECK:-}" ] || timeout 120 "$py" bench/graphs_check.py \
+    --wav2vec "$weights/wav2vec2-large-xlsr-53-english" 2>"$logs/graphs_check.log" \
+    || { echo "graphs check FAILED"; tail -20 "$logs/graphs_check.log"; }
   # the whole stream: audio features, the DiT's 4 steps a block, the VAE decode
   # OVERLAPS="true false": block k decoded beside block k+1's DiT (liveavatar.overlap), and not
   IFS=';' read -ra variants <<< "${SETS:--}"
