@@ -104,6 +104,10 @@ class FlashHeadEngine(EngineBase):
             fh.chunk_frames, self.stride, fh.motion_latents, per_pass
         )
         self.match_colors = match_colors  # compiled on a GPU (`compile`)
+        # each chunk frame's five feature rows, the same every step: on the device once (a
+        # copy from pageable memory each step would hold the host until the GPU caught up)
+        window_frames = fh.audio_window_seconds * FPS
+        self.window_rows = window_indices(fh.chunk_frames, window_frames).to(device)
         self.chunk_seconds = self.new_frames / FPS  # the play time one step makes
         self.batcher: StepBatcher[tuple[FlashHeadStream, int], np.ndarray] = StepBatcher(
             self.run_batch, fh.batch_streams, name="flashhead-steps"
@@ -245,8 +249,7 @@ class FlashHeadEngine(EngineBase):
         batch's audio windows at once."""
         window_frames = self.cfg.flashhead.audio_window_seconds * FPS
         feats = self.models.speech.batch_frames(windows, window_frames)
-        idx = window_indices(self.cfg.flashhead.chunk_frames, window_frames).to(feats.device)
-        return feats[:, idx]
+        return feats[:, self.window_rows]
 
     def _decode_in_passes(
         self, streams: list[FlashHeadStream], lat_BCThw: Tensor
