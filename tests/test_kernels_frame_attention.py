@@ -293,14 +293,14 @@ def test_facecast_backend_dispatch():
     assert _rel_err(out, _reference(q, k, v, F, W, R)) <= 1e-2
 
 
-@pytest.mark.parametrize("backend, kernels", [("int8", "int8_attention"), ("fp8", "fp8_attention")])
-def test_8_bit_attention_that_cannot_run_falls_back_to_the_exact_path_saying_so_once(
-    backend, kernels, caplog
+@pytest.mark.parametrize("backend", ["int8", "cudnn", "fp8"])
+def test_library_attention_that_cannot_run_falls_back_to_the_exact_path_saying_so_once(
+    backend, caplog
 ):
-    """`Attention("int8")` (SageAttention's INT8 QK kernels) and `Attention("fp8")` (cuDNN's
-    FP8 kernels) where they cannot run — here a CPU; on a GPU, a head dim they lack, an older
-    GPU or the library missing — give SDPA's exact result, and say why in one log line
-    however many layers and calls meet it."""
+    """`Attention("int8")` (SageAttention's INT8 QK kernels), `Attention("cudnn")` (cuDNN's
+    fastest bf16 engine) and `Attention("fp8")` (cuDNN's FP8 kernels) where they cannot run —
+    here a CPU; on a GPU, a head dim they lack, an older GPU or the library missing — give
+    SDPA's exact result, and say why in one log line however many layers and calls meet it."""
     import logging
 
     from pipeline.models.attention import Attention, say_fallback
@@ -317,26 +317,36 @@ def test_8_bit_attention_that_cannot_run_falls_back_to_the_exact_path_saying_so_
     assert len(lines) == 1 and f"'{backend}' falls back" in lines[0] and "GPU" in lines[0], lines
 
 
-def test_a_shape_cudnn_declines_goes_to_the_exact_path_saying_so_once(caplog, monkeypatch):
-    """Where the FP8 kernels could run but cuDNN declines the shape (its graph has no plan
+@pytest.mark.parametrize(
+    "backend, module, refusal, kernel",
+    [
+        ("fp8", "fp8_attention", "fp8_refusal", "fp8_attention"),
+        ("cudnn", "cudnn_attention", "cudnn_refusal", "tuned_attention"),
+    ],
+)
+def test_a_shape_cudnn_declines_goes_to_the_exact_path_saying_so_once(
+    backend, module, refusal, kernel, caplog, monkeypatch
+):
+    """Where cuDNN's kernels could run but cuDNN declines the shape (its graph has no plan
     for it), the layer still answers exactly, and the log says which shape and why."""
+    import importlib
     import logging
 
-    from pipeline.kernels import fp8_attention as fp8
     from pipeline.models.attention import Attention, say_fallback
 
+    kernels = importlib.import_module(f"pipeline.kernels.{module}")
     say_fallback.cache_clear()
     declined = "cuDNN declined q (1, 2, 48, 64), k (1, 2, 48, 64): no engine"
-    monkeypatch.setattr(fp8, "fp8_refusal", lambda q: None)
-    monkeypatch.setattr(fp8, "fp8_attention", lambda q, k, v: declined)
+    monkeypatch.setattr(kernels, refusal, lambda q: None)
+    monkeypatch.setattr(kernels, kernel, lambda q, k, v: declined)
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 2, 48, 64, generator=g) for _ in range(3))
     with caplog.at_level(logging.WARNING, logger="facecast.attention"):
-        outs = [Attention("fp8")(q, k, v) for _ in range(3)]
+        outs = [Attention(backend)(q, k, v) for _ in range(3)]
     for out in outs:
         torch.testing.assert_close(out, F_nn.scaled_dot_product_attention(q, k, v), rtol=0, atol=0)
     lines = [r.getMessage() for r in caplog.records if r.name == "facecast.attention"]
-    assert lines == [f"attention 'fp8' falls back to torch's exact SDPA: {declined}"]
+    assert lines == [f"attention '{backend}' falls back to torch's exact SDPA: {declined}"]
 
 
 def test_fp8_scaling_maps_each_tensor_onto_e4m3s_range_and_back():

@@ -385,12 +385,14 @@ def test_fp8_on_the_output_projections_too_streams_close_to_the_exact_frames(rel
     assert 0 < diff < 8.0, diff  # grey levels: FP8 perturbs the picture, it does not break it
 
 
-def test_fp8_self_attention_where_it_cannot_run_streams_the_exact_frames_saying_so(
-    release, engine, caplog
+@pytest.mark.parametrize("backend", ["cudnn", "fp8"])
+def test_a_cudnn_self_attention_where_it_cannot_run_streams_the_exact_frames_saying_so(
+    release, engine, caplog, backend
 ):
-    """`liveavatar.attention: fp8` puts every layer's self-attention on cuDNN's FP8 kernels;
-    on this CPU they cannot run, so the stream is the exact one, frame for frame, and the log
-    says why once. A name that is not a backend is one line at load."""
+    """`liveavatar.attention: cudnn` (cuDNN's fastest bf16 engine) or `fp8` (its FP8 kernels)
+    puts every layer's self-attention there; on this CPU they cannot run, so the stream is
+    the exact one, frame for frame, and the log says why once. A name that is not a backend
+    is one line at load."""
     import logging
 
     from pipeline.models.attention import say_fallback
@@ -398,8 +400,10 @@ def test_fp8_self_attention_where_it_cannot_run_streams_the_exact_frames_saying_
     with pytest.raises(ConfigError, match="liveavatar.attention"):
         start_engine(options(release, **{"liveavatar.attention": "flash"}))
     say_fallback.cache_clear()
-    fp8 = start_engine(options(release, **{"liveavatar.attention": "fp8"}))[0]
-    assert {layer.self_attn.attend.backend for layer in fp8.models.transformer.layers()} == {"fp8"}
+    fp8 = start_engine(options(release, **{"liveavatar.attention": backend}))[0]
+    assert {layer.self_attn.attend.backend for layer in fp8.models.transformer.layers()} == {
+        backend
+    }
     audio = speechy(0.6, seed=6)
     frames = []
     with caplog.at_level(logging.WARNING, logger="facecast.attention"):
@@ -410,7 +414,7 @@ def test_fp8_self_attention_where_it_cannot_run_streams_the_exact_frames_saying_
             stream.close()
     np.testing.assert_array_equal(frames[0], frames[1])
     lines = [r.getMessage() for r in caplog.records if r.name == "facecast.attention"]
-    assert len(lines) == 1 and "'fp8' falls back" in lines[0], lines
+    assert len(lines) == 1 and f"'{backend}' falls back" in lines[0], lines
 
 
 def test_the_configured_compile_mode_reaches_every_layers_graphs(release, monkeypatch):

@@ -19,22 +19,17 @@ Its speed and its distance from bf16 at LiveAvatar's shape are measured in
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
-from importlib.util import find_spec
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from pipeline.kernels.cudnn_attention import cudnn_handle, cudnn_installed
+
 E4M3_MAX = 448.0
 HEAD_DIMS = (64, 128)  # what cuDNN's FP8 forward kernels are built for on Hopper
-
-
-@functools.cache
-def _installed() -> bool:
-    return find_spec("cudnn") is not None
 
 
 def fp8_refusal(q: Tensor) -> str | None:
@@ -47,7 +42,7 @@ def fp8_refusal(q: Tensor) -> str | None:
         return f"head dim {q.shape[-1]} is not one of its {HEAD_DIMS}"
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"it takes float16 or bfloat16, not {q.dtype}"
-    if not _installed():
+    if not cudnn_installed():
         return "cudnn-frontend is not installed (pip install 'nvidia-cudnn-frontend==1.16.0')"
     return None
 
@@ -63,29 +58,18 @@ class _Plan:
 
 
 Layout = tuple[tuple[int, ...], tuple[int, ...]]  # (shape, stride)
-_handles: dict[int, Any] = {}  # device index → cuDNN handle
 _plans: dict[tuple, _Plan | str] = {}  # layouts → a plan, or why cuDNN declined them
 
 
-def _handle(device: torch.device) -> Any:
-    import cudnn  # type: ignore[import-not-found]  # optional, GPU only
-
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _handles:
-        with torch.cuda.device(index):
-            _handles[index] = cudnn.create_handle()
-    return _handles[index]
-
-
 def _build(device: torch.device, q: Layout, k: Layout, v: Layout, o: Layout) -> _Plan:
-    import cudnn
+    import cudnn  # type: ignore[import-not-found]  # optional, GPU only
 
     e4m3, fp32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
     graph = cudnn.pygraph(
         io_data_type=e4m3,
         intermediate_data_type=fp32,
         compute_data_type=fp32,
-        handle=_handle(device),
+        handle=cudnn_handle(device),
     )
     t = {
         name: graph.tensor(name=name, dim=list(shape), stride=list(stride), data_type=e4m3)
@@ -170,7 +154,7 @@ def fp8_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor | str:
         return plan
     o8 = torch.empty_like(q8)  # q's layout: (B, N, L, K) as a view of (B, L, N, K) stays one
     t = plan.tensors
-    handle = _handle(q.device)
+    handle = cudnn_handle(q.device)
     cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(q.device).cuda_stream)
     plan.graph.execute(
         {

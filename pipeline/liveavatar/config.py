@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 # torch.compile's modes with CUDA graphs: refused, with the reason (see `compile_mode` below)
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-SELF_ATTENTION = ("sdpa", "fp8")  # `pipeline.models.attention` backends for the self-attention
+SELF_ATTENTION = ("sdpa", "cudnn", "fp8")  # `pipeline.models.attention` backends for it
 LIVEAVATAR_BLOCK_FRAMES = 12  # video frames a block adds: 3 latent frames of the Wan VAE
 DEFAULT_PROMPT = (
     "A person talks to the camera, looking straight ahead, with natural expressions and "
@@ -50,10 +50,12 @@ class LiveAvatarConfig:
     # tier passed at 40.1 dB against bf16 (41.4 without them; bench/RESULTS.md, issue 31)
     fp8_outputs: bool = True
     # the self-attention's kernel: sdpa (torch's exact SDPA: cuDNN's bf16 kernel on the H200,
-    # 1.65 ms a call, 35 % of a block) or fp8 (cuDNN's fused FP8 attention on Hopper, through
-    # the optional nvidia-cudnn-frontend wheel; the exact path where it cannot run, said once
-    # in the log). Measured on the H200, fp8 is slower (2.56 ms a call, 1.19 of it quantising
-    # q, k and v) and 16x further from fp32 (rel. L2 0.096 against 0.006): it stays off
+    # 1.65 ms a call, 35 % of a block), cudnn (the same bf16 attention on whichever of cuDNN's
+    # engines is fastest for each layout, timed once; not yet measured on a GPU) or fp8
+    # (cuDNN's fused FP8 attention on Hopper). Both cuDNN ones go through the optional
+    # nvidia-cudnn-frontend wheel and take the exact path where they cannot run, said once in
+    # the log. Measured on the H200, fp8 is slower (2.56 ms a call, 1.19 of it quantising q, k
+    # and v) and 16x further from fp32 (rel. L2 0.096 against 0.006): it stays off
     attention: str = "sdpa"
     # torch.compile's mode for the layers' compiled halves under --compile: default, or
     # max-autotune-no-cudagraphs (Triton GEMM templates tried against cuBLAS; minutes more at

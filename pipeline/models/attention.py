@@ -10,6 +10,9 @@ Backends (config `runtime.attention`):
   SageAttention's kernels); LiveAvatar's self-attention over its cache. Where the kernels
   cannot take the queries (no GPU, no library, another head dim) it is the exact SDPA path,
   said once in the log.
+- `cudnn`: unmasked attention in bf16 on the fastest of cuDNN's engines for each layout
+  (`pipeline.kernels.cudnn_attention`, timed once); LiveAvatar's self-attention. Where it
+  cannot take the queries, or cuDNN declines the shape, the exact SDPA path, said once.
 - `fp8`: unmasked attention with QK and PV in FP8 (`pipeline.kernels.fp8_attention`, cuDNN's
   fused FP8 kernels on Hopper); LiveAvatar's self-attention (`liveavatar.attention`). Where
   they cannot take the queries, or cuDNN declines the shape, the exact SDPA path, said once.
@@ -23,6 +26,7 @@ Shapes: q, k, v are (B, N, L, H) — batch, heads, tokens, head dim.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 from dataclasses import dataclass
 
@@ -69,6 +73,29 @@ def say_fallback(backend: str, reason: str) -> None:
     log.warning("attention %r falls back to torch's exact SDPA: %s", backend, reason)
 
 
+# kernels from libraries, for unmasked attention: backend → (module, its refusal, its attention)
+LIBRARY_BACKENDS = {
+    "int8": ("pipeline.kernels.int8_attention", "int8_refusal", "int8_attention"),
+    "cudnn": ("pipeline.kernels.cudnn_attention", "cudnn_refusal", "tuned_attention"),
+    "fp8": ("pipeline.kernels.fp8_attention", "fp8_refusal", "fp8_attention"),
+}
+
+
+def library_attention(backend: str, q: Tensor, k: Tensor, v: Tensor) -> Tensor | None:
+    """The library kernel's attention where it takes these queries; None where it cannot
+    (its refusal, or a shape it declines: a string from the kernel), said once in the log."""
+    path, refusal_of, attention = LIBRARY_BACKENDS[backend]
+    kernels = importlib.import_module(path)  # at its first use: optional libraries behind it
+    refusal = getattr(kernels, refusal_of)(q)
+    if refusal is None:
+        out = getattr(kernels, attention)(q, k, v)
+        if not isinstance(out, str):
+            return out
+        refusal = out
+    say_fallback(backend, refusal)
+    return None
+
+
 class Attention(torch.nn.Module):
     """Holds the backend choice and per-shape masks, so the hot path allocates nothing."""
 
@@ -84,23 +111,10 @@ class Attention(torch.nn.Module):
         # compiled blocks call out to here: the attention kernels are picked and tuned on their
         # own (SDPA backend per shape, compiled FlexAttention, the Triton kernel)
         if window is None:
-            if self.backend == "int8":
-                from pipeline.kernels.int8_attention import int8_attention, int8_refusal
-
-                refusal = int8_refusal(q)
-                if refusal is None:
-                    return int8_attention(q, k, v)
-                say_fallback("int8", refusal)  # then the exact path below, never a guess
-            elif self.backend == "fp8":
-                from pipeline.kernels import fp8_attention as fp8
-
-                refusal = fp8.fp8_refusal(q)
-                if refusal is None:
-                    out = fp8.fp8_attention(q, k, v)
-                    if not isinstance(out, str):
-                        return out
-                    refusal = out  # cuDNN declined this shape
-                say_fallback("fp8", refusal)  # then the exact path below, never a guess
+            if self.backend in LIBRARY_BACKENDS:
+                out = library_attention(self.backend, q, k, v)
+                if out is not None:
+                    return out  # else the exact path below, never a guess
             choice = self.sdpa_backends.get(tuple(q.shape))
             if choice is None:
                 return F.scaled_dot_product_attention(q, k, v)
