@@ -105,10 +105,12 @@ def main() -> None:
         "sdpa efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION),
         "int8 (SageAttention, smooth k)": lambda: int8_attention(q, k, v),
         "SageAttention, no smoothing": sage(False),
-        "cudnn (bf16, cuDNN's fastest plan for the layout, tuned at its first call)": cudnn(
-            q, k, v
+        "cudnn (bf16, cuDNN's fastest plan for the layout, tuned at its first call)": strict(
+            cudnn_refusal, tuned_attention, q, k, v
         ),
-        "fp8 (cuDNN's FP8 attention, cudnn-frontend), its quantisation included": fp8(q, k, v),
+        "fp8 (cuDNN's FP8 attention, cudnn-frontend), its quantisation included": strict(
+            fp8_refusal, fp8_attention, q, k, v
+        ),
         # what the FP8 variant spends before its kernel: q, k, v to e4m3
         "fp8's quantisation of q, k, v alone": lambda: [to_e4m3(x)[0] for x in (q, k, v)],
     }
@@ -139,31 +141,16 @@ def main() -> None:
         print(f"| {r['kernel']} | " + " | ".join(str(c) for c in cells) + " |")
 
 
-def cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """`liveavatar.attention: cudnn`: its first call tunes (outside the timing: a warm-up
-    call comes first); an error where it cannot run (the row says why)."""
+def strict(refusal_of, attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """A library kernel as the backend calls it (`pipeline.models.attention`), but an error
+    where it cannot run or declines the shape (the row says why) instead of the fallback.
+    The tuned cuDNN backend's first call tunes, outside the timing (warm-up calls first)."""
 
     def run() -> torch.Tensor:
-        refusal = cudnn_refusal(q)
+        refusal = refusal_of(q)
         if refusal is not None:
             raise RuntimeError(refusal)
-        out = tuned_attention(q, k, v)
-        if isinstance(out, str):
-            raise RuntimeError(out)
-        return out
-
-    return run
-
-
-def fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """cuDNN's FP8 attention, its per-call quantisation included; an error where it cannot
-    run (the row says why)."""
-
-    def run() -> torch.Tensor:
-        refusal = fp8_refusal(q)
-        if refusal is not None:
-            raise RuntimeError(refusal)
-        out = fp8_attention(q, k, v)
+        out = attention(q, k, v)
         if isinstance(out, str):
             raise RuntimeError(out)
         return out
