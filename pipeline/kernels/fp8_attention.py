@@ -26,24 +26,21 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pipeline.kernels.cudnn_attention import cudnn_handle, cudnn_installed
+from pipeline.kernels.cudnn_attention import cudnn_handle, cudnn_refusal
 
 E4M3_MAX = 448.0
 HEAD_DIMS = (64, 128)  # what cuDNN's FP8 forward kernels are built for on Hopper
 
 
 def fp8_refusal(q: Tensor) -> str | None:
-    """Why cuDNN's FP8 attention cannot take these (B, N, L, K) queries, or None."""
-    if not q.is_cuda:
-        return "it runs on an NVIDIA GPU only (cuDNN)"
+    """Why cuDNN's FP8 attention cannot take these (B, N, L, K) queries, or None: what any
+    cuDNN attention here needs (`cudnn_refusal`), then Hopper and its FP8 head dims."""
+    if (refusal := cudnn_refusal(q)) is not None:
+        return refusal
     if torch.cuda.get_device_capability(q.device) < (9, 0):
         return "it needs a Hopper GPU or newer (compute capability 9.0)"
     if q.shape[-1] not in HEAD_DIMS:
         return f"head dim {q.shape[-1]} is not one of its {HEAD_DIMS}"
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        return f"it takes float16 or bfloat16, not {q.dtype}"
-    if not cudnn_installed():
-        return "cudnn-frontend is not installed (pip install 'nvidia-cudnn-frontend==1.16.0')"
     return None
 
 
