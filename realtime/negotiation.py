@@ -57,7 +57,8 @@ async def _negotiate(service: Service, request: OfferRequest, require_video: boo
         service.metrics,
         service.on_session_closed,
         vad,
-        EngineTiming.of(engine, engine.own_process, sessions=len(service.sessions) + 1),
+        # every call already live or being negotiated (this one among them) shares the engine
+        EngineTiming.of(engine, engine.own_process, sessions=len(service.sessions) + service.reserved),
         service.engine_lock_for_sessions,
     )
     try:
@@ -84,6 +85,7 @@ async def _negotiate(service: Service, request: OfferRequest, require_video: boo
         raise BadRequest(f"cannot negotiate the offer: {reason_of(exc)}") from exc
     session.offer_options = {"kvs_stream": request.kvs_stream}
     service.sessions[session.id] = session
+    service.retime_sessions()
     service.metrics.sessions_total.inc()
     service.metrics.active_sessions.set(len(service.sessions))
     for factory in service.sink_factories:

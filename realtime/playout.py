@@ -325,6 +325,15 @@ class PlayoutControl:
             self._target = target
             self.set_lead(target)
 
+    def retime(self, timing: EngineTiming) -> None:
+        """The engine's steps got longer (more calls share it): plan on `timing` from now on,
+        before the start as after it (`replan`). A shorter step changes nothing: the delay
+        never shrinks mid-session."""
+        if timing.steady_seconds <= self.timing.steady_seconds:
+            return
+        self.timing = timing
+        self.replan()
+
     def grow(self, timeline_head: int, last_rx: float | None, quiet: bool) -> None:
         """While nobody speaks (`quiet`: no speech, no utterance open, no speech start on
         its way from the VAD), insert silence so that the delay reaches its target."""

@@ -25,6 +25,7 @@ from realtime.errors import EngineStarting, SessionNotFound
 from realtime.kvs import KvsOptions
 from realtime.metrics import RealtimeMetrics
 from realtime.photos import PhotoStore
+from realtime.playout import EngineTiming
 from realtime.reference import load_reference
 from realtime.security import SecurityConfig
 from realtime.session import PeerSession
@@ -174,6 +175,18 @@ class Service:
         if prompt is None:  # the keyword only when given: engines of integrations may lack it
             return engine.new_stream(reference, seed=seed)
         return engine.new_stream(reference, seed=seed, prompt=prompt)
+
+    def retime_sessions(self) -> None:
+        """A call joined: the engine's steps are now shared by more calls, so each takes as
+        long as a batch of them all. Every live call plans its playout on that step (a longer
+        delay, reached at its peer's next pause); a call planned alone would otherwise wait
+        for the others' steps with the delay of a step of its own, and drop frames late."""
+        engine = self.engine
+        if engine is None:
+            return
+        timing = EngineTiming.of(engine, engine.own_process, sessions=len(self.sessions))
+        for session in self.sessions.values():
+            session.playout.retime(timing)
 
     async def on_session_closed(self, session: PeerSession) -> None:
         if self.sessions.pop(session.id, None) is not None:

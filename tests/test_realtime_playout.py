@@ -295,3 +295,57 @@ async def test_three_calls_on_a_batching_engine_at_lites_speed_are_all_fresh():
     assert health["batched_steps"] >= health["batches"] == len(engine.batch_sizes) > 20
     assert health["batched_steps"] == sum(engine.batch_sizes)
     assert f"facecast_engine_batched_steps {float(health['batched_steps'])}" in metrics
+
+
+# FlashHead Pro's steps as the H200 timed them (a 28-frame step alone 0.52 s, a batch of two
+# 1.056 s): two calls need 94 % of the GPU, and a call's step waits for the other's.
+PRO_ON_THE_H200 = {1: 0.52, 2: 1.056}
+
+
+@pytest.mark.slow  # two served calls for seconds
+@pytest.mark.timeout(90)
+@REAL_TIME_ON_A_SHARED_CPU
+async def test_two_calls_opened_at_once_both_plan_on_the_shared_step_and_stay_fresh():
+    """Two offers negotiated at the same moment: each counts the other (it is not live yet),
+    so neither plans its delay on a step of its own and then waits for the other's. A steady
+    tone has no pause in which a delay could grow, so only the plan keeps them fresh (on the
+    H200 a call planned alone was 70 % fresh beside another)."""
+    engine = ScriptedBatchingEngine(PRO_ON_THE_H200, first_seconds=0.75, chunk=28)
+    async with running_server(engine=engine, max_sessions=2) as (url, app):
+        clients = [FacecastClient(url, PcmSource(loudness_track(20, seed=i))) for i in range(2)]
+        await asyncio.gather(*(client.connect() for client in clients))
+        await asyncio.sleep(12)
+        stats = [app[SERVICE].sessions[c.session_id].stats() for c in clients]
+        for client in clients:
+            await client.close()
+    for call in stats:
+        assert call["frames_sent"] > 200 and call["frames_missed"] == 0, call
+        assert call["frames_fresh"] >= 0.99 * call["frames_sent"], call
+
+
+@pytest.mark.slow  # two served calls for seconds
+@pytest.mark.timeout(90)
+@REAL_TIME_ON_A_SHARED_CPU
+async def test_a_call_planned_alone_grows_its_delay_when_a_second_call_joins():
+    """A call alone plans on a step of its own; once a second joins, its steps wait for the
+    other's, so it raises its delay to the shared step at its peer's next pause (here at
+    once: a tone is no speech) and tells the peer; both stay fresh."""
+    engine = ScriptedBatchingEngine(PRO_ON_THE_H200, first_seconds=0.75, chunk=28)
+    async with running_server(engine=engine, max_sessions=2) as (url, app):
+        first = FacecastClient(url, PcmSource(loudness_track(20, seed=0)))
+        await first.connect()
+        await asyncio.sleep(3)
+        grown_alone = [e for e in first.events if e["type"] == "delay_grown"]
+        second = FacecastClient(url, PcmSource(loudness_track(20, seed=1)))
+        await second.connect()
+        await asyncio.sleep(10)
+        stats = [app[SERVICE].sessions[c.session_id].stats() for c in (first, second)]
+        grown = [e for e in first.events if e["type"] == "delay_grown"]
+        for client in (first, second):
+            await client.close()
+    assert len(grown) > len(grown_alone), grown  # the pre-roll, then the growth after the join
+    assert grown[-1]["delay_ms"] > grown_alone[-1]["delay_ms"] + 300, grown
+    assert stats[0]["playout_delay_now_ms"] > stats[0]["playout_delay_ms"], stats[0]
+    for call in stats:
+        assert call["frames_sent"] > 200 and call["frames_missed"] == 0, call
+        assert call["frames_fresh"] >= 0.99 * call["frames_sent"], call
