@@ -58,7 +58,9 @@ async def _negotiate(service: Service, request: OfferRequest, require_video: boo
         service.on_session_closed,
         vad,
         # every call already live or being negotiated (this one among them) shares the engine
-        EngineTiming.of(engine, engine.own_process, sessions=len(service.sessions) + service.reserved),
+        EngineTiming.of(
+            engine, engine.own_process, sessions=len(service.sessions) + service.reserved
+        ),
         service.engine_lock_for_sessions,
     )
     try:
