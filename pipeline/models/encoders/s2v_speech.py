@@ -72,8 +72,9 @@ class S2VSpeechFeatures:
         dtype: torch.dtype = torch.float32,
         graphs: bool = False,
     ) -> None:
-        """`graphs`: on a GPU, the network runs from a CUDA graph (`pipeline.graphs`: the
-        same numbers, its launches at once; the window is the same length every block)."""
+        """`graphs`: on a GPU, the network runs from a CUDA graph (`pipeline.graphs`:
+        eager's numbers up to reassociation, its launches at once; the window is the same
+        length every block)."""
         from transformers import Wav2Vec2FeatureExtractor, Wav2Vec2ForCTC
 
         folder = Path(folder)
@@ -97,6 +98,10 @@ class S2VSpeechFeatures:
         self._states: Callable[[Tensor], Tensor] = (
             ShapeGraphs(self._all_states, "wav2vec2-large") if graphs else self._all_states
         )
+
+    def graphs_captured(self) -> int:
+        """Input shapes the network runs from a CUDA graph (0: eager)."""
+        return self._states.captured if isinstance(self._states, ShapeGraphs) else 0
 
     @torch.inference_mode()
     def hidden_states(self, audio: np.ndarray) -> Tensor:

@@ -44,7 +44,7 @@ class SpeechFeatures:
         self, folder: str | Path, device: torch.device | str = "cpu", graphs: bool = False
     ) -> None:
         """`graphs`: on a GPU, the network runs from CUDA graphs, one per batch shape
-        (`pipeline.graphs`: the same numbers, its launches at once)."""
+        (`pipeline.graphs`: eager's numbers up to reassociation, its launches at once)."""
         from transformers import Wav2Vec2FeatureExtractor, Wav2Vec2Model
 
         folder = Path(folder)
