@@ -55,7 +55,10 @@ def metric_values(text: str) -> dict[str, float]:
 
 async def one_call(
     url: str, pcm, mode: str, seconds: float, speed: float, delay: float = 0.0
-) -> dict:
+) -> tuple[dict, FacecastClient | None]:
+    """One call as the server saw it, and its client, whose own measurements (`call_stats`)
+    are read after every call held together has ended: reading them takes seconds of this
+    loop for a long call, which would stall the other calls' clients meanwhile."""
     await asyncio.sleep(delay)  # calls held together start a little apart, as people do
     source = PcmSource(pcm, speed=speed if mode == "push" else 1.0, loop=mode == "live")
     length = seconds if mode == "live" else pcm.size / OUTPUT_RATE / speed + 3.0
@@ -66,7 +69,7 @@ async def one_call(
             await client.connect()
         except ConnectionError as e:  # the server full (503): a result, not a failed run
             await client.close()
-            return {"mode": mode, "seconds": length, "speed": source.speed, "refused": str(e)}
+            return {"mode": mode, "seconds": length, "speed": source.speed, "refused": str(e)}, None
         # the engine's GPU memory through the call, every MEMORY_EVERY_S: flat, or a leak
         allocated, readings = [], max(1, round(length / MEMORY_EVERY_S))
         for _ in range(readings):
@@ -77,7 +80,7 @@ async def one_call(
         sessions = (await (await http.get(f"{url}/sessions")).json())["sessions"]
         after = metric_values(await (await http.get(f"{url}/metrics")).text())
         await client.close()
-    server = next((s for s in sessions if s["id"] == client.session_id), {})
+    server: dict = next((s for s in sessions if s["id"] == client.session_id), {})
 
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
@@ -93,8 +96,7 @@ async def one_call(
         else None,
         "gpu_memory_peak_bytes": after.get("facecast_gpu_memory_peak_bytes"),
         "gpu_memory_allocated_bytes": allocated,  # sampled through the call
-        "client": call_stats(client),
-    }
+    }, client
 
 
 async def run(args: argparse.Namespace) -> dict:
@@ -123,7 +125,9 @@ async def measure(args: argparse.Namespace, cmd: list[str], port: int, script: s
                 )
             )
             batching = batches_between(before, await engine_batches(url))
-            for i, call in enumerate(together):
+            for i, (call, client) in enumerate(together):
+                if client is not None:
+                    call["client"] = call_stats(client)
                 call.update(concurrent=n, call=i, engine_batching=batching)
                 calls.append(call)
                 print(summary(args.config, call), flush=True)
