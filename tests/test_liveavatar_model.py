@@ -26,6 +26,7 @@ from pipeline.liveavatar.s2v_weights import (
     random_published_state,
     random_published_tensors,
 )
+from pipeline.models.attention import say_fallback
 from pipeline.models.wan.s2v import AudioTokens, S2VConfig, S2VTransformer, euler_sigmas
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,3 +232,75 @@ def test_weights_streamed_tensor_by_tensor_load_as_the_state_dict_does():
     bad = [(n, t[:1]) if n.endswith("self_attn.k.weight") else (n, t) for n, t in tensors]
     with pytest.raises(CheckpointError, match="self_attn.k.weight"):
         load_published_streamed(streamed, bad)
+
+
+# -- the FP8 KV cache ----------------------------------------------------------------------------
+
+
+def stream_latents(model: S2VTransformer, kv_fp8: bool, blocks: int = 6, steps: int = 2):
+    """Blocks of `steps` Euler steps through a cache; the latents and the cache."""
+    fpb = model.cfg.frames_per_block
+    ins = stream_inputs(model, blocks, seed=4)
+    timesteps, sigmas = euler_sigmas(steps, shift=3.0)
+    cache = model.new_cache(1, HW, steps, "cpu", torch.float32, kv_fp8=kv_fp8)
+    out = []
+    with torch.no_grad():
+        model.prefill(cache, ins["prompt"], ins["ref"], ins["motion"])
+        for b in range(blocks):
+            audio = model.encode_audio(ins["audio"][..., b * 4 * fpb : (b + 1) * 4 * fpb])
+            x = ins["x"][:, :, b * fpb : (b + 1) * fpb]
+            for i in range(steps):
+                v = model.forward_block(x, timesteps[i : i + 1], audio, cache, i, None, 25)
+                x = x + (sigmas[i + 1] - sigmas[i]) * v
+            cache.advance()
+            out.append(x)
+    return torch.cat(out, dim=2), cache
+
+
+def test_an_fp8_cache_holds_each_key_and_value_rounded_once_in_a_quarter_of_fp32s_bytes():
+    """The FP8 cache's buffers are e4m3 (half of bf16's bytes, a quarter of fp32's); what
+    they hold, widened by the layer's descale, is the full-precision cache's keys and values
+    to e4m3's rounding (1/16 relative at most, in e4m3's normal range); and a stream through
+    it stays near the full-precision stream over blocks that roll past the window."""
+    model = tiny_model(5)
+    # after one block: the sink's keys and values (every layer) and the block's own at layer
+    # 0 come from the same inputs in both caches (later layers read what the cache rounded)
+    _, full = stream_latents(model, kv_fp8=False, blocks=1, steps=1)
+    _, fp8 = stream_latents(model, kv_fp8=True, blocks=1, steps=1)
+    assert fp8.k.dtype == fp8.v.dtype == torch.float8_e4m3fn
+    assert fp8.nbytes_kv() * 4 == full.nbytes_kv()
+    assert fp8.k_descale is not None and fp8.v_descale is not None
+    sink, block = fp8.sink_tokens, fp8.block_tokens
+    for name, stored, want, descale in (
+        ("k", fp8.k, full.k, fp8.k_descale),
+        ("v", fp8.v, full.v, fp8.v_descale),
+    ):
+        for layer in range(model.cfg.num_layers):
+            end = sink + block if layer == 0 else sink
+            widened = stored[0, layer, :, :, :end].float() * descale[layer]
+            held = want[0, layer, :, :, :end]
+            normal = held.abs() > 2**-6 * descale[layer]  # e4m3's normal range
+            err = ((widened - held).abs() / held.abs().clamp(min=1e-30))[normal]
+            assert err.max() <= 1 / 16 + 1e-6, (name, layer, float(err.max()))
+            assert normal.float().mean() > 0.9, (name, layer)
+    exact, _ = stream_latents(model, kv_fp8=False)
+    rounded, _ = stream_latents(model, kv_fp8=True)
+    # the latents move by the cache's rounding, not by a wrong slot or scale (~1)
+    distance = float((rounded - exact).norm() / exact.norm())
+    assert 0 < distance < 1e-2, distance  # 9e-4 here
+
+
+def test_an_fp8_cache_falls_back_to_sdpa_over_its_widened_keys_with_one_log_line(caplog):
+    """On a CPU cuDNN's FP8 attention cannot run: attention=fp8 over an FP8 cache is then
+    torch's SDPA over the keys and values widened from the cache, the same latents as the
+    plain SDPA backend over the same cache, and the reason said once."""
+    model = tiny_model(6)
+    plain, _ = stream_latents(model, kv_fp8=True, blocks=3)
+    for layer in model.layers():
+        layer.self_attn.attend.backend = "fp8"
+    say_fallback.cache_clear()  # said once a process: this test's own line
+    with caplog.at_level("WARNING", logger="facecast.attention"):
+        fallback, _ = stream_latents(model, kv_fp8=True, blocks=3)
+    assert torch.equal(fallback, plain)
+    said = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
+    assert len(said) == 1 and "'fp8'" in said[0], said

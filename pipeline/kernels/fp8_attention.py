@@ -141,11 +141,19 @@ def fp8_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor | str:
     """softmax(q kᵀ / √K) v for (B, N, L, K) queries, keys and values in FP8, where
     `fp8_refusal(q)` is None; a string (why cuDNN declined the shape) where it cannot, for
     the caller to fall back on the exact path."""
+    k8, descale_k = to_e4m3(k)
+    v8, descale_v = to_e4m3(v)
+    return fp8_attention_quantised(q, k8, v8, descale_k, descale_v)
+
+
+def fp8_attention_quantised(
+    q: Tensor, k8: Tensor, v8: Tensor, descale_k: Tensor, descale_v: Tensor
+) -> Tensor | str:
+    """The same, over keys and values already in e4m3 with their descales ((1, 1, 1, 1)
+    fp32): only the queries are quantised here (an FP8 KV cache keeps k and v so)."""
     import cudnn
 
     q8, descale_q = to_e4m3(q)
-    k8, descale_k = to_e4m3(k)
-    v8, descale_v = to_e4m3(v)
     plan = _plan(q8, k8, v8)
     if isinstance(plan, str):
         return plan

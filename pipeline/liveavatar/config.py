@@ -16,6 +16,7 @@ COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 # torch.compile's modes with CUDA graphs: refused, with the reason (see `compile_mode` below)
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 SELF_ATTENTION = ("sdpa", "cudnn", "fp8")  # `pipeline.models.attention` backends for it
+KV_CACHES = ("model", "fp8")  # the KV cache's dtype: the model's, or e4m3
 LIVEAVATAR_BLOCK_FRAMES = 12  # video frames a block adds: 3 latent frames of the Wan VAE
 DEFAULT_PROMPT = (
     "A person talks to the camera, looking straight ahead, with natural expressions and "
@@ -57,6 +58,12 @@ class LiveAvatarConfig:
     # the log. Measured on the H200, fp8 is slower (2.56 ms a call, 1.19 of it quantising q, k
     # and v) and 16x further from fp32 (rel. L2 0.096 against 0.006): it stays off
     attention: str = "sdpa"
+    # the KV cache's step buffers: in the model's dtype, or fp8 (e4m3, one scale per layer
+    # for keys and one for values, set from the sink at prefill): half the bytes (26 GB, not
+    # 52, on one H200), and with attention=fp8 the keys and values go into cuDNN's kernel as
+    # stored, so only the queries are quantised a call. Rounds every cached key and value:
+    # the gate decides (not yet measured on a GPU)
+    kv_cache: str = "model"
     # torch.compile's mode for the layers' compiled halves under --compile: default, or
     # max-autotune-no-cudagraphs (Triton GEMM templates tried against cuBLAS; minutes more at
     # start-up). The CUDA-graph modes are refused: every layer replays the same graphs, so
@@ -105,6 +112,7 @@ class LiveAvatarConfig:
         check(
             self.dtype in ("auto", *DTYPES), "liveavatar.dtype", f"must be auto or one of {DTYPES}"
         )
+        check(self.kv_cache in KV_CACHES, "liveavatar.kv_cache", f"must be one of {KV_CACHES}")
 
 
 def check_config(cfg: FacecastConfig) -> None:

@@ -256,7 +256,7 @@ class LiveAvatarStream(WindowedStream):
                 motion = models.vae.encode(ref.repeat(1, 1, s2v.motion_frames, 1, 1))
                 h, w = ref_lat.shape[-2:]
                 self.cache: S2VCache | None = models.transformer.new_cache(
-                    1, (h, w), la.steps, dev, dtype
+                    1, (h, w), la.steps, dev, dtype, kv_fp8=la.kv_cache == "fp8"
                 )
                 models.transformer.prefill(self.cache, prompt_features, ref_lat, motion)
                 # the decoder continues from the motion frames, as the authors' first clip does;

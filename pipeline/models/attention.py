@@ -16,6 +16,7 @@ Backends (config `runtime.attention`):
 - `fp8`: unmasked attention with QK and PV in FP8 (`pipeline.kernels.fp8_attention`, cuDNN's
   fused FP8 kernels on Hopper); LiveAvatar's self-attention (`liveavatar.attention`). Where
   they cannot take the queries, or cuDNN declines the shape, the exact SDPA path, said once.
+  Over an FP8 KV cache (`cached_fp8_attention`) the keys and values go in as stored.
 
 Unmasked attention (the A2V DiT) always goes to SDPA; `sdpa_backends`, when set from outside
 (`pipeline.compile.pick_sdpa_backends`), pins the fastest SDPA kernel measured for each shape.
@@ -93,6 +94,23 @@ def library_attention(backend: str, q: Tensor, k: Tensor, v: Tensor) -> Tensor |
             return out
         refusal = out
     say_fallback(backend, refusal)
+    return None
+
+
+def cached_fp8_attention(
+    q: Tensor, k8: Tensor, v8: Tensor, descale_k: Tensor, descale_v: Tensor
+) -> Tensor | None:
+    """cuDNN's FP8 attention over keys and values already in e4m3 (an FP8 KV cache); None
+    where it cannot run (said once), for the caller to widen them for another kernel."""
+    from pipeline.kernels import fp8_attention as kernels
+
+    refusal = kernels.fp8_refusal(q)
+    if refusal is None:
+        out = kernels.fp8_attention_quantised(q, k8, v8, descale_k, descale_v)
+        if not isinstance(out, str):
+            return out
+        refusal = out
+    say_fallback("fp8", refusal)
     return None
 
 

@@ -211,7 +211,10 @@ class S2VTransformer(nn.Module):
         steps: int,
         device: torch.device | str,
         dtype: torch.dtype,
+        kv_fp8: bool = False,
     ) -> S2VCache:
+        """A stream's cache; `kv_fp8`: the step buffers' keys and values in e4m3, each layer
+        scaled by its own pair of numbers (`S2VCache.store`)."""
         cfg = self.cfg
         H, W = latent_hw
         if H % 8 or W % 8:
@@ -230,13 +233,21 @@ class S2VTransformer(nn.Module):
         n, k = cfg.num_heads, cfg.head_dim
         shape = (steps, cfg.num_layers, batch, n, len(sink) + slots * block_tokens, k)
         text_shape = (cfg.num_layers, batch, n, cfg.text_len, k)
+        kv_dtype = torch.float8_e4m3fn if kv_fp8 else dtype
+        descales = (
+            (torch.ones(cfg.num_layers, device=device), torch.ones(cfg.num_layers, device=device))
+            if kv_fp8
+            else (None, None)
+        )
         return S2VCache(
-            k=torch.zeros(shape, device=device, dtype=dtype),
-            v=torch.zeros(shape, device=device, dtype=dtype),
+            k=torch.zeros(shape, device=device, dtype=kv_dtype),
+            v=torch.zeros(shape, device=device, dtype=kv_dtype),
             sink_k=torch.zeros(cfg.num_layers, batch, len(sink), n, k, device=device, dtype=dtype),
             text_k=torch.zeros(text_shape, device=device, dtype=dtype),
             text_v=torch.zeros(text_shape, device=device, dtype=dtype),
             sink_rope_pos=sink.to(device),
+            k_descale=descales[0],
+            v_descale=descales[1],
             grid=(h, w),
             ref_tokens=h * w,
             block_tokens=block_tokens,

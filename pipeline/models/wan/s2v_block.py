@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pipeline.models.attention import Attention
+from pipeline.models.attention import Attention, cached_fp8_attention
 from pipeline.models.layers import apply_rope
 from pipeline.models.wan.layers import WanCrossAttention, WanSelfAttention
 from pipeline.models.wan.s2v_audio import layer_norm, linear32
@@ -42,11 +42,15 @@ class CausalSelfAttention(WanSelfAttention):
         return q_BLNK.transpose(1, 2), k_BLNK, k_BNLK, v_BNLK
 
     def attend_to(self, q_BNLK: Tensor, kv: Attended) -> Tensor:
-        k_all, v_all, mask = kv
-        if mask is None:
-            return self.attend(q_BNLK, k_all, v_all)
-        # the full-sequence reference path only
-        return F.scaled_dot_product_attention(q_BNLK, k_all, v_all, attn_mask=mask)
+        if kv.mask is not None:  # the full-sequence reference path only
+            return F.scaled_dot_product_attention(q_BNLK, kv.k, kv.v, attn_mask=kv.mask)
+        if kv.descales is not None and self.attend.backend == "fp8":
+            # an FP8 cache read as it is stored: only the queries are quantised
+            out = cached_fp8_attention(q_BNLK, kv.k, kv.v, *kv.descales)
+            if out is not None:
+                return out
+        k, v = kv.widened(q_BNLK.dtype)
+        return self.attend(q_BNLK, k, v)
 
 
 class TextCrossAttention(WanCrossAttention):

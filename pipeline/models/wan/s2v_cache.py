@@ -14,6 +14,13 @@ decides what the queries attend to:
   of every layer was ~55 ms of a 0.87 s block);
 - `BlockCausalMask`: the whole sequence at once through a mask (tests).
 
+The step buffers may hold keys and values in FP8 (e4m3, `kv_cache: fp8`): half the bytes
+of bf16 (26 GB instead of 52 at LiveAvatar's shape on one H200), each layer's keys and
+values scaled by one number each, set when the sink is prefilled from its own largest value
+with the headroom the FP8 linears keep (`FP8_HEADROOM`; larger values saturate). A forward's
+keys and values are rounded to e4m3 once, when written, never again when read: cuDNN's FP8
+attention reads them as they are (`Attended.descales`), any other kernel gets them widened.
+
 Legend: B batch, L tokens, N heads, K head dim, S sampling steps.
 """
 
@@ -29,7 +36,27 @@ from torch import Tensor
 from pipeline.models.layers import apply_rope
 from pipeline.models.wan.s2v_sink import Rope
 
-Attended = tuple[Tensor, Tensor, Tensor | None]  # keys, values (B, N, L', K), mask or None
+E4M3_MAX = 448.0
+FP8_HEADROOM = 4.0  # an FP8 cache's scale leaves room for values 4x the sink's largest
+
+
+@dataclass(frozen=True)
+class Attended:
+    """What a block's queries attend to: keys and values (B, N, L', K), a mask or None, and
+    for an FP8 cache the keys' and values' descales ((1, 1, 1, 1) fp32: stored x descale =
+    the value), else None."""
+
+    k: Tensor
+    v: Tensor
+    mask: Tensor | None = None
+    descales: tuple[Tensor, Tensor] | None = None
+
+    def widened(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Keys and values in `dtype`, as a kernel that cannot read FP8 takes them."""
+        if self.descales is None:
+            return self.k, self.v
+        dk, dv = self.descales
+        return (self.k.float() * dk).to(dtype), (self.v.float() * dv).to(dtype)
 
 
 class KeyValues(Protocol):
@@ -62,6 +89,9 @@ class S2VCache:
     ref_tokens: int
     block_tokens: int
     slots: int
+    # an FP8 cache's per-layer descales, (layers,) fp32, set at prefill; None: k, v as they are
+    k_descale: Tensor | None = None
+    v_descale: Tensor | None = None
     block: int = 0  # absolute index of the block being generated
     prefilled: bool = False
     # per step buffer: the reference's shift its sink keys are rotated for (None: not yet)
@@ -73,6 +103,38 @@ class S2VCache:
     @property
     def sink_tokens(self) -> int:
         return self.sink_k.shape[2]
+
+    @property
+    def fp8(self) -> bool:
+        return self.k_descale is not None
+
+    def store(self, buffer: Tensor, x: Tensor, layer: int, values: bool) -> None:
+        """Write keys (or values) `x` into a view of a step buffer: as they are, or for an
+        FP8 cache scaled by the layer's descale, saturated, and rounded to e4m3."""
+        descale = self.v_descale if values else self.k_descale
+        if descale is None:
+            buffer.copy_(x)
+            return
+        buffer.copy_((x.float() / descale[layer]).clamp(-E4M3_MAX, E4M3_MAX))
+
+    def set_descales(self, layer: int, k: Tensor, v: Tensor) -> None:
+        """An FP8 cache's scales for a layer, from the sink's own keys and values (on the
+        GPU, no wait for the host)."""
+        if self.k_descale is None or self.v_descale is None:
+            return
+        for descale, x in ((self.k_descale, k), (self.v_descale, v)):
+            largest = x.detach().abs().amax().float()
+            descale[layer] = (largest * FP8_HEADROOM / E4M3_MAX).clamp(min=1e-12)
+
+    def attended(self, step: int, layer: int, valid: int) -> Attended:
+        """The prefix [0, valid) of a step's buffers, and an FP8 cache's descales."""
+        k, v = self.k[step, layer, :, :, :valid], self.v[step, layer, :, :, :valid]
+        if self.k_descale is None or self.v_descale is None:
+            return Attended(k, v)
+        one = (1, 1, 1, 1)
+        return Attended(
+            k, v, descales=(self.k_descale[layer].reshape(one), self.v_descale[layer].reshape(one))
+        )
 
     def text_kv(self, layer: int) -> tuple[Tensor, Tensor]:
         return self.text_k[layer], self.text_v[layer]
@@ -92,6 +154,10 @@ class S2VCache:
         tensors = (self.k, self.v, self.sink_k, self.text_k, self.text_v)
         return sum(t.numel() * t.element_size() for t in tensors)
 
+    def nbytes_kv(self) -> int:
+        """The step buffers alone: what an FP8 cache halves."""
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v))
+
 
 class SinkPrefill:
     """The sink attends to itself; its normed keys (before RoPE) and values are kept."""
@@ -103,8 +169,10 @@ class SinkPrefill:
     def __call__(self, layer: int, k_raw: Tensor, k_rot: Tensor, v: Tensor) -> Attended:
         c, n = self.cache, k_raw.shape[1]
         c.sink_k[layer] = k_raw
-        c.v[:, layer, :, :, :n] = v[None]  # every step's buffer
-        return k_rot, v, None
+        c.set_descales(layer, k_rot, v)
+        for step in range(c.v.shape[0]):  # every step's buffer
+            c.store(c.v[step, layer, :, :, :n], v, layer, values=True)
+        return Attended(k_rot, v)
 
 
 class CachedStep:
@@ -136,15 +204,15 @@ class CachedStep:
         c, s, end = self.cache, self.step, self.start + k_rot.shape[2]
         k, v_buf = c.k[s, layer], c.v[s, layer]
         if n := self.rewrite:
-            if self.rope is None:
+            if self.rope is None:  # stored as that step stored them: a plain copy
                 k[:, :, :n] = c.k[self.source, layer, :, :, :n]
             else:
                 cos, sin = self.rope
                 k_sink = apply_rope(c.sink_k[layer][:, :n], cos[:n], sin[:n], tokens_first=True)
-                k[:, :, :n] = k_sink.transpose(1, 2)
-        k[:, :, self.start : end] = k_rot
-        v_buf[:, :, self.start : end] = v
-        return k[:, :, : self.valid], v_buf[:, :, : self.valid], None
+                c.store(k[:, :, :n], k_sink.transpose(1, 2), layer, values=False)
+        c.store(k[:, :, self.start : end], k_rot, layer, values=False)
+        c.store(v_buf[:, :, self.start : end], v, layer, values=True)
+        return c.attended(s, layer, self.valid)
 
     def finish(self) -> None:
         """Every layer ran: this step's buffer holds the sink rotated for `shift`."""
@@ -171,6 +239,8 @@ class BlockCausalMask:
             apply_rope(c.sink_k[layer], *r, tokens_first=True).transpose(1, 2)
             for r in self.sink_ropes
         ]
+        if c.fp8:
+            raise ValueError("the whole-sequence reference path reads a cache in full precision")
         k_all = torch.cat([k_rot, *sinks_k], dim=2)
         v_all = torch.cat([v, *[v_sink] * len(sinks_k)], dim=2)
-        return k_all, v_all, self.mask.to(k_all.device)
+        return Attended(k_all, v_all, self.mask.to(k_all.device))
