@@ -440,3 +440,27 @@ def test_the_configured_compile_mode_reaches_every_layers_graphs(release, monkey
     layers = eng.compile()
     assert layers == len(eng.models.transformer.layers())
     assert modes == [autotune] * 2 * layers  # the VAE's decoder: on a GPU only
+
+
+def test_an_fp8_kv_cache_streams_close_to_the_exact_frames_in_a_quarter_of_the_bytes(
+    release, engine
+):
+    """`liveavatar.kv_cache: fp8` keeps the stream's cached keys and values in e4m3: the
+    step buffers take a quarter of fp32's bytes (half of bf16's on a GPU), and the picture is
+    the exact engine's within the rounding. Another value is one line at load."""
+    with pytest.raises(ConfigError, match="liveavatar.kv_cache"):
+        start_engine(options(release, **{"liveavatar.kv_cache": "int4"}))
+    fp8 = start_engine(options(release, **{"liveavatar.kv_cache": "fp8"}))[0]
+    audio = speechy(0.6, seed=3)
+    frames, kv_bytes = [], []
+    for e in (engine, fp8):
+        stream = e.new_stream(np.full((SIZE, SIZE, 3), 150, np.uint8), seed=4)
+        assert stream.cache is not None  # allocated with the stream, for its whole length
+        kv_bytes.append(stream.cache.nbytes_kv())
+        stream.push_audio(audio)
+        frames.append(np.concatenate([b.frames for b in stream.finish()]))
+        stream.close()
+    assert kv_bytes[1] * 4 == kv_bytes[0]
+    assert frames[0].shape == frames[1].shape and len(frames[0]) >= BLOCK
+    diff = np.abs(frames[0].astype(np.int16) - frames[1]).mean()
+    assert 0 < diff < 1.0, diff  # grey levels (0.06 here)
