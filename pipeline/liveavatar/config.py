@@ -52,11 +52,13 @@ class LiveAvatarConfig:
     fp8_outputs: bool = True
     # the self-attention's kernel: sdpa (torch's exact SDPA: cuDNN's bf16 kernel on the H200,
     # 1.65 ms a call, 35 % of a block), cudnn (the same bf16 attention on whichever of cuDNN's
-    # engines is fastest for each layout, timed once; not yet measured on a GPU) or fp8
-    # (cuDNN's fused FP8 attention on Hopper). Both cuDNN ones go through the optional
-    # nvidia-cudnn-frontend wheel and take the exact path where they cannot run, said once in
-    # the log. Measured on the H200, fp8 is slower (2.56 ms a call, 1.19 of it quantising q, k
-    # and v) and 16x further from fp32 (rel. L2 0.096 against 0.006): it stays off
+    # engines is fastest for each layout, timed once: on the H200 that is the engine SDPA
+    # takes, 15.1 fps against 15.3) or fp8 (cuDNN's fused FP8 attention on Hopper). Both cuDNN
+    # ones go through the optional nvidia-cudnn-frontend wheel and take the exact path where
+    # they cannot run, said once in the log. Measured on the H200, fp8 is slower over a bf16
+    # cache (2.83 ms a call, 1.40 of it quantising q, k and v; the kernel alone 1.31 against
+    # bf16's 1.68) and 16x further from fp32 (rel. L2 0.096 against 0.006); over an FP8 cache
+    # (kv_cache, below) only q is quantised. Off until the gate has seen it
     attention: str = "sdpa"
     # the KV cache's step buffers: in the model's dtype, or fp8 (e4m3, one scale per layer
     # for keys and one for values, set from the sink at prefill): half the bytes (26 GB, not
