@@ -85,14 +85,15 @@ serve)
   ;;
 sessions)  # the product bench (batched steps, capacity), then serve: an agent alone, then
   # CALLS live calls at once; MODEL=flashhead-lite for Lite; BATCH=3 (batch_streams);
-  # SKIP_BENCH=1, PROFILE=1, SERVE_FLAGS
+  # SKIP_BENCH=1, PROFILE=1, SERVE_FLAGS, PRECISION (fp8, the default, or fp8-fast)
   model=${MODEL:-flashhead-pro}
   lite=; [ "$model" = flashhead-lite ] && lite=--lite
   python3 -m pipeline.flashhead.random_release "$work/float32" --shape full $lite >/dev/null 2>&1
   w="--model $model --weights $work/float32/release --wav2vec $work/float32/wav2vec --device cuda"
   sets="--set flashhead.batch_streams=${BATCH:-3}"
+  precision=${PRECISION:-fp8}  # PRECISION=fp8-fast: Hopper's fast FP8 accumulation
   # shellcheck disable=SC2086
-  [ -n "${SKIP_BENCH:-}" ] || timeout 240 python3 -m facecast bench $w --compile --precision fp8 \
+  [ -n "${SKIP_BENCH:-}" ] || timeout 240 python3 -m facecast bench $w --compile --precision "$precision" \
     $sets --seconds 20 --json "$out/bench_$model.json" 2>"$logs/bench_$model.log" | tail -3 \
     || { echo "bench FAILED"; tail -5 "$logs/bench_$model.log"; }
   # FIRST_STEP=1: a call's first step against a steady one, stage by stage, eager, every
@@ -108,7 +109,7 @@ sessions)  # the product bench (batched steps, capacity), then serve: an agent a
   args="--serve-arg=--model=$model --serve-arg=--weights=$work/float32/release"
   args+=" --serve-arg=--wav2vec=$work/float32/wav2vec --serve-arg=--reference=pipeline/assets/reference.png"
   args+=" --serve-arg=--set=flashhead.frame_reference=false --serve-arg=--set=flashhead.batch_streams=${BATCH:-3}"
-  args+=" --serve-arg=--compile --serve-arg=--precision=fp8"
+  args+=" --serve-arg=--compile --serve-arg=--precision=$precision"
   # unset: as many sessions as the engine measured it carries; set, the operator's limit
   [ -n "${MAX_SESSIONS:-}" ] && args+=" --serve-arg=--max-sessions=$MAX_SESSIONS"
   # SERVE_FLAGS: more `facecast serve` flags, e.g. --engine-process (the engine's Python off
