@@ -128,6 +128,11 @@ async def measure(args: argparse.Namespace, cmd: list[str], port: int, script: s
             for i, (call, client) in enumerate(together):
                 if client is not None:
                     call["client"] = call_stats(client)
+                    if not call["server"] and call["client"].get("server"):
+                        # the server closed the call before /sessions was read: its last
+                        # stats report to the client says the same counters
+                        call["server"] = call["client"]["server"]
+                        call["server_from"] = "the server's last stats report to the client"
                 call.update(concurrent=n, call=i, engine_batching=batching)
                 calls.append(call)
                 print(summary(args.config, call), flush=True)
