@@ -349,3 +349,47 @@ async def test_a_call_planned_alone_grows_its_delay_when_a_second_call_joins():
     for call in stats:
         assert call["frames_sent"] > 200 and call["frames_missed"] == 0, call
         assert call["frames_fresh"] >= 0.99 * call["frames_sent"], call
+
+
+def test_a_started_call_retimed_to_a_longer_shared_step_grows_its_delay_when_quiet():
+    """`PlayoutControl.retime`: a call planned alone learns that its steps now take a batch's
+    time (a second call joined); its delay target rises to the plan for that step and is
+    reached the next time nobody speaks, told to the peer; a shorter step changes nothing."""
+    import json
+    import time
+    from types import SimpleNamespace
+
+    from realtime.playout import EngineTiming, PlayoutControl
+
+    engine = ScriptedEngine(rtf=0.4)
+    first, steady = engine.step_seconds["first"], engine.step_seconds["steady"]
+    alone = EngineTiming(engine.stream_step, first, steady)
+    shared = EngineTiming(engine.stream_step, 2 * steady, 2 * steady)
+    sent, inserted = [], []
+    playout = PlayoutControl(
+        alone,
+        SimpleNamespace(lead=0),  # the frame queue: only its lead is read
+        SimpleNamespace(playout_delay=SimpleNamespace(observe=lambda s: None)),
+        sent.append,
+        lambda pcm, arrived: inserted.append(pcm.size),
+        lambda: steady,
+        margin_s=0.05,
+    )
+    playout.first_audio = time.monotonic()
+    playout.decide_start(playout.first_audio)  # planned alone, at the live rate
+    playout.start()
+    assert playout.delay_s is not None
+    before = playout.delay_s + playout.grown_s
+    playout.retime(EngineTiming(engine.stream_step, first, steady / 2))  # faster: nothing
+    playout.grow(0, playout.clock.t0, quiet=True)
+    assert playout.grown_s == 0
+    playout.retime(shared)
+    playout.grow(0, playout.clock.t0, quiet=False)  # someone speaks: not yet
+    assert playout.grown_s == 0
+    last_rx = playout.clock.t0 - before  # the newest audio sees today's delay
+    playout.grow(0, last_rx, quiet=True)
+    target = plan_playout(engine.stream_step, 2 * steady, 2 * steady, margin_s=0.05).delay
+    assert playout.grown_s > 0 and before + playout.grown_s == pytest.approx(target, abs=0.17)
+    grown = [json.loads(m) for m in sent if '"delay_grown"' in m]
+    assert len(grown) == 2 and inserted[-1] > 0  # the pre-roll at the start, then the growth
+    assert grown[-1]["delay_ms"] == pytest.approx(1000 * (before + playout.grown_s), abs=2)
