@@ -1,6 +1,7 @@
 """The S2V step pipeline (`pipeline.parallel.step_pipeline`) over CPU processes with gloo:
-one sampling step per rank, each with its one-step cache, gives every block's final latents
-bit for bit as one process running the 4-step cache does (LiveAvatarStream's loop)."""
+one sampling step per rank, or two, or all four on one rank beside a decode rank, each rank
+with a cache of its steps alone, gives every block's final latents bit for bit as one process
+running the 4-step cache does (LiveAvatarStream's loop)."""
 
 from __future__ import annotations
 
@@ -102,7 +103,14 @@ def _worker(rank: int, opts: ParallelOptions, layout: StepLayout, out_path) -> N
 
 
 @pytest.mark.parametrize(
-    "layout", [StepLayout(4, decode_rank=True), StepLayout(4, decode_rank=False)], ids=str
+    "layout",
+    [
+        StepLayout(4, decode_rank=True),
+        StepLayout(4, decode_rank=False),
+        StepLayout(4, step_ranks=2, decode_rank=False),  # two GPUs, two steps each
+        StepLayout(4, step_ranks=1),  # two GPUs: every step on one, the decode on the other
+    ],
+    ids=str,
 )
 def test_step_ranks_give_the_single_process_latents(tmp_path, layout):
     out_path = tmp_path / "latents.pt"
@@ -151,10 +159,22 @@ def test_a_failing_block_source_stops_every_rank_after_the_blocks_it_gave(tmp_pa
     assert len(kept) == 2 and all(torch.equal(x, y) for x, y in zip(kept, want, strict=True))
 
 
-def test_a_one_step_layout_is_refused_and_the_collector_is_placed():
-    with pytest.raises(ValueError, match="2 steps or more"):
-        StepLayout(1)
+def test_a_layout_of_one_process_or_an_uneven_split_is_refused_and_the_collector_is_placed():
+    with pytest.raises(ValueError, match="2 processes or more"):
+        StepLayout(4, step_ranks=1, decode_rank=False)
+    with pytest.raises(ValueError, match="split evenly"):
+        StepLayout(4, step_ranks=3)
     with_vae, without = StepLayout(4), StepLayout(4, decode_rank=False)
     assert (with_vae.world, with_vae.collector, with_vae.next_rank(3)) == (5, 4, 4)
     assert (without.world, without.collector, without.next_rank(3)) == (4, 0, 0)
     assert [with_vae.next_rank(r) for r in range(3)] == [1, 2, 3]
+    pairs = StepLayout(4, step_ranks=2, decode_rank=False)
+    assert (pairs.world, pairs.steps_per_rank, pairs.next_rank(0), pairs.next_rank(1)) == (
+        2,
+        2,
+        1,
+        0,
+    )
+    assert pairs.sends_audio(0) and not pairs.sends_audio(1)
+    one = StepLayout(4, step_ranks=1)  # the DiT on one GPU, the decode on another
+    assert (one.world, one.collector, one.next_rank(0), one.sends_audio(0)) == (2, 1, 1, False)

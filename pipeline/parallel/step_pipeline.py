@@ -19,8 +19,15 @@ Schedule, S = 4 step ranks and a decode rank; bN.sK = step K of block N, one for
     rank 3 (s3)   |       |       |       | b0.s3 | b1.s3 | b2.s3 | b3.s3 |
     rank 4 (VAE)  |       |       |       |       | dec b0| dec b1| dec b2|
 
-- Throughput: one block per forward once the line is full, S times one GPU's (more, as
-  the decode leaves the step ranks); the slowest rank sets the pace. Rank 0 also draws the
+- Fewer GPUs than steps: a rank may run several consecutive steps with a cache of those
+  steps alone (`StepLayout.step_ranks`). On two GPUs, two steps each (`StepLayout(4,
+  step_ranks=2, decode_rank=False)`): rank 0 runs steps 0-1 and decodes, rank 1 steps 2-3;
+  at the H200's 0.16 s a forward (`--precision fp8-fast`) and ~0.1 s of decode, the pace is
+  rank 0's ~0.43 s a 0.48-s block, real time where one GPU makes 0.61x of it. Or every step
+  on one GPU and the decode on the other (`StepLayout(4, step_ranks=1)`): ~0.64 s a block,
+  0.75x real time.
+- Throughput: one block per rank's steps once the line is full, S times one GPU's with a
+  rank a step (more, as the decode leaves the step ranks); the slowest rank sets the pace. Rank 0 also draws the
   noise and encodes the block's audio tokens (milliseconds); without a decode rank it
   decodes as well and paces the line at one forward plus one decode.
 - Latency per block: unchanged, S forwards in a row (then the decode) plus S hops of a few
@@ -120,29 +127,50 @@ Works = list[dist.Work]
 
 @dataclass(frozen=True)
 class StepLayout:
-    """Which rank does what: ranks 0..steps-1 run one sampling step each; with a decode
-    rank, rank `steps` collects the final latents, otherwise rank 0 does."""
+    """Which rank does what: `step_ranks` ranks (all `steps` by default) run the sampling
+    steps, `steps / step_ranks` consecutive ones each; with a decode rank, the rank after
+    them collects the final latents, otherwise rank 0 does. Two GPUs: `StepLayout(4,
+    step_ranks=2, decode_rank=False)` (two steps a GPU) or `StepLayout(4, step_ranks=1)`
+    (every step on one GPU, the decode on the other)."""
 
     steps: int
     decode_rank: bool = True
+    step_ranks: int | None = None  # None: one step a rank
 
     def __post_init__(self) -> None:
-        if self.steps < 2:
+        if self.steps < 1 or self.ranks < 1 or self.steps % self.ranks:
             raise ValueError(
-                f"a step pipeline needs 2 steps or more, got {self.steps}: run one step "
-                "in one process (LiveAvatarStream)"
+                f"{self.steps} sampling steps cannot be split evenly over {self.ranks} ranks"
+            )
+        if self.world < 2:
+            raise ValueError(
+                "a step pipeline needs 2 processes or more: run one process as it is "
+                "(LiveAvatarStream)"
             )
 
     @property
+    def ranks(self) -> int:
+        """Ranks that run sampling steps (0..ranks-1)."""
+        return self.steps if self.step_ranks is None else self.step_ranks
+
+    @property
+    def steps_per_rank(self) -> int:
+        return self.steps // self.ranks
+
+    @property
     def world(self) -> int:
-        return self.steps + int(self.decode_rank)
+        return self.ranks + int(self.decode_rank)
 
     @property
     def collector(self) -> int:
-        return self.steps if self.decode_rank else 0
+        return self.ranks if self.decode_rank else 0
 
     def next_rank(self, rank: int) -> int:
-        return rank + 1 if rank < self.steps - 1 else self.collector
+        return rank + 1 if rank < self.ranks - 1 else self.collector
+
+    def sends_audio(self, rank: int) -> bool:
+        """Whether rank's messages carry the audio tokens: to a step rank, not the collector."""
+        return rank < self.ranks - 1
 
 
 @dataclass
@@ -229,28 +257,30 @@ def wait_all(works: Works) -> None:
 
 
 class StepStage:
-    """Sampling step `step` of every block: the model, this step's one-step cache, the
-    step's timestep and sigma difference. `run` is the hot path: one forward, one Euler
-    update, no host sync."""
+    """Sampling steps `first .. first + count - 1` of every block: the model, a cache of those
+    steps alone, their timesteps and sigma differences. `run` is the hot path: `count`
+    forwards and Euler updates, no host sync."""
 
-    def __init__(self, model: S2VTransformer, start: StreamStart, step: int, steps: int) -> None:
+    def __init__(
+        self, model: S2VTransformer, start: StreamStart, first: int, count: int, steps: int
+    ) -> None:
         dev = start.ref_BC1HW.device
         timesteps, sigmas = euler_sigmas(steps, start.shift)
         timesteps, sigmas = timesteps.to(dev), sigmas.to(dev)
         self.model, self.ref_distance = model, start.ref_distance
-        self.t = timesteps[step : step + 1]
-        self.dsigma = sigmas[step + 1] - sigmas[step]
+        self.t = [timesteps[i : i + 1] for i in range(first, first + count)]
+        self.dsigma = [sigmas[i + 1] - sigmas[i] for i in range(first, first + count)]
         B, _, _, H, W = start.ref_BC1HW.shape
-        self.cache: S2VCache = model.new_cache(B, (H, W), 1, dev, start.dtype)
+        self.cache: S2VCache = model.new_cache(B, (H, W), count, dev, start.dtype)
         model.prefill(self.cache, start.prompt_BLC, start.ref_BC1HW, start.motion_BCTHW)
 
     def run(self, x_BCTHW: Tensor, audio: AudioTokens) -> Tensor:
-        # this rank's cache holds one step: its buffer 0 is the stream's step `step`
-        flow = self.model.forward_block(
-            x_BCTHW, self.t, audio, self.cache, 0, None, self.ref_distance
-        )
-        # diffusers' Euler step in fp32, back in the model's dtype (as LiveAvatarStream)
-        x = (x_BCTHW.float() + self.dsigma * flow.float()).to(x_BCTHW.dtype)
+        x = x_BCTHW
+        # this rank's cache holds its steps alone: its buffer j is the stream's step first + j
+        for j, (t, dsigma) in enumerate(zip(self.t, self.dsigma, strict=True)):
+            flow = self.model.forward_block(x, t, audio, self.cache, j, None, self.ref_distance)
+            # diffusers' Euler step in fp32, back in the model's dtype (as LiveAvatarStream)
+            x = (x.float() + dsigma * flow.float()).to(x.dtype)
         self.cache.advance()
         return x
 
@@ -312,6 +342,7 @@ def _first_step(
 ) -> None:
     """Rank 0: per block, the audio tokens, fresh noise, step 0; then on to rank 1."""
     gen = torch.Generator(device=wire.device).manual_seed(start.seed)
+    dst, audio_on = layout.next_rank(0), layout.sends_audio(0)
     sent: Works = []
     try:
         for b, feats_BSAF in enumerate(blocks):
@@ -319,24 +350,27 @@ def _first_step(
             noise = torch.randn(wire.latents, generator=gen, dtype=wire.dtype, device=wire.device)
             x = stage.run(noise, audio)
             wait_all(sent)  # the previous block's send has read its buffers
-            sent = post_send([wire.header(b), x, audio.global_BTD, audio.local_BTMD], 1)
+            parts = [wire.header(b), x]
+            sent = post_send(
+                parts + [audio.global_BTD, audio.local_BTMD] if audio_on else parts, dst
+            )
             if collector is not None:
                 collector.post()
                 # block b - S's final latents were due while block b was computed: wait
                 # for them past that (bounded buffers); take any that came earlier
-                collector.deliver(keep=layout.steps)
+                collector.deliver(keep=layout.ranks)
     finally:  # END also when the blocks failed: every rank leaves its loop
         wait_all(sent)
-        wait_all(post_send(wire.empty(audio=True), 1))
+        wait_all(post_send(wire.empty(audio=audio_on), dst))
         if collector is not None:
             collector.post()
             collector.deliver(keep=None)
 
 
 def _later_step(stage: StepStage, layout: StepLayout, wire: Wire, rank: int) -> None:
-    """Ranks 1..S-1: receive a block, run this step, pass it on; block b+1 is received
-    while block b is computed."""
-    last = rank == layout.steps - 1
+    """Step ranks after the first: receive a block, run this rank's steps, pass it on;
+    block b+1 is received while block b is computed."""
+    last = not layout.sends_audio(rank)
     dst = layout.next_rank(rank)
     bufs = [wire.empty(audio=True) for _ in range(2)]
     pending = post_recv(bufs[0], rank - 1)
@@ -374,19 +408,20 @@ def run_step_pipeline(
     each block's final latents in order; without it they are returned, else []."""
     if dist.get_world_size() != layout.world:
         raise ValueError(
-            f"{layout.steps} step ranks{' and a decode rank' if layout.decode_rank else ''} "
+            f"{layout.ranks} step ranks{' and a decode rank' if layout.decode_rank else ''} "
             f"need {layout.world} processes, the group has {dist.get_world_size()}"
         )
     wire = Wire.of(cfg, start)
-    model = model_factory() if rank < layout.steps else None
+    model = model_factory() if rank < layout.ranks else None
     if model is not None and model.cfg != cfg:
         raise ValueError(f"model_factory built a transformer of {model.cfg}, not of {cfg}")
     with torch.inference_mode():
         collector = None
         if rank == layout.collector:
-            collector = Collector(wire, layout.steps - 1, on_latents)
+            collector = Collector(wire, layout.ranks - 1, on_latents)
         if model is not None:
-            stage = StepStage(model, start, rank, layout.steps)
+            per = layout.steps_per_rank
+            stage = StepStage(model, start, rank * per, per, layout.steps)
             if rank == 0:
                 _first_step(stage, layout, wire, start, blocks, collector)
             else:
