@@ -27,6 +27,7 @@
 #   run command="bash bench/gpu_liveavatar.sh speed"  carry=[".whl"]
 #   run command="bash bench/gpu_liveavatar.sh serve"  carry=[".whlserve"]
 #   run command="bash bench/gpu_liveavatar.sh gate"   carry=[".whl"]
+#   run command="bash bench/gpu_liveavatar.sh line" carry=[".whl"] kind=nvidia-h200-x2
 # Options (env): DTYPES="float32 bfloat16" (parity; DTYPES= runs neither), BLOCKS32=6, STEPS32=2,
 # BLOCKS16=8 (bf16 keeps 4 steps; blocks 3.. are timed: the key window full), AUTHORS_COMPILE=1
 # (parity: also time their loop under their torch.compile if 120 s are left; alone:
@@ -233,8 +234,27 @@ serve)
     --server-log "$out/serve.log" --json "$out/serve.json" --markdown "$out/serve.md" \
     || { echo "serve FAILED"; tail -20 "$out/serve.log"; }
   ;;
+line)  # two GPUs or more (kind nvidia-h200-x2): the step pipeline against one GPU, eager bf16,
+  # random weights drawn on each GPU, no release needed (bench/step_pipeline_bench.py)
+  common="--device $dev --size ${SIZE:-704x384} --layers ${LAYERS:-40}"
+  # shellcheck disable=SC2086
+  timeout $(($(left) / 3)) "$py" bench/liveavatar_block_bench.py $common --blocks 8 \
+    --json "$out/line_one_gpu.json" 2>"$logs/line_one_gpu.log" | tail -1 \
+    || { echo "one-GPU block bench FAILED"; tail -20 "$logs/line_one_gpu.log"; }
+  # LINES: ;-separated step_pipeline_bench flags, one layout each (default: two steps a GPU,
+  # then the DiT on one GPU and the collector on the other)
+  IFS=';' read -ra lines <<< "${LINES:---step-ranks 2;--step-ranks 1 --decode-rank}"
+  i=0
+  for flags in "${lines[@]}"; do
+    i=$((i + 1))
+    # shellcheck disable=SC2086
+    timeout $(($(left) / (${#lines[@]} - i + 1))) "$py" bench/step_pipeline_bench.py $common \
+      $flags --blocks "${LINE_BLOCKS:-12}" --json "$out/line_$i.json" 2>"$logs/line_$i.log" \
+      | tail -1 || { echo "step pipeline ($flags) FAILED"; tail -20 "$logs/line_$i.log"; }
+  done
+  ;;
 *)
-  echo "unknown mode $mode: parity|speed|serve"
+  echo "unknown mode $mode: parity|speed|gate|serve|line"
   exit 2
   ;;
 esac
