@@ -251,6 +251,7 @@ class PlayoutControl:
         self._target: float | None = None  # what the delay grows to while quiet
         self.inserted_s = 0.0  # silence inserted: the pre-roll and later growth
         self.grown_s = 0.0  # of which growth after the start
+        self.pushed = False  # planned for audio faster than real time (an agent's)
 
     def plan(self, rate: float = 1.0) -> PlayoutBudget:
         steady = max(self.timing.steady_seconds, self._step_seconds())
@@ -285,7 +286,7 @@ class PlayoutControl:
         step's time after the probe, and speech keeps the planned delay)."""
         held = sum(p.size for p, _, _ in self._held) / OUTPUT_RATE
         rate = held / max(PROBE_S, time.monotonic() - first_audio)
-        pushed = rate > 1.5  # an agent's audio, faster than real time
+        self.pushed = pushed = rate > 1.5  # an agent's audio, faster than real time
         self.budget = budget = self.plan(min(rate, 10.0) if pushed else 1.0)
         fixed = self._fixed_delay_s
         if fixed is not None:  # a set delay, all of it between first audio and first frame
@@ -328,11 +329,14 @@ class PlayoutControl:
     def retime(self, timing: EngineTiming) -> None:
         """The engine's steps got longer (more calls share it): plan on `timing` from now on,
         before the start as after it (`replan`). A shorter step changes nothing: the delay
-        never shrinks mid-session."""
+        never shrinks mid-session. A call planned for pushed audio keeps its delay: its
+        audio comes ahead of its frames, and a live-rate plan would add a second or more
+        before every later utterance of the agent's."""
         if timing.steady_seconds <= self.timing.steady_seconds:
             return
         self.timing = timing
-        self.replan()
+        if not self.pushed:
+            self.replan()
 
     def grow(self, timeline_head: int, last_rx: float | None, quiet: bool) -> None:
         """While nobody speaks (`quiet`: no speech, no utterance open, no speech start on

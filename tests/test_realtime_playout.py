@@ -393,3 +393,20 @@ def test_a_started_call_retimed_to_a_longer_shared_step_grows_its_delay_when_qui
     grown = [json.loads(m) for m in sent if '"delay_grown"' in m]
     assert len(grown) == 2 and inserted[-1] > 0  # the pre-roll at the start, then the growth
     assert grown[-1]["delay_ms"] == pytest.approx(1000 * (before + playout.grown_s), abs=2)
+    # an agent's call, planned for audio pushed 10x faster than real time, keeps its delay
+    agent = PlayoutControl(
+        alone,
+        SimpleNamespace(lead=0),
+        SimpleNamespace(playout_delay=SimpleNamespace(observe=lambda s: None)),
+        sent.append,
+        lambda pcm, arrived: 0,
+        lambda: steady,
+        margin_s=0.05,
+    )
+    agent.first_audio = now = time.monotonic()
+    agent.probe(np.zeros(48_000, np.int16), now + 2 * PROBE_S, now)  # 1 s of audio at once
+    agent.start()
+    assert agent.pushed and agent.delay_s is not None
+    agent.retime(shared)
+    agent.grow(0, agent.clock.t0 - agent.delay_s, quiet=True)
+    assert agent.grown_s == 0
