@@ -153,11 +153,11 @@ def main() -> None:
 def cached_fp8(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, keys: int):
     """cuDNN's FP8 attention as it reads an FP8 KV cache (`S2VCache.store`): the buffers
     rounded once with the cache's scales, a view of their first `keys` read each call."""
-    from pipeline.models.wan.s2v_cache import E4M3_MAX, FP8_HEADROOM
+    from pipeline.precision import E4M3_MAX, STATIC_HEADROOM
 
     stored = []
     for x in (k_buf, v_buf):
-        descale = (x.abs().amax().float() * FP8_HEADROOM / E4M3_MAX).reshape(1, 1, 1, 1)
+        descale = (x.abs().amax().float() * STATIC_HEADROOM / E4M3_MAX).reshape(1, 1, 1, 1)
         buf = (x.float() / descale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
         stored.append((buf[:, :, :keys], descale))
     (k8, dk), (v8, dv) = stored

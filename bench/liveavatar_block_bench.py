@@ -59,6 +59,16 @@ def random_on_device(model: S2VTransformer, seed: int) -> None:
                 p.normal_(0.0, math.prod(p.shape[1:]) ** -0.5)
 
 
+def layers_config(layers: int) -> S2VConfig:
+    """The release's transformer cut to its first `layers` layers (the audio injected only
+    into those of them that have it)."""
+    full = S2VConfig()
+    return S2VConfig(
+        num_layers=layers,
+        audio_inject_layers=tuple(i for i in full.audio_inject_layers if i < layers),
+    )
+
+
 def forward_flops(cfg: S2VConfig, tokens: int, keys: int) -> float:
     """Matrix-product FLOPs of one block forward (the rest is noise at this size)."""
     d, f, m = cfg.dim, cfg.ffn_dim, cfg.text_len
@@ -80,11 +90,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     a = p.parse_args()
     dev = torch.device(a.device)
-    full = S2VConfig()
-    cfg = S2VConfig(
-        num_layers=a.layers,
-        audio_inject_layers=tuple(i for i in full.audio_inject_layers if i < a.layers),
-    )
+    cfg = layers_config(a.layers)
     with torch.device("meta"):
         model = S2VTransformer(cfg).to(torch.bfloat16)
     model.to_empty(device=dev)  # allocated in bf16 at once: 33 GB, not 65 then 33

@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from liveavatar_block_bench import random_on_device  # noqa: E402
+from liveavatar_block_bench import layers_config, random_on_device  # noqa: E402
 
 from pipeline.clock import FPS  # noqa: E402
 from pipeline.models.wan.s2v import S2VConfig, S2VTransformer  # noqa: E402
@@ -47,17 +47,9 @@ from pipeline.parallel.step_pipeline import (  # noqa: E402
 )
 
 
-def config(layers: int) -> S2VConfig:
-    full = S2VConfig()
-    return S2VConfig(
-        num_layers=layers,
-        audio_inject_layers=tuple(i for i in full.audio_inject_layers if i < layers),
-    )
-
-
 def _worker(rank: int, opts: ParallelOptions, layout: StepLayout, a, out: Path) -> None:
     dev = torch.device(f"cuda:{rank}" if a.device == "cuda" else "cpu")
-    cfg = config(a.layers)
+    cfg = layers_config(a.layers)
     height, width = (int(v) for v in a.size.split("x"))
     H, W = height // 8, width // 8
     start = None

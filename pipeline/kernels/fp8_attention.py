@@ -27,8 +27,8 @@ import torch
 from torch import Tensor
 
 from pipeline.kernels.cudnn_attention import cudnn_handle, cudnn_refusal
+from pipeline.precision import E4M3_MAX
 
-E4M3_MAX = 448.0
 HEAD_DIMS = (64, 128)  # what cuDNN's FP8 forward kernels are built for on Hopper
 
 

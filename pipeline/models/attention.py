@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -82,19 +83,27 @@ LIBRARY_BACKENDS = {
 }
 
 
+def _kernel_or_none(
+    backend: str, refusal: str | None, run: Callable[[], Tensor | str]
+) -> Tensor | None:
+    """`run()` where the kernel takes the queries (`refusal` None) and does not decline the
+    shape (a string back); else None, the reason said once in the log."""
+    if refusal is None:
+        out = run()
+        if not isinstance(out, str):
+            return out
+        refusal = out
+    say_fallback(backend, refusal)
+    return None
+
+
 def library_attention(backend: str, q: Tensor, k: Tensor, v: Tensor) -> Tensor | None:
     """The library kernel's attention where it takes these queries; None where it cannot
     (its refusal, or a shape it declines: a string from the kernel), said once in the log."""
     path, refusal_of, attention = LIBRARY_BACKENDS[backend]
     kernels = importlib.import_module(path)  # at its first use: optional libraries behind it
     refusal = getattr(kernels, refusal_of)(q)
-    if refusal is None:
-        out = getattr(kernels, attention)(q, k, v)
-        if not isinstance(out, str):
-            return out
-        refusal = out
-    say_fallback(backend, refusal)
-    return None
+    return _kernel_or_none(backend, refusal, lambda: getattr(kernels, attention)(q, k, v))
 
 
 def cached_fp8_attention(
@@ -104,14 +113,11 @@ def cached_fp8_attention(
     where it cannot run (said once), for the caller to widen them for another kernel."""
     from pipeline.kernels import fp8_attention as kernels
 
-    refusal = kernels.fp8_refusal(q)
-    if refusal is None:
-        out = kernels.fp8_attention_quantised(q, k8, v8, descale_k, descale_v)
-        if not isinstance(out, str):
-            return out
-        refusal = out
-    say_fallback("fp8", refusal)
-    return None
+    return _kernel_or_none(
+        "fp8",
+        kernels.fp8_refusal(q),
+        lambda: kernels.fp8_attention_quantised(q, k8, v8, descale_k, descale_v),
+    )
 
 
 class Attention(torch.nn.Module):

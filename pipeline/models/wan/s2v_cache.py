@@ -17,7 +17,8 @@ decides what the queries attend to:
 The step buffers may hold keys and values in FP8 (e4m3, `kv_cache: fp8`): half the bytes
 of bf16 (26 GB instead of 52 at LiveAvatar's shape on one H200), each layer's keys and
 values scaled by one number each, set when the sink is prefilled from its own largest value
-with the headroom the FP8 linears keep (`FP8_HEADROOM`; larger values saturate). A forward's
+with the headroom the FP8 linears keep (`pipeline.precision.STATIC_HEADROOM`; larger
+values saturate). A forward's
 keys and values are rounded to e4m3 once, when written, never again when read: cuDNN's FP8
 attention reads them as they are (`Attended.descales`), any other kernel gets them widened.
 
@@ -35,9 +36,7 @@ from torch import Tensor
 
 from pipeline.models.layers import apply_rope
 from pipeline.models.wan.s2v_sink import Rope
-
-E4M3_MAX = 448.0
-FP8_HEADROOM = 4.0  # an FP8 cache's scale leaves room for values 4x the sink's largest
+from pipeline.precision import E4M3_MAX, STATIC_HEADROOM
 
 
 def to_e4m3(x: Tensor, descale: Tensor) -> Tensor:
@@ -136,7 +135,7 @@ class S2VCache:
             return
         for descale, x in ((self.k_descale, k), (self.v_descale, v)):
             largest = x.detach().abs().amax().float()
-            descale[layer] = (largest * FP8_HEADROOM / E4M3_MAX).clamp(min=1e-12)
+            descale[layer] = (largest * STATIC_HEADROOM / E4M3_MAX).clamp(min=1e-12)
 
     def attended(self, step: int, layer: int, valid: int) -> Attended:
         """The prefix [0, valid) of a step's buffers, and an FP8 cache's descales."""
@@ -182,8 +181,7 @@ class SinkPrefill:
         c, n = self.cache, k_raw.shape[1]
         c.sink_k[layer] = k_raw
         c.set_descales(layer, k_rot, v)
-        for step in range(c.v.shape[0]):  # every step's buffer
-            c.store(c.v[step, layer, :, :, :n], v, layer, values=True)
+        c.store(c.v[:, layer, :, :, :n], v[None], layer, values=True)  # every step's buffer
         return Attended(k_rot, v)
 
 
