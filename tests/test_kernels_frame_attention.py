@@ -352,12 +352,12 @@ def test_a_shape_cudnn_declines_goes_to_the_exact_path_saying_so_once(
 def test_fp8_scaling_maps_each_tensor_onto_e4m3s_range_and_back():
     """The per-call scale puts a tensor's largest magnitude at e4m3's 448, so the values
     come back within e4m3's rounding (3 mantissa bits) times the descale."""
-    from pipeline.kernels.fp8_attention import E4M3_MAX, _to_e4m3
+    from pipeline.kernels.fp8_attention import E4M3_MAX, per_tensor_e4m3
 
     g = torch.Generator().manual_seed(3)
     for scale in (1e-3, 1.0, 50.0):
         x = (scale * torch.randn(1, 2, 64, 64, generator=g)).to(torch.bfloat16)
-        x8, descale = _to_e4m3(x)
+        x8, descale = per_tensor_e4m3(x)
         assert x8.dtype == torch.float8_e4m3fn and descale.shape == (1, 1, 1, 1)
         assert x8.float().abs().max() == E4M3_MAX
         back = x8.float() * descale

@@ -290,17 +290,67 @@ def test_an_fp8_cache_holds_each_key_and_value_rounded_once_in_a_quarter_of_fp32
     assert 0 < distance < 1e-2, distance  # 9e-4 here
 
 
-def test_an_fp8_cache_falls_back_to_sdpa_over_its_widened_keys_with_one_log_line(caplog):
+@pytest.mark.parametrize("fp8_queries", [False, True])
+def test_an_fp8_cache_falls_back_to_sdpa_over_its_widened_keys_with_one_log_line(
+    caplog, fp8_queries
+):
     """On a CPU cuDNN's FP8 attention cannot run: attention=fp8 over an FP8 cache is then
     torch's SDPA over the keys and values widened from the cache, the same latents as the
-    plain SDPA backend over the same cache, and the reason said once."""
+    plain SDPA backend over the same cache (the full-precision queries, even where the layer
+    also made them in e4m3), and the reason said once."""
     model = tiny_model(6)
     plain, _ = stream_latents(model, kv_fp8=True, blocks=3)
     for layer in model.layers():
         layer.self_attn.attend.backend = "fp8"
+        layer.self_attn.fp8_queries = fp8_queries
     say_fallback.cache_clear()  # said once a process: this test's own line
     with caplog.at_level("WARNING", logger="facecast.attention"):
         fallback, _ = stream_latents(model, kv_fp8=True, blocks=3)
     assert torch.equal(fallback, plain)
     said = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
     assert len(said) == 1 and "'fp8'" in said[0], said
+
+
+def test_queries_quantised_in_the_layer_give_the_per_call_paths_latents(monkeypatch):
+    """With `fp8_queries` the layer's first half makes the e4m3 queries and its second half
+    widens the e4m3 O: the same numbers as quantising q and widening O around each kernel
+    call, with the per-call quantisation never run. cuDNN's kernel is emulated here (e4m3
+    inputs widened, SDPA in fp32, O rounded to e4m3 on v's scale, as Hopper writes it)."""
+    from pipeline.kernels import fp8_attention as kernels
+
+    calls = {"kernel": 0, "quantising q": 0}
+    quantised = kernels.fp8_attention_quantised
+
+    def kernel(q8, dq, k8, v8, dk, dv):
+        calls["kernel"] += 1
+        widen = [x.float() * d for x, d in ((q8, dq), (k8, dk), (v8, dv))]
+        o = torch.nn.functional.scaled_dot_product_attention(*widen)
+        return (o / dv).clamp(-448, 448).to(torch.float8_e4m3fn), dv
+
+    def quantising_q(*args):
+        calls["quantising q"] += 1
+        return quantised(*args)
+
+    monkeypatch.setattr(kernels, "fp8_refusal", lambda q: None)
+    monkeypatch.setattr(kernels, "fp8_attention_e4m3", kernel)
+    monkeypatch.setattr(kernels, "fp8_attention_quantised", quantising_q)
+    monkeypatch.setattr(kernels, "to_e4m3", kernels.per_tensor_e4m3)  # compiled on a GPU
+    model = tiny_model(6)
+    layers = len(list(model.layers()))
+    exact, _ = stream_latents(model, kv_fp8=True, blocks=3)
+    for layer in model.layers():
+        layer.self_attn.attend.backend = "fp8"
+    per_call, _ = stream_latents(model, kv_fp8=True, blocks=3)
+    assert calls["quantising q"] == calls["kernel"] > layers
+    for layer in model.layers():
+        layer.self_attn.fp8_queries = True
+    kernel_calls = calls["kernel"]
+    calls.update(kernel=0, **{"quantising q": 0})
+    in_layer, _ = stream_latents(model, kv_fp8=True, blocks=3)
+    # every call ran the kernel; only the sink's prefill (its keys not cached in FP8 yet)
+    # quantised its queries for the call
+    assert calls["kernel"] == kernel_calls and calls["quantising q"] == layers
+    assert torch.equal(in_layer, per_call)
+    # and the emulated FP8 attention is near the exact one, not something else (~1)
+    distance = float((in_layer - exact).norm() / exact.norm())
+    assert 0 < distance < 5e-2, distance  # 1.9e-3 here

@@ -122,19 +122,15 @@ def _plan(q8: Tensor, k8: Tensor, v8: Tensor) -> _Plan | str:
     return _plans[key]
 
 
-def _to_e4m3(x: Tensor) -> tuple[Tensor, Tensor]:
+def per_tensor_e4m3(x: Tensor) -> tuple[Tensor, Tensor]:
     """x scaled into e4m3 by one scale (its absolute maximum / 448), and that scale's
-    inverse (the descale, (1, 1, 1, 1) fp32), both computed on the GPU."""
+    inverse (the descale, (1, 1, 1, 1) fp32), both computed on the GPU. Plain torch: a
+    compiled layer calls it inside its own graph (LiveAvatar's queries, fused with RoPE)."""
     descale = (x.abs().amax().float() / E4M3_MAX).clamp(min=1e-12).reshape(1, 1, 1, 1)
     return (x.float() / descale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), descale
 
 
-# Eager, the quantisation makes fp32 copies of the whole key window (~5 passes over 300 MB
-# a call at LiveAvatar's shape, a third of the bf16 kernel's time); compiled, it is one
-# reduction and one fused scale-and-cast. Compiled at its first call on a GPU, with the token
-# count dynamic: the key window grows block by block until it is full, and a graph per length
-# (with the queries' and the sink's) would crowd torch.compile's cache of eight.
-to_e4m3 = torch.compile(_to_e4m3, dynamic=True)
+to_e4m3 = torch.compile(per_tensor_e4m3, dynamic=True)
 
 
 def fp8_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor | str:
@@ -151,16 +147,30 @@ def fp8_attention_quantised(
 ) -> Tensor | str:
     """The same, over keys and values already in e4m3 with their descales ((1, 1, 1, 1)
     fp32): only the queries are quantised here (an FP8 KV cache keeps k and v so)."""
+    q8, descale_q = to_e4m3(q)
+    out = fp8_attention_e4m3(q8, descale_q, k8, v8, descale_k, descale_v)
+    if isinstance(out, str):
+        return out
+    o8, descale_o = out
+    return (o8.float() * descale_o).to(q.dtype)
+
+
+def fp8_attention_e4m3(
+    q8: Tensor, descale_q: Tensor, k8: Tensor, v8: Tensor, descale_k: Tensor, descale_v: Tensor
+) -> tuple[Tensor, Tensor] | str:
+    """The kernel alone: queries, keys and values all in e4m3 with their descales; O in e4m3
+    (q8's layout) and its descale, for the caller to widen where it fuses best (LiveAvatar:
+    in the layer's compiled half, with the reshape before the output projection). A string
+    where cuDNN declines the layouts."""
     import cudnn
 
-    q8, descale_q = to_e4m3(q)
     plan = _plan(q8, k8, v8)
     if isinstance(plan, str):
         return plan
     o8 = torch.empty_like(q8)  # q's layout: (B, N, L, K) as a view of (B, L, N, K) stays one
     t = plan.tensors
-    handle = cudnn_handle(q.device)
-    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(q.device).cuda_stream)
+    handle = cudnn_handle(q8.device)
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(q8.device).cuda_stream)
     plan.graph.execute(
         {
             t["q"]: q8,
@@ -176,4 +186,4 @@ def fp8_attention_quantised(
         plan.workspace,
         handle=handle,
     )
-    return (o8.float() * descale_v).to(q.dtype)
+    return o8, descale_v

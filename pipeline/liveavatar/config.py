@@ -57,14 +57,17 @@ class LiveAvatarConfig:
     # ones go through the optional nvidia-cudnn-frontend wheel and take the exact path where
     # they cannot run, said once in the log. Measured on the H200, fp8 is slower over a bf16
     # cache (2.83 ms a call, 1.40 of it quantising q, k and v; the kernel alone 1.31 against
-    # bf16's 1.68) and 16x further from fp32 (rel. L2 0.096 against 0.006); over an FP8 cache
-    # (kv_cache, below) only q is quantised. Off until the gate has seen it
+    # bf16's 1.68) and 16x further from fp32 (rel. L2 0.096 against 0.006). Over an FP8 cache
+    # (kv_cache, below) the queries are quantised inside the layer's compiled half: with
+    # fp8-fast, 15.84 fps against 15.35 (q still quantised a call then), and the gate's FP8
+    # tier passed at 32.7 dB against bf16 (40.1 with bf16 attention). Off: 7 dB for 3 %
+    # is not a default (bench/RESULTS.md, issue 31)
     attention: str = "sdpa"
     # the KV cache's step buffers: in the model's dtype, or fp8 (e4m3, one scale per layer
     # for keys and one for values, set from the sink at prefill): half the bytes (26 GB, not
     # 52, on one H200), and with attention=fp8 the keys and values go into cuDNN's kernel as
-    # stored, so only the queries are quantised a call. Rounds every cached key and value:
-    # the gate decides (not yet measured on a GPU)
+    # stored. With any other attention it is slower (12.7 fps against 15.35 on the H200:
+    # the cache is widened for every call)
     kv_cache: str = "model"
     # torch.compile's mode for the layers' compiled halves under --compile: default, or
     # max-autotune-no-cudagraphs (Triton GEMM templates tried against cuBLAS; minutes more at

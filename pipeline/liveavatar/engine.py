@@ -100,6 +100,8 @@ class LiveAvatarEngine(EngineBase):
         self.side_stream = SideStream(device)  # where a block decodes beside the next's DiT
         for layer in models.transformer.layers():  # the self-attention over the cache
             layer.self_attn.attend.backend = la.attention
+            # cuDNN's FP8 kernel reading the FP8 cache: the queries quantised where they are made
+            layer.self_attn.fp8_queries = la.attention == "fp8" and la.kv_cache == "fp8"
 
     @classmethod
     def load(cls, cfg: FacecastConfig, device: str = "cpu") -> LiveAvatarEngine:

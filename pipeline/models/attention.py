@@ -16,7 +16,8 @@ Backends (config `runtime.attention`):
 - `fp8`: unmasked attention with QK and PV in FP8 (`pipeline.kernels.fp8_attention`, cuDNN's
   fused FP8 kernels on Hopper); LiveAvatar's self-attention (`liveavatar.attention`). Where
   they cannot take the queries, or cuDNN declines the shape, the exact SDPA path, said once.
-  Over an FP8 KV cache (`cached_fp8_attention`) the keys and values go in as stored.
+  Over an FP8 KV cache (`cached_fp8_attention`) the keys and values go in as stored, and
+  queries quantised where they were made (`cached_fp8_attention_e4m3`) go in as they are.
 
 Unmasked attention (the A2V DiT) always goes to SDPA; `sdpa_backends`, when set from outside
 (`pipeline.compile.pick_sdpa_backends`), pins the fastest SDPA kernel measured for each shape.
@@ -31,6 +32,7 @@ import importlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -83,9 +85,10 @@ LIBRARY_BACKENDS = {
 }
 
 
-def _kernel_or_none(
-    backend: str, refusal: str | None, run: Callable[[], Tensor | str]
-) -> Tensor | None:
+Out = TypeVar("Out")  # what a library kernel gives back: a tensor, or O and its descale
+
+
+def _kernel_or_none(backend: str, refusal: str | None, run: Callable[[], Out | str]) -> Out | None:
     """`run()` where the kernel takes the queries (`refusal` None) and does not decline the
     shape (a string back); else None, the reason said once in the log."""
     if refusal is None:
@@ -117,6 +120,27 @@ def cached_fp8_attention(
         "fp8",
         kernels.fp8_refusal(q),
         lambda: kernels.fp8_attention_quantised(q, k8, v8, descale_k, descale_v),
+    )
+
+
+def cached_fp8_attention_e4m3(
+    q: Tensor,
+    q8: Tensor,
+    descale_q: Tensor,
+    k8: Tensor,
+    v8: Tensor,
+    descale_k: Tensor,
+    descale_v: Tensor,
+) -> tuple[Tensor, Tensor] | None:
+    """The same with the queries already in e4m3 (`q8`, quantised where they were made; `q`
+    their full-precision original, which says whether the kernel can run here): O in e4m3
+    and its descale, for the caller to widen; None where it cannot run (said once)."""
+    from pipeline.kernels import fp8_attention as kernels
+
+    return _kernel_or_none(
+        "fp8",
+        kernels.fp8_refusal(q),
+        lambda: kernels.fp8_attention_e4m3(q8, descale_q, k8, v8, descale_k, descale_v),
     )
 
 

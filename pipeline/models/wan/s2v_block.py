@@ -16,41 +16,64 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pipeline.models.attention import Attention, cached_fp8_attention
+from pipeline.kernels.fp8_attention import per_tensor_e4m3
+from pipeline.models.attention import Attention, cached_fp8_attention, cached_fp8_attention_e4m3
 from pipeline.models.layers import apply_rope
 from pipeline.models.wan.layers import WanCrossAttention, WanSelfAttention
 from pipeline.models.wan.s2v_audio import layer_norm, linear32
 from pipeline.models.wan.s2v_cache import Attended, KeyValues
 from pipeline.models.wan.s2v_sink import Rope
 
+Queries8 = tuple[Tensor, Tensor]  # queries in e4m3 (B, N, L, K) and their descale (1, 1, 1, 1)
+
 
 class CausalSelfAttention(WanSelfAttention):
     """A block's tokens attend to the sink and the cached blocks (`Attended`: from the
     cache), so projecting and attending are two steps."""
 
-    def project(self, x_BLD: Tensor, rope: Rope) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    # Set where cuDNN's FP8 kernel reads an FP8 cache (`liveavatar.attention: fp8` with
+    # `kv_cache: fp8`): the queries are then quantised in `project`, inside the layer's
+    # compiled half where it fuses with RoPE, and O is widened in the other half; on the
+    # H200 quantising q and widening O around each kernel call were 0.39 ms of its 1.62.
+    fp8_queries: bool = False
+
+    def project(
+        self, x_BLD: Tensor, rope: Rope
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Queries8 | None]:
         """Queries (B, N, L, K) rotated; keys (B, L, N, K) normed before RoPE; keys rotated
         and values (B, N, L, K), contiguous: written so inside the layer's compiled half,
         they go into the cache's heads-first buffers as plain copies (a transposing copy of
-        each was ~26 ms of a LiveAvatar block on the H200)."""
+        each was ~26 ms of a LiveAvatar block on the H200); and with `fp8_queries`, the
+        queries in e4m3 as well (the full-precision ones stay for a kernel that declines)."""
         B, L, _ = x_BLD.shape
         q, k, v = self.qkv(x_BLD).chunk(3, dim=-1)
         q_BLNK = apply_rope(self.norm_q(q).view(B, L, self.heads, -1), *rope, tokens_first=True)
         k_BLNK = self.norm_k(k).view(B, L, self.heads, -1)
         k_BNLK = apply_rope(k_BLNK, *rope, tokens_first=True).transpose(1, 2).contiguous()
         v_BNLK = v.view(B, L, self.heads, -1).transpose(1, 2).contiguous()
-        return q_BLNK.transpose(1, 2), k_BLNK, k_BNLK, v_BNLK
+        q_BNLK = q_BLNK.transpose(1, 2)
+        q8 = per_tensor_e4m3(q_BNLK) if self.fp8_queries else None
+        return q_BNLK, k_BLNK, k_BNLK, v_BNLK, q8
 
-    def attend_to(self, q_BNLK: Tensor, kv: Attended) -> Tensor:
+    def attend_to(
+        self, q_BNLK: Tensor, kv: Attended, q8: Queries8 | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """The attention's output (B, N, L, K), and its descale where it is in e4m3 (cuDNN's
+        FP8 kernel over an FP8 cache, given the queries in e4m3), else None."""
         if kv.mask is not None:  # the full-sequence reference path only
-            return F.scaled_dot_product_attention(q_BNLK, kv.k, kv.v, attn_mask=kv.mask)
+            return F.scaled_dot_product_attention(q_BNLK, kv.k, kv.v, attn_mask=kv.mask), None
         if kv.descales is not None and self.attend.backend == "fp8":
-            # an FP8 cache read as it is stored: only the queries are quantised
-            out = cached_fp8_attention(q_BNLK, kv.k, kv.v, *kv.descales)
-            if out is not None:
-                return out
+            # an FP8 cache read as it is stored
+            if q8 is not None:
+                out8 = cached_fp8_attention_e4m3(q_BNLK, *q8, kv.k, kv.v, *kv.descales)
+                if out8 is not None:
+                    return out8
+            else:  # the queries are quantised for the call
+                out = cached_fp8_attention(q_BNLK, kv.k, kv.v, *kv.descales)
+                if out is not None:
+                    return out, None
         k, v = kv.widened(q_BNLK.dtype)
-        return self.attend(q_BNLK, k, v)
+        return self.attend(q_BNLK, k, v), None
 
 
 class TextCrossAttention(WanCrossAttention):
@@ -102,22 +125,32 @@ class S2VBlock(nn.Module):
         `compile` compiles; the cache's reads and writes (Python offsets that change from
         block to block) and the attention stay outside them."""
         mod_BT6D = self.modulation.float()[:, None] + mod_BT6D
-        q_BNLK, k_BLNK, k_rot, v_BNLK = self.before_attention(x_BLD, mod_BT6D, rope)
-        o_BNLK = self.self_attn.attend_to(q_BNLK, kv(layer, k_BLNK, k_rot, v_BNLK))
-        return self.after_attention(x_BLD, o_BNLK, mod_BT6D, text_kv)
+        q_BNLK, k_BLNK, k_rot, v_BNLK, q8 = self.before_attention(x_BLD, mod_BT6D, rope)
+        attended = kv(layer, k_BLNK, k_rot, v_BNLK)
+        o_BNLK, o_descale = self.self_attn.attend_to(q_BNLK, attended, q8)
+        return self.after_attention(x_BLD, o_BNLK, o_descale, mod_BT6D, text_kv)
 
     def before_attention(
         self, x_BLD: Tensor, mod_BT6D: Tensor, rope: Rope
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Queries8 | None]:
         shift, scale = mod_BT6D[:, :, 0, None], mod_BT6D[:, :, 1, None]
         h_BLD = modulate(layer_norm(x_BLD, self.eps), shift, scale, x_BLD.dtype)
         return self.self_attn.project(h_BLD, rope)
 
     def after_attention(
-        self, x_BLD: Tensor, o_BNLK: Tensor, mod_BT6D: Tensor, text_kv: tuple[Tensor, Tensor]
+        self,
+        x_BLD: Tensor,
+        o_BNLK: Tensor,
+        o_descale: Tensor | None,
+        mod_BT6D: Tensor,
+        text_kv: tuple[Tensor, Tensor],
     ) -> Tensor:
+        """The rest of the layer; an O in e4m3 (`o_descale` not None) is widened here, in
+        the same pass as the reshape before the output projection."""
         B, L, D = x_BLD.shape
         dtype = x_BLD.dtype
+        if o_descale is not None:
+            o_BNLK = (o_BNLK.float() * o_descale).to(dtype)
         gate1, shift2, scale2, gate2 = (mod_BT6D[:, :, i, None] for i in range(2, 6))
         y = self.self_attn.o(o_BNLK.transpose(1, 2).reshape(B, L, D))
         # the residual stream stays fp32 inside a layer and is rounded at its end (authors')
