@@ -58,9 +58,9 @@ class LiveAvatarConfig:
     # they cannot run, said once in the log. Measured on the H200, fp8 is slower over a bf16
     # cache (2.83 ms a call, 1.40 of it quantising q, k and v; the kernel alone 1.31 against
     # bf16's 1.68) and 16x further from fp32 (rel. L2 0.096 against 0.006). Over an FP8 cache
-    # (kv_cache, below) the queries are quantised inside the layer's compiled half: with
-    # fp8-fast, 15.84 fps against 15.35 (q still quantised a call then), and the gate's FP8
-    # tier passed at 32.7 dB against bf16 (40.1 with bf16 attention). Off: 7 dB for 3 %
+    # (kv_cache, below), with fp8-fast: 15.84 fps against 15.35, and the gate's FP8 tier
+    # passed at 32.7 dB against bf16 (40.1 with bf16 attention); that run quantised q around
+    # each call, which the layer's compiled half now does (not yet timed). Off: 7 dB for 3 %
     # is not a default (bench/RESULTS.md, issue 31)
     attention: str = "sdpa"
     # the KV cache's step buffers: in the model's dtype, or fp8 (e4m3, one scale per layer
