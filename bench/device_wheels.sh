@@ -9,8 +9,28 @@
 #   .whlserve/  ../shared/device/serve-wheels.sh's bundle (aiortc, av, boto3, silero-vad, ...) with
 #               the stripped diffusers wheel added and its pure/ folder zipped as pure.zip:
 #               bench/gpu_flashhead.sh sessions, bench/gpu_liveavatar.sh serve
+#   .whlref/    with `refs`: the authors' stack for the parity and authors-timing runs (20 MB):
+#               transformers 4.57.3, tokenizers 0.22.2, huggingface_hub 0.36.2, diffusers 0.35.2,
+#               loguru; and .ref/liveavatar, LiveAvatar's package from a checkout of theirs
+#               (LIVEAVATAR_GIT: its git dir, e.g. the `fetch` tool's mirror), 1.5 MB:
+#               bench/gpu_liveavatar.sh parity (with AUTHORS_COMPILE=1, their compiled loop)
 # Usage, from the project's root: bash bench/device_wheels.sh   (versions: the project's .venv)
+#   LIVEAVATAR_GIT=/work/.mirror/Alibaba-Quark+LiveAvatar/repo bash bench/device_wheels.sh refs
 set -euo pipefail
+if [ "${1:-}" = refs ]; then
+  rm -rf .whlref && mkdir -p .whlref .ref
+  for pkg in transformers==4.57.3 tokenizers==0.22.2 huggingface_hub==0.36.2 diffusers==0.35.2 \
+    loguru==0.7.3; do
+    python3 -m pip download -q --no-deps --only-binary=:all: -d .whlref "$pkg" 2>/dev/null
+  done
+  rm -rf .ref/liveavatar
+  git --git-dir="${LIVEAVATAR_GIT:?the git dir of a LiveAvatar checkout}" archive HEAD liveavatar \
+    | tar -x -C .ref
+  exclude="$(git rev-parse --git-common-dir)/info/exclude"
+  for d in .whlref .ref; do grep -qx "/$d/" "$exclude" 2>/dev/null || echo "/$d/" >>"$exclude"; done
+  du -sh .whlref .ref/liveavatar
+  exit 0
+fi
 py=${PYTHON:-$PWD/.venv/bin/python}
 exclude="$(git rev-parse --git-common-dir)/info/exclude"  # a worktree's too
 for d in .whl .whlserve; do
