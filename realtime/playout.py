@@ -22,6 +22,7 @@ instead (`realtime.generation`), and the delay covers two steps.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -38,6 +39,8 @@ from realtime.events import message
 if TYPE_CHECKING:
     from realtime.control import Interrupt
     from realtime.metrics import RealtimeMetrics
+
+log = logging.getLogger(__name__)
 
 # Step time in serve over step time at warm-up, by (device, engine in its own process),
 # and the spread of step times (a fraction of a step, added to the margin), all measured
@@ -226,11 +229,13 @@ class PlayoutControl:
         margin_s: float,
         fixed_delay_s: float | None = None,
         interrupt_tail_s: float = 0.48,
+        session_id: str = "",
     ) -> None:
         """`send` tells the peer (the control channel), `ingest` puts silence and held audio
         on the timeline (the audio-in part), `step_seconds` is the engine's step as measured
         in this session (the engine feed)."""
         self.clock = PlayoutClock()
+        self.session_id = session_id  # for the log's lines on the delay
         self.timing = timing
         self.steady_step = timing.step(1)
         self._frames = frames
@@ -323,6 +328,12 @@ class PlayoutControl:
         target = self.plan().delay
         current = self._target or (self.delay_s or 0.0) + self.grown_s
         if target > current + 0.02:
+            log.info(
+                "session %s: playout delay %.2f s, to grow to %.2f s at the next pause",
+                self.session_id,
+                current,
+                target,
+            )
             self._target = target
             self.set_lead(target)
 
@@ -334,6 +345,13 @@ class PlayoutControl:
         before every later utterance of the agent's."""
         if timing.steady_seconds <= self.timing.steady_seconds:
             return
+        log.info(
+            "session %s: the engine's step is now %.2f s (was %.2f: calls share it)%s",
+            self.session_id,
+            timing.steady_seconds,
+            self.timing.steady_seconds,
+            "; planned for pushed audio, the delay stays" if self.pushed else "",
+        )
         self.timing = timing
         if not self.pushed:
             self.replan()
@@ -353,6 +371,7 @@ class PlayoutControl:
             self.grown_s += samples / OUTPUT_RATE
             self._ingest(np.zeros(samples, np.int16), None)
             delay = current + samples / OUTPUT_RATE
+            log.info("session %s: playout delay grown to %.2f s", self.session_id, delay)
             self._metrics.playout_delay.observe(delay)
             self._send_delay_grown(timeline_head, samples, delay)
         self._target = None

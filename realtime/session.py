@@ -130,6 +130,7 @@ class PeerSession:
             margin_s=config.playout_margin_s,
             fixed_delay_s=config.playout_delay_s,
             interrupt_tail_s=config.interrupt_tail_s,
+            session_id=session_id,
         )
         feed = self.feed = EngineFeed(
             session_id,

@@ -351,10 +351,11 @@ async def test_a_call_planned_alone_grows_its_delay_when_a_second_call_joins():
         assert call["frames_fresh"] >= 0.99 * call["frames_sent"], call
 
 
-def test_a_started_call_retimed_to_a_longer_shared_step_grows_its_delay_when_quiet():
+def test_a_started_call_retimed_to_a_longer_shared_step_grows_its_delay_when_quiet(caplog):
     """`PlayoutControl.retime`: a call planned alone learns that its steps now take a batch's
     time (a second call joined); its delay target rises to the plan for that step and is
-    reached the next time nobody speaks, told to the peer; a shorter step changes nothing."""
+    reached the next time nobody speaks, told to the peer and said in the log; a shorter
+    step changes nothing."""
     import json
     import time
     from types import SimpleNamespace
@@ -374,7 +375,9 @@ def test_a_started_call_retimed_to_a_longer_shared_step_grows_its_delay_when_qui
         lambda pcm, arrived: inserted.append(pcm.size),
         lambda: steady,
         margin_s=0.05,
+        session_id="call-1",
     )
+    caplog.set_level("INFO", logger="realtime.playout")
     playout.first_audio = time.monotonic()
     playout.decide_start(playout.first_audio)  # planned alone, at the live rate
     playout.start()
@@ -393,6 +396,9 @@ def test_a_started_call_retimed_to_a_longer_shared_step_grows_its_delay_when_qui
     grown = [json.loads(m) for m in sent if '"delay_grown"' in m]
     assert len(grown) == 2 and inserted[-1] > 0  # the pre-roll at the start, then the growth
     assert grown[-1]["delay_ms"] == pytest.approx(1000 * (before + playout.grown_s), abs=2)
+    said = [r.getMessage() for r in caplog.records if "call-1" in r.getMessage()]
+    assert len(said) == 3, said  # the longer step, the target, the growth: an operator's trail
+    assert "grown to" in said[-1]
     # an agent's call, planned for audio pushed 10x faster than real time, keeps its delay
     agent = PlayoutControl(
         alone,
