@@ -374,6 +374,13 @@ class PlayoutControl:
             log.info("session %s: playout delay grown to %.2f s", self.session_id, delay)
             self._metrics.playout_delay.observe(delay)
             self._send_delay_grown(timeline_head, samples, delay)
+        else:
+            log.info(
+                "session %s: playout delay already %.2f s (target %.2f s): nothing inserted",
+                self.session_id,
+                current,
+                target,
+            )
         self._target = None
 
     def _send_delay_grown(self, at: int, samples: int, delay: float) -> None:
