@@ -338,11 +338,13 @@ class PlayoutControl:
             self.set_lead(target)
 
     def retime(self, timing: EngineTiming) -> None:
-        """The engine's steps got longer (more calls share it): plan on `timing` from now on,
-        before the start as after it (`replan`). A shorter step changes nothing: the delay
-        never shrinks mid-session. A call planned for pushed audio keeps its delay: its
-        audio comes ahead of its frames, and a live-rate plan would add a second or more
-        before every later utterance of the agent's."""
+        """The engine's steps got longer (more calls share it): plan on `timing` from now on.
+        Planned but not started (no frame shown yet), the first frame simply comes later by
+        what the longer delay needs; started, the delay grows at the next pause (`replan`).
+        A shorter step changes nothing: the delay never shrinks mid-session. A call planned
+        for pushed audio keeps its delay: its audio comes ahead of its frames, and a
+        live-rate plan would add a second or more before every later utterance of the
+        agent's."""
         if timing.steady_seconds <= self.timing.steady_seconds:
             return
         log.info(
@@ -353,8 +355,20 @@ class PlayoutControl:
             "; planned for pushed audio, the delay stays" if self.pushed else "",
         )
         self.timing = timing
-        if not self.pushed:
-            self.replan()
+        if self.pushed:
+            return
+        if self.clock.t0 is None and self.planned is not None and self._fixed_delay_s is None:
+            # the delay at the start is t0 - first audio + pre-roll, t0 the planned first frame
+            planned = max(self.planned, self.plan().delay - self.preroll_s)
+            log.info(
+                "session %s: its first frame planned %.2f s after its first audio (was %.2f)",
+                self.session_id,
+                planned,
+                self.planned,
+            )
+            self.planned = planned
+            return
+        self.replan()
 
     def grow(self, timeline_head: int, last_rx: float | None, quiet: bool) -> None:
         """While nobody speaks (`quiet`: no speech, no utterance open, no speech start on

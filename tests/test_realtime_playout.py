@@ -351,6 +351,47 @@ async def test_a_call_planned_alone_grows_its_delay_when_a_second_call_joins():
         assert call["frames_fresh"] >= 0.99 * call["frames_sent"], call
 
 
+def test_a_call_retimed_before_its_first_frame_starts_at_the_shared_delay():
+    """A second call joins after a call's delay was planned but before its first frame:
+    nothing is shown yet, so its first frame comes later by what the shared step needs, and
+    the call starts at that delay instead of growing to it at a pause (dropping frames late
+    until then)."""
+    import time
+    from types import SimpleNamespace
+
+    from realtime.playout import EngineTiming, PlayoutControl
+
+    engine = ScriptedEngine(rtf=0.4)
+    first, steady = engine.step_seconds["first"], engine.step_seconds["steady"]
+    alone = EngineTiming(engine.stream_step, first, steady)
+    shared = EngineTiming(engine.stream_step, 2 * steady, 2 * steady)
+
+    def control() -> PlayoutControl:
+        return PlayoutControl(
+            alone,
+            SimpleNamespace(lead=0),
+            SimpleNamespace(playout_delay=SimpleNamespace(observe=lambda s: None)),
+            lambda text: None,
+            lambda pcm, arrived: None,
+            lambda: steady,
+            margin_s=0.05,
+        )
+
+    started_alone, joined = control(), control()
+    for playout in (started_alone, joined):
+        playout.first_audio = time.monotonic()  # the first frames ready at once: t0 as planned
+        playout.decide_start(playout.first_audio)
+    joined.retime(shared)  # planned, not started
+    for playout in (started_alone, joined):
+        playout.start()
+    assert started_alone.delay_s is not None and joined.delay_s is not None
+    want = plan_playout(engine.stream_step, 2 * steady, 2 * steady, margin_s=0.05).delay
+    assert joined.delay_s == pytest.approx(want, abs=0.01)
+    assert joined.delay_s > started_alone.delay_s + 0.1
+    joined.grow(0, joined.clock.t0 - joined.delay_s, quiet=True)
+    assert joined.grown_s == 0  # nothing left to grow
+
+
 def test_a_started_call_retimed_to_a_longer_shared_step_grows_its_delay_when_quiet(caplog):
     """`PlayoutControl.retime`: a call planned alone learns that its steps now take a batch's
     time (a second call joined); its delay target rises to the plan for that step and is
