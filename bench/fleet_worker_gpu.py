@@ -32,6 +32,7 @@ from serve_bench import (  # noqa: E402
     free_port,
     markdown,
     measure,
+    write_json,
 )
 
 SECTION = "## The fleet worker on one GPU (`bench/fleet_worker_gpu.py`)"
@@ -107,6 +108,7 @@ def main() -> int:
     p.add_argument("--markdown")
     p.add_argument("--serve-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.set_defaults(serve_arg=[], stagger=0.0)  # what serve_bench.measure reads besides
     args = p.parse_args()
     if args.serve_worker:
         asyncio.run(serve_worker(args))
@@ -115,9 +117,7 @@ def main() -> int:
         p.error("--wav is required")
     args.mode = args.mode or ["live"]
     res = asyncio.run(run(args))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=2))
+    write_json(args.json, res)
     if args.markdown:
         append_section(Path(args.markdown), markdown(res), SECTION)
     return 0

@@ -108,14 +108,31 @@ async def run(args: argparse.Namespace) -> dict:
 
 async def measure(args: argparse.Namespace, cmd: list[str], port: int, script: str) -> dict:
     """Start the server `cmd` starts on `port`, make the calls `args` asks for, and report
-    them with the exact command (`script` and its arguments)."""
+    them with the exact command (`script` and its arguments). The JSON (`args.json`) is
+    written after every call, marked incomplete until the last: a run cut short (a device
+    command's time limit) keeps every call it measured."""
     url = f"http://127.0.0.1:{port}"
+    res: dict = {
+        "meta": {
+            "date": datetime.date.today().isoformat(),
+            "gpu": gpu_name(),
+            "commit": os.environ.get("FACECAST_COMMIT") or git_commit(),
+            "config": args.config,
+            # the server compiles when told so here or through --serve-arg
+            "compile": args.compile or "--compile" in args.serve_arg,
+            "command": " ".join([f"python {script}", *sys.argv[1:]]),
+        },
+        "startup_seconds": None,
+        "health": None,  # /healthz when ready: max_sessions, the engine's capacity
+        "calls": [],
+        "complete": False,
+    }
     log = open(args.server_log, "w") if args.server_log else subprocess.DEVNULL  # noqa: ASYNC230 - once, before the run
     server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)  # noqa: ASYNC220 - Popen returns at once; the child runs beside the loop
     try:
         health = await wait_until_ready(url, args.startup_timeout, server)
+        res.update(startup_seconds=health.get("startup_seconds"), health=health)
         pcm = read_pcm(args.wav)
-        calls = []
         for mode, n in map(mode_and_calls, args.mode):
             before = await engine_batches(url)
             together = await asyncio.gather(
@@ -134,25 +151,20 @@ async def measure(args: argparse.Namespace, cmd: list[str], port: int, script: s
                         call["server"] = call["client"]["server"]
                         call["server_from"] = "the server's last stats report to the client"
                 call.update(concurrent=n, call=i, engine_batching=batching)
-                calls.append(call)
+                res["calls"].append(call)
                 print(summary(args.config, call), flush=True)
+                write_json(args.json, res)
     finally:
         server.terminate()
         server.wait(30)
-    return {
-        "meta": {
-            "date": datetime.date.today().isoformat(),
-            "gpu": gpu_name(),
-            "commit": os.environ.get("FACECAST_COMMIT") or git_commit(),
-            "config": args.config,
-            # the server compiles when told so here or through --serve-arg
-            "compile": args.compile or "--compile" in args.serve_arg,
-            "command": " ".join([f"python {script}", *sys.argv[1:]]),
-        },
-        "startup_seconds": health.get("startup_seconds"),
-        "health": health,  # /healthz when ready: max_sessions, the engine's capacity
-        "calls": calls,
-    }
+    res["complete"] = True
+    return res
+
+
+def write_json(path: str | None, res: dict) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(res, indent=2))
 
 
 async def engine_batches(url: str) -> tuple[int, int] | None:
@@ -297,9 +309,7 @@ def main() -> int:
     for spec in args.mode:  # refused before any server starts
         mode_and_calls(spec)
     res = asyncio.run(run(args))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=2))
+    write_json(args.json, res)
     if args.markdown:
         append_section(Path(args.markdown), markdown(res))
     return 0
