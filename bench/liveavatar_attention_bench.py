@@ -6,13 +6,14 @@ step's cache buffer, as `S2VCache` hands them over. About 1 TFLOP a call, 160 ca
 (40 layers x 4 steps): a third of the block's FLOPs.
 
 The kernels: torch's SDPA backends, SageAttention's INT8 QK (where carried), cuDNN's FP8
-attention (`pipeline.kernels.fp8_attention`, where nvidia-cudnn-frontend is installed), and
-that one's quantisation of q, k, v alone, and the same kernel over keys and values stored
-in e4m3 as an FP8 KV cache holds them (only q quantised a call); then, through cuDNN's graph API, every execution
-plan (engine) cuDNN offers for the shape in bf16 and in FP8, each timed: the heuristics'
-first choice is not always the fastest. Each kernel is timed (median of CUDA-event
-timings) and compared with an fp32 computation of the same attention (cosine, largest
-difference, relative L2 error), beside bf16 SDPA's own distance from fp32. Queries and keys are RMS-normed random rows (the model norms them before
+attention (`pipeline.kernels.fp8_attention`, where nvidia-cudnn-frontend is installed), that
+one's quantisation of q, k, v alone, and the same kernel over keys and values stored in e4m3
+as an FP8 KV cache holds them (q quantised a call, or already in e4m3 as the layer makes it);
+then, through cuDNN's graph API, every execution plan (engine) cuDNN offers for the shape in
+bf16 and in FP8, each timed: the heuristics' first choice is not always the fastest. Each
+kernel is timed (median of CUDA-event timings) and compared with an fp32 computation of the
+same attention (cosine, largest difference, relative L2 error), beside bf16 SDPA's own
+distance from fp32. Queries and keys are RMS-normed random rows (the model norms them before
 attention) with a per-channel offset on the keys, which real keys carry and which INT8
 quantisation without smoothing handles worst.
 
@@ -166,13 +167,12 @@ def cached_fp8(
     rounded once with the cache's scales, a view of their first `keys` read each call; the
     queries quantised and O widened each call, or (`queries_e4m3`) neither: done in the
     layer's compiled halves (`CausalSelfAttention.fp8_queries`)."""
-    from pipeline.precision import E4M3_MAX, STATIC_HEADROOM
+    from pipeline.precision import E4M3_MAX, STATIC_HEADROOM, scaled_e4m3
 
     stored = []
     for x in (k_buf, v_buf):
         descale = (x.abs().amax().float() * STATIC_HEADROOM / E4M3_MAX).reshape(1, 1, 1, 1)
-        buf = (x.float() / descale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-        stored.append((buf[:, :, :keys], descale))
+        stored.append((scaled_e4m3(x, descale)[:, :, :keys], descale))
     (k8, dk), (v8, dv) = stored
     q8, dq = per_tensor_e4m3(q)
 

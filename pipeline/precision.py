@@ -39,6 +39,16 @@ STATIC_HEADROOM = 4.0  # two binades above the largest calibrated input: e4m3's 
 # is relative, so headroom costs only the subnormal range at the very bottom
 
 
+def scaled_e4m3(x: Tensor, descale: Tensor) -> Tensor:
+    """x / descale, saturated at e4m3's largest value, rounded to e4m3."""
+    return (x.float() / descale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def widened_e4m3(x8: Tensor, descale: Tensor, dtype: torch.dtype) -> Tensor:
+    """The values e4m3 `x8` stands for (x8 x descale), in `dtype`."""
+    return (x8.float() * descale).to(dtype)
+
+
 class Fp8Linear(nn.Module):
     """y = x W^T + b with W and x in e4m3: per-token activation and per-channel weight
     scales computed on each call (`input_amax` None), or one static scale for each."""
@@ -73,7 +83,7 @@ class Fp8Linear(nn.Module):
         x_MK = x.reshape(-1, x.shape[-1])
         if self.static:
             scale = self.input_scale
-            x_fp8 = (x_MK.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+            x_fp8 = scaled_e4m3(x_MK, scale)
         else:
             scale = x_MK.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / E4M3_MAX
             x_fp8 = (x_MK.float() / scale).to(torch.float8_e4m3fn)

@@ -179,8 +179,9 @@ class Service:
     def retime_sessions(self) -> None:
         """A call joined: the engine's steps are now shared by more calls, so each takes as
         long as a batch of them all. Every live call plans its playout on that step (a longer
-        delay, reached at its peer's next pause); a call planned alone would otherwise wait
-        for the others' steps with the delay of a step of its own, and drop frames late."""
+        delay: its first frame later if none is shown yet, else reached at its peer's next
+        pause); a call planned alone would otherwise wait for the others' steps with the
+        delay of a step of its own, and drop frames late."""
         engine = self.engine
         if engine is None:
             return

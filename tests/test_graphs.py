@@ -1,6 +1,7 @@
 """`pipeline.graphs.ShapeGraphs`: a function replayed from CUDA graphs, one per input shape,
-with eager's numbers (up to reassociation) or eager itself. The graph tests need a GPU (they run on the
-device machine: `python -m pytest tests/test_graphs.py`); on a CPU it is the function."""
+with eager's numbers (up to reassociation) or eager itself. The graph tests need a GPU (they
+run on the device machine: `python -m pytest tests/test_graphs.py`); on a CPU it is the
+function."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from pipeline.kernels.cudnn_attention import cudnn_handle, cudnn_refusal
-from pipeline.precision import E4M3_MAX
+from pipeline.precision import E4M3_MAX, scaled_e4m3, widened_e4m3
 
 HEAD_DIMS = (64, 128)  # what cuDNN's FP8 forward kernels are built for on Hopper
 
@@ -127,7 +127,7 @@ def per_tensor_e4m3(x: Tensor) -> tuple[Tensor, Tensor]:
     inverse (the descale, (1, 1, 1, 1) fp32), both computed on the GPU. Plain torch: a
     compiled layer calls it inside its own graph (LiveAvatar's queries, fused with RoPE)."""
     descale = (x.abs().amax().float() / E4M3_MAX).clamp(min=1e-12).reshape(1, 1, 1, 1)
-    return (x.float() / descale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), descale
+    return scaled_e4m3(x, descale), descale
 
 
 to_e4m3 = torch.compile(per_tensor_e4m3, dynamic=True)
@@ -152,7 +152,7 @@ def fp8_attention_quantised(
     if isinstance(out, str):
         return out
     o8, descale_o = out
-    return (o8.float() * descale_o).to(q.dtype)
+    return widened_e4m3(o8, descale_o, q.dtype)
 
 
 def fp8_attention_e4m3(

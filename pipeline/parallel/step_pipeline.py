@@ -27,9 +27,9 @@ Schedule, S = 4 step ranks and a decode rank; bN.sK = step K of block N, one for
   on one GPU and the decode on the other (`StepLayout(4, step_ranks=1)`): ~0.64 s a block,
   0.75x real time.
 - Throughput: one block per rank's steps once the line is full, S times one GPU's with a
-  rank a step (more, as the decode leaves the step ranks); the slowest rank sets the pace. Rank 0 also draws the
-  noise and encodes the block's audio tokens (milliseconds); without a decode rank it
-  decodes as well and paces the line at one forward plus one decode.
+  rank a step (more, as the decode leaves the step ranks); the slowest rank sets the pace.
+  Rank 0 also draws the noise and encodes the block's audio tokens (milliseconds); without
+  a decode rank it decodes as well and paces the line at one forward plus one decode.
 - Latency per block: unchanged, S forwards in a row (then the decode) plus S hops of a few
   hundred KB; the first block comes out after S forwards.
 - Memory per step rank at 704x384 in bf16: the weights (16.3 B parameters, 32.6 GB) and

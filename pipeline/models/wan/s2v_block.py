@@ -23,6 +23,7 @@ from pipeline.models.wan.layers import WanCrossAttention, WanSelfAttention
 from pipeline.models.wan.s2v_audio import layer_norm, linear32
 from pipeline.models.wan.s2v_cache import Attended, KeyValues
 from pipeline.models.wan.s2v_sink import Rope
+from pipeline.precision import widened_e4m3
 
 Queries8 = tuple[Tensor, Tensor]  # queries in e4m3 (B, N, L, K) and their descale (1, 1, 1, 1)
 
@@ -150,7 +151,7 @@ class S2VBlock(nn.Module):
         B, L, D = x_BLD.shape
         dtype = x_BLD.dtype
         if o_descale is not None:
-            o_BNLK = (o_BNLK.float() * o_descale).to(dtype)
+            o_BNLK = widened_e4m3(o_BNLK, o_descale, dtype)
         gate1, shift2, scale2, gate2 = (mod_BT6D[:, :, i, None] for i in range(2, 6))
         y = self.self_attn.o(o_BNLK.transpose(1, 2).reshape(B, L, D))
         # the residual stream stays fp32 inside a layer and is rounded at its end (authors')

@@ -36,18 +36,12 @@ from torch import Tensor
 
 from pipeline.models.layers import apply_rope
 from pipeline.models.wan.s2v_sink import Rope
-from pipeline.precision import E4M3_MAX, STATIC_HEADROOM
-
-
-def to_e4m3(x: Tensor, descale: Tensor) -> Tensor:
-    """x / descale, saturated, rounded to e4m3."""
-    return (x.float() / descale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-
+from pipeline.precision import E4M3_MAX, STATIC_HEADROOM, scaled_e4m3, widened_e4m3
 
 # On a GPU one fused kernel a write (eager, the fp32 copy, the divide, the clamp and the cast
 # are four passes over the block's keys: ~40 ms a LiveAvatar block by their bytes). A few
 # fixed shapes: a block's keys and values, the reference's sink keys, the sink's values.
-quantise_compiled = torch.compile(to_e4m3, dynamic=False)
+quantise_compiled = torch.compile(scaled_e4m3, dynamic=False)
 
 
 @dataclass(frozen=True)
@@ -66,7 +60,7 @@ class Attended:
         if self.descales is None:
             return self.k, self.v
         dk, dv = self.descales
-        return (self.k.float() * dk).to(dtype), (self.v.float() * dv).to(dtype)
+        return widened_e4m3(self.k, dk, dtype), widened_e4m3(self.v, dv, dtype)
 
 
 class KeyValues(Protocol):
@@ -125,7 +119,7 @@ class S2VCache:
         if descale is None:
             buffer.copy_(x)
             return
-        quantise = quantise_compiled if x.is_cuda else to_e4m3
+        quantise = quantise_compiled if x.is_cuda else scaled_e4m3
         buffer.copy_(quantise(x, descale[layer]))
 
     def set_descales(self, layer: int, k: Tensor, v: Tensor) -> None:
