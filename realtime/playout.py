@@ -170,16 +170,26 @@ class EngineTiming:
         kind = getattr(getattr(engine, "device", None), "type", "cpu")
         slow = SERVE_SLOWDOWN.get((kind, own_process), 1.0)
         first, steady = times["first"], times["steady"]
+        early_first, early_steady = times.get("first_frames"), times.get("steady_first_frames")
         batched = [n for n in range(2, sessions + 1) if f"steady_x{n}" in times]
         if batched:  # its steps will run in a batch of them all: each as long as the batch
+            alone_first, alone_steady = first, steady
             steady = times[f"steady_x{max(batched)}"]
             first = max(first, steady)
-        first, steady = first * slow, steady * slow
-        early_first, early_steady = times.get("first_frames"), times.get("steady_first_frames")
+            # A shared step's first frames come as much later as the step is longer: a call
+            # whose step waits for the others' (they did not line up into one batch) shows
+            # its first piece only after their work, and in a batch the others' DiT and
+            # decode come before it too. Unshifted, a call beside another planned 1.65 s on
+            # the H200, was due its pieces half a step before they existed, and lost 11 %
+            # of its frames (bench/RESULTS.md, issue 30).
+            if early_first is not None:
+                early_first += first - alone_first
+            if early_steady is not None:
+                early_steady += steady - alone_steady
         return cls(
             engine.stream_step,
-            first,
-            steady,
+            first * slow,
+            steady * slow,
             STEP_SPREAD.get(kind, 0.0),
             None if early_first is None else early_first * slow,
             None if early_steady is None else early_steady * slow,
