@@ -55,6 +55,10 @@ class FamilyEngine(StreamingEngine, Protocol):
         """(parent, attribute) of the linear layers FP8 replaces."""
         ...
 
+    def precision_applied(self) -> None:
+        """The linears now run at `precision`: what the family chooses by it follows."""
+        ...
+
     def compile(self, mode: str | None = None) -> int:
         """torch.compile its hot parts in place; how many blocks were wrapped."""
         ...
@@ -94,6 +98,9 @@ class EngineBase:
 
     def fp8_targets(self, scaling: str) -> list[tuple[nn.Module, str]]:
         raise ConfigError(f"config {self.cfg.name!r}: --precision does not apply to it")
+
+    def precision_applied(self) -> None:
+        pass  # nothing else depends on the linears' precision
 
     def compile(self, mode: str | None = None) -> int:
         raise ConfigError(f"config {self.cfg.name!r}: --compile does not apply to it")

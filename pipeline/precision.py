@@ -156,4 +156,5 @@ def apply_fp8(
         layer_amax = amax[linear] if amax is not None else None
         setattr(parent, attr, Fp8Linear(linear, layer_amax, fast_accum=fast_accum))
     engine.precision = f"fp8-{scaling}" + ("-fast" if fast_accum else "")
+    engine.precision_applied()  # e.g. LiveAvatar's attention in 8 bits as well
     return len(layers)

@@ -385,6 +385,60 @@ def test_fp8_on_the_output_projections_too_streams_close_to_the_exact_frames(rel
     assert 0 < diff < 8.0, diff  # grey levels: FP8 perturbs the picture, it does not break it
 
 
+def test_auto_attention_is_fp8_over_an_fp8_cache_beside_fp8_linears_where_cudnn_can_run():
+    """`liveavatar.attention` and `kv_cache` left `auto`: cuDNN's FP8 attention over an e4m3
+    cache where the linears run in FP8 and the kernel can run here; the exact SDPA over a
+    cache in the model's dtype otherwise (no FP8 precision, or a GPU or install where the
+    kernel cannot run, where an FP8 cache would only be widened for every call). A value
+    that is set stays as it is."""
+    from pipeline.liveavatar.config import LiveAvatarConfig, self_attention
+
+    auto = LiveAvatarConfig()
+    assert self_attention(auto, fp8_linears=True, refusal=None) == ("fp8", "fp8")
+    assert self_attention(auto, fp8_linears=False, refusal=None) == ("sdpa", "model")
+    assert self_attention(auto, fp8_linears=True, refusal="not Hopper") == ("sdpa", "model")
+    fp8_only = LiveAvatarConfig(attention="fp8")
+    assert self_attention(fp8_only, fp8_linears=False, refusal=None) == ("fp8", "fp8")
+    assert self_attention(fp8_only, fp8_linears=False, refusal="a CPU") == ("fp8", "model")
+    kept = LiveAvatarConfig(attention="sdpa", kv_cache="fp8")
+    assert self_attention(kept, fp8_linears=True, refusal=None) == ("sdpa", "fp8")
+
+
+def test_fp8_linears_bring_the_fp8_attention_where_the_kernel_runs(release, monkeypatch):
+    """--precision fp8 on an engine left `auto`: on this CPU cuDNN's FP8 kernel cannot run,
+    so the layers keep the exact attention and the streams a full-precision cache; where it
+    can run (pretended here), every layer's self-attention turns to it, its queries
+    quantised in the layer, and a new stream's cache holds e4m3 (a quarter of fp32's
+    bytes)."""
+    import pipeline.liveavatar.engine as engine_module
+    from pipeline.precision import apply_fp8
+
+    fp8 = start_engine(options(release))[0]
+    reference = np.full((SIZE, SIZE, 3), 150, np.uint8)
+
+    def placed() -> tuple[set[str], set[bool], int]:
+        layers = fp8.models.transformer.layers()
+        stream = fp8.new_stream(reference, seed=1)
+        assert stream.cache is not None
+        kv_bytes = stream.cache.nbytes_kv()
+        stream.close()
+        return (
+            {layer.self_attn.attend.backend for layer in layers},
+            {layer.self_attn.fp8_queries for layer in layers},
+            kv_bytes,
+        )
+
+    exact = placed()
+    apply_fp8(fp8, "static", emulate=True)
+    assert placed() == exact
+    assert exact[:2] == ({"sdpa"}, {False})
+    monkeypatch.setattr(engine_module, "fp8_refusal", lambda q: None)
+    fp8.precision_applied()
+    backends, fused, kv_bytes = placed()
+    assert (backends, fused) == ({"fp8"}, {True})
+    assert kv_bytes * 4 == exact[2]
+
+
 @pytest.mark.parametrize("backend", ["cudnn", "fp8"])
 def test_a_cudnn_self_attention_where_it_cannot_run_streams_the_exact_frames_saying_so(
     release, engine, caplog, backend

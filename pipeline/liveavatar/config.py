@@ -15,8 +15,9 @@ if TYPE_CHECKING:
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 # torch.compile's modes with CUDA graphs: refused, with the reason (see `compile_mode` below)
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-SELF_ATTENTION = ("sdpa", "cudnn", "fp8")  # `pipeline.models.attention` backends for it
-KV_CACHES = ("model", "fp8")  # the KV cache's dtype: the model's, or e4m3
+# `pipeline.models.attention` backends for it, or auto (`self_attention` below)
+SELF_ATTENTION = ("auto", "sdpa", "cudnn", "fp8")
+KV_CACHES = ("auto", "model", "fp8")  # the KV cache's dtype: auto, the model's, or e4m3
 LIVEAVATAR_BLOCK_FRAMES = 12  # video frames a block adds: 3 latent frames of the Wan VAE
 DEFAULT_PROMPT = (
     "A person talks to the camera, looking straight ahead, with natural expressions and "
@@ -50,25 +51,25 @@ class LiveAvatarConfig:
     # before them. On the H200: 14.5 fps against 14.1, 2.1 GB less held, and the gate's FP8
     # tier passed at 40.1 dB against bf16 (41.4 without them; bench/RESULTS.md, issue 31)
     fp8_outputs: bool = True
-    # the self-attention's kernel: sdpa (torch's exact SDPA: cuDNN's bf16 kernel on the H200,
-    # 1.65 ms a call, 35 % of a block), cudnn (the same bf16 attention on whichever of cuDNN's
-    # engines is fastest for each layout, timed once: on the H200 that is the engine SDPA
-    # takes, 15.1 fps against 15.3) or fp8 (cuDNN's fused FP8 attention on Hopper). Both cuDNN
-    # ones go through the optional nvidia-cudnn-frontend wheel and take the exact path where
-    # they cannot run, said once in the log. Measured on the H200, fp8 is slower over a bf16
-    # cache (2.83 ms a call, 1.40 of it quantising q, k and v; the kernel alone 1.31 against
-    # bf16's 1.68) and 16x further from fp32 (rel. L2 0.096 against 0.006). Over an FP8 cache
-    # (kv_cache, below), with fp8-fast: 15.84 fps against 15.35, and the gate's FP8 tier
-    # passed at 32.7 dB against bf16 (40.1 with bf16 attention); that run quantised q around
-    # each call, which the layer's compiled half now does (not yet timed). Off: 7 dB for 3 %
-    # is not a default (bench/RESULTS.md, issue 31)
-    attention: str = "sdpa"
-    # the KV cache's step buffers: in the model's dtype, or fp8 (e4m3, one scale per layer
-    # for keys and one for values, set from the sink at prefill): half the bytes (26 GB, not
-    # 52, on one H200), and with attention=fp8 the keys and values go into cuDNN's kernel as
-    # stored. With any other attention it is slower (12.7 fps against 15.35 on the H200:
-    # the cache is widened for every call)
-    kv_cache: str = "model"
+    # the self-attention's kernel: auto, sdpa (torch's exact SDPA: cuDNN's bf16 kernel on the
+    # H200, 1.65 ms a call, 35 % of a block), cudnn (the same bf16 attention on whichever of
+    # cuDNN's engines is fastest for each layout, timed once: on the H200 that is the engine
+    # SDPA takes, 15.1 fps against 15.3) or fp8 (cuDNN's fused FP8 attention on Hopper). Both
+    # cuDNN ones go through the optional nvidia-cudnn-frontend wheel and take the exact path
+    # where they cannot run, said once in the log. auto: fp8 where the linears run in FP8
+    # (--precision fp8 or fp8-fast) and cuDNN's FP8 kernel can run here, else sdpa. Over the
+    # FP8 cache, with the queries quantised in the layer: 16.8 fps against 15.35 with fp8-fast
+    # on the H200, 25 GB less held, and the gate's FP8 tier passed at 32.6 dB against bf16
+    # (bf16's own band 45.1; 40.1 with bf16 attention). Over a bf16 cache it is slower (2.83
+    # ms a call, 1.40 of it quantising q, k and v; bench/RESULTS.md, issue 31)
+    attention: str = "auto"
+    # the KV cache's step buffers: auto, in the model's dtype, or fp8 (e4m3, one scale per
+    # layer for keys and one for values, set from the sink at prefill): half the bytes (26 GB,
+    # not 52, on one H200), and with attention=fp8 the keys and values go into cuDNN's kernel
+    # as stored. With any other attention it is slower (12.7 fps against 15.35 on the H200:
+    # the cache is widened for every call). auto: fp8 where the attention is fp8 and its
+    # kernel can run here
+    kv_cache: str = "auto"
     # torch.compile's mode for the layers' compiled halves under --compile: default, or
     # max-autotune-no-cudagraphs (Triton GEMM templates tried against cuBLAS; minutes more at
     # start-up). The CUDA-graph modes are refused: every layer replays the same graphs, so
@@ -118,6 +119,21 @@ class LiveAvatarConfig:
             self.dtype in ("auto", *DTYPES), "liveavatar.dtype", f"must be auto or one of {DTYPES}"
         )
         check(self.kv_cache in KV_CACHES, "liveavatar.kv_cache", f"must be one of {KV_CACHES}")
+
+
+def self_attention(la: LiveAvatarConfig, fp8_linears: bool, refusal: str | None) -> tuple[str, str]:
+    """(the self-attention's backend, the KV cache's dtype) with `auto` resolved: cuDNN's
+    FP8 attention over an FP8 cache where the linears already run in FP8 (the precision
+    that opts into the gate's FP8 tier) and the kernel can run here (`refusal`: why not,
+    or None); otherwise the exact SDPA over a cache in the model's dtype. A value that is
+    set is kept as it is; an FP8 cache under `auto` only where the FP8 kernel reads it."""
+    attention = la.attention
+    if attention == "auto":
+        attention = "fp8" if fp8_linears and refusal is None else "sdpa"
+    kv_cache = la.kv_cache
+    if kv_cache == "auto":
+        kv_cache = "fp8" if attention == "fp8" and refusal is None else "model"
+    return attention, kv_cache
 
 
 def check_config(cfg: FacecastConfig) -> None:

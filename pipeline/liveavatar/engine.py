@@ -49,6 +49,8 @@ from pipeline.config import FacecastConfig
 from pipeline.errors import CheckpointError, ConfigError
 from pipeline.faces.framing import cover_and_crop
 from pipeline.family_engine import EngineBase
+from pipeline.kernels.fp8_attention import fp8_refusal
+from pipeline.liveavatar.config import self_attention
 from pipeline.liveavatar.s2v_weights import load_published
 from pipeline.liveavatar.weights import read_merged_state, read_transformer_config, release_paths
 from pipeline.models.encoders.s2v_speech import S2VSpeechFeatures, to_feature_rate, to_video_frames
@@ -98,10 +100,24 @@ class LiveAvatarEngine(EngineBase):
         self.timesteps, self.sigmas = timesteps.to(device), sigmas.to(device)
         self._prompt_features: OrderedDict[str, Tensor] = OrderedDict()
         self.side_stream = SideStream(device)  # where a block decodes beside the next's DiT
-        for layer in models.transformer.layers():  # the self-attention over the cache
-            layer.self_attn.attend.backend = la.attention
+        self.kv_cache = "model"  # the streams' cache dtype, set with the attention below
+        self.place_self_attention()
+
+    def place_self_attention(self) -> None:
+        """Each layer's self-attention kernel and the streams' KV cache dtype, `auto`
+        resolved for the linears' precision (`self_attention`): at load, and again once
+        `--precision fp8` has swapped the linears (`pipeline.precision.apply_fp8`)."""
+        s2v = self.models.transformer.cfg
+        q = torch.empty(1, s2v.num_heads, 1, s2v.dim // s2v.num_heads, device=self.device)
+        attention, self.kv_cache = self_attention(
+            self.cfg.liveavatar, self.precision != "default", fp8_refusal(q.to(self.dtype))
+        )
+        for layer in self.models.transformer.layers():  # the self-attention over the cache
+            layer.self_attn.attend.backend = attention
             # cuDNN's FP8 kernel reading the FP8 cache: the queries quantised where they are made
-            layer.self_attn.fp8_queries = la.attention == "fp8" and la.kv_cache == "fp8"
+            layer.self_attn.fp8_queries = attention == "fp8" and self.kv_cache == "fp8"
+        cache = "e4m3" if self.kv_cache == "fp8" else str(self.dtype).removeprefix("torch.")
+        log.info("self-attention %s over a KV cache in %s", attention, cache)
 
     @classmethod
     def load(cls, cfg: FacecastConfig, device: str = "cpu") -> LiveAvatarEngine:
@@ -182,6 +198,9 @@ class LiveAvatarEngine(EngineBase):
         layers = self.models.transformer.layers()
         return wan_fp8_targets(layers, scaling, outputs=self.cfg.liveavatar.fp8_outputs)
 
+    def precision_applied(self) -> None:
+        self.place_self_attention()  # `auto`: the attention in FP8 beside FP8 linears
+
     def compile(self, mode: str | None = None) -> int:
         """torch.compile each layer's dense work before and after its KV cache and, on a
         GPU, the VAE's decoder; returns how many layers were compiled. The cache's slot and
@@ -258,7 +277,7 @@ class LiveAvatarStream(WindowedStream):
                 motion = models.vae.encode(ref.repeat(1, 1, s2v.motion_frames, 1, 1))
                 h, w = ref_lat.shape[-2:]
                 self.cache: S2VCache | None = models.transformer.new_cache(
-                    1, (h, w), la.steps, dev, dtype, kv_fp8=la.kv_cache == "fp8"
+                    1, (h, w), la.steps, dev, dtype, kv_fp8=engine.kv_cache == "fp8"
                 )
                 models.transformer.prefill(self.cache, prompt_features, ref_lat, motion)
                 # the decoder continues from the motion frames, as the authors' first clip does;
