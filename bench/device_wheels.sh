@@ -4,7 +4,8 @@
 #   .whl/       diffusers (Facecast's Wan VAE), its per-pipeline folders stripped (2 MB, not 6),
 #               and ftfy (umT5's prompt cleaning, LiveAvatar), and cuDNN's Python graph API
 #               for the device's Python 3.12 (nvidia-cudnn-frontend, 2 MB: liveavatar.attention
-#               fp8; not in .whlserve, which has no room for it).
+#               fp8; not in .whlserve, which has no room for it), and torchao 0.18
+#               (bench/fp8_bench.py's comparison, 3.4 MB).
 #               bench/gpu_flashhead.sh decode|speed|serve, bench/gpu_liveavatar.sh parity|speed
 #   .whlserve/  ../shared/device/serve-wheels.sh's bundle (aiortc, av, boto3, silero-vad, ...) with
 #               the stripped diffusers wheel added and its pure/ folder zipped as pure.zip:
@@ -55,6 +56,10 @@ cp .whl/*.whl .whlserve/
 # the 1.16 line: newer ones require NVIDIA's CUTLASS DSL (hundreds of MB) as well
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --platform manylinux_2_28_x86_64 -d .whl "nvidia-cudnn-frontend==1.16.0" 2>/dev/null
+# torchao's float8 for bench/fp8_bench.py (issue 31's lever; 3.4 MB): 0.18 pairs with the
+# device's torch 2.11, and its float8 inference path is Python over torch's FP8 GEMM
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --platform manylinux_2_28_x86_64 -d .whl "torchao==0.18.0" 2>/dev/null
 (cd .whlserve/pure && python3 -m zipfile -c ../pure.zip ./*) && rm -rf .whlserve/pure
 rm -rf "$tmp"
 du -sh .whl .whlserve

@@ -14,6 +14,13 @@ with TFLOP/s (triton.testing.do_bench, median) and the relative error against an
 product. Run from the repo root:
 
     python bench/fp8_bench.py --config rt720-low-latency --json bench/results/fp8_h200.json
+
+`--config liveavatar` takes Wan2.2-S2V-14B's linears at a block's tokens instead, and adds the
+layers as modules after the op before them (Wan's modulated LayerNorm), compiled together, so
+each quantisation can fuse where it would in the model: the project's `Fp8Linear` (static
+per-tensor, as `--precision fp8` and `fp8-fast` run it) against torchao's float8 inference
+(`quantize_` with `Float8DynamicActivationFloat8WeightConfig`, per row and per tensor; torchao
+0.18 pairs with torch 2.11), the lever issue 31 asks to measure.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ E4M3_MAX = torch.finfo(E4M3).max
 
 def linear_shapes(cfg) -> list[tuple[str, int, int, int]]:
     """(name, tokens M, in K, out N) of the token-wise linears of one steady step."""
+    if cfg.runtime.stack == "liveavatar":
+        return liveavatar_shapes(cfg)
     g = latent_grid(cfg)
     s = cfg.schedule
     a2v_tokens = (1 + s.boundary_latents + s.chunk_latents) * g.low_h * g.low_w
@@ -54,6 +63,26 @@ def linear_shapes(cfg) -> list[tuple[str, int, int, int]]:
             (f"{model}.mlp_out", m, hidden, dim),
         ]
     return out
+
+
+def liveavatar_shapes(cfg) -> list[tuple[str, int, int, int]]:
+    """A LiveAvatar block's token-wise linears: its 3 latent frames' tokens (3,168 at 704x384,
+    the VAE's 8x and the 2x2 patch), the self-attention's fused q/k/v and output, the
+    cross-attention's q and output, the FFN's two."""
+    from pipeline.models.wan.s2v import S2VConfig
+
+    s2v = S2VConfig()
+    _, ph, pw = s2v.patch_size
+    tokens = s2v.frames_per_block * (cfg.video.height // 8 // ph) * (cfg.video.width // 8 // pw)
+    d, f = s2v.dim, s2v.ffn_dim
+    return [
+        ("self.qkv", tokens, d, 3 * d),
+        ("self.o", tokens, d, d),
+        ("cross.q", tokens, d, d),
+        ("cross.o", tokens, d, d),
+        ("ffn.in", tokens, d, f),
+        ("ffn.out", tokens, f, d),
+    ]
 
 
 def rowwise(x):
@@ -99,7 +128,66 @@ LAYERS = {
 }
 
 
-def bench_shape(name, M, K, N, device) -> dict:
+def torchao_float8(linear: torch.nn.Module, granularity: str) -> torch.nn.Module:
+    """A copy of `linear` under torchao's float8 inference: activations quantised on each
+    call, weights once, per row or per tensor (cuBLAS's FP8 GEMM, fast accumulation)."""
+    import copy
+
+    from torchao.quantization import (
+        Float8DynamicActivationFloat8WeightConfig,
+        PerRow,
+        PerTensor,
+        quantize_,
+    )
+
+    module = torch.nn.Sequential(copy.deepcopy(linear))
+    scales = PerRow() if granularity == "row" else PerTensor()
+    quantize_(module, Float8DynamicActivationFloat8WeightConfig(granularity=scales))
+    return module
+
+
+def bench_modules(x, w, record) -> None:
+    """Each layer as a module after the op before it (LayerNorm, then Wan's modulation),
+    the two compiled together, against the fp32 product of the same: bf16, the project's
+    `Fp8Linear` calibrated on this input (without and with fast accumulation), torchao's
+    per-row and per-tensor float8."""
+    from pipeline.precision import Fp8Linear
+
+    K, N = w.shape[1], w.shape[0]
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    shift = (0.1 * torch.randn(K, generator=gen)).to(x.device, torch.bfloat16)
+    scale = (0.1 * torch.randn(K, generator=gen)).to(x.device, torch.bfloat16)
+    linear = torch.nn.Linear(K, N, device=x.device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        linear.weight.copy_(w)
+        linear.bias.copy_((0.02 * torch.randn(N, generator=gen)).to(x.device, torch.bfloat16))
+
+    def before(t):
+        return F.layer_norm(t.float(), (K,)).to(torch.bfloat16) * (1 + scale) + shift
+
+    with torch.no_grad():
+        h = before(x)
+        ref = h.float() @ w.float().t() + linear.bias.float()
+        amax = h.abs().amax().float()
+    modules = {
+        "module_bf16": lambda: linear,
+        "module_facecast_static": lambda: Fp8Linear(linear, amax),
+        "module_facecast_static_fast": lambda: Fp8Linear(linear, amax, fast_accum=True),
+        "module_torchao_row": lambda: torchao_float8(linear, "row"),
+        "module_torchao_tensor": lambda: torchao_float8(linear, "tensor"),
+    }
+    for label, make in modules.items():
+        try:
+            module = make()
+        except Exception as exc:  # torchao missing, or refusing this GPU
+            record(label, None, error=f"{type(exc).__name__}: {exc}"[:200])
+            continue
+        layer = torch.compile(lambda t, m=module: m(before(t)))
+        with torch.no_grad():
+            record(label, lambda layer=layer: layer(x), reference=ref)
+
+
+def bench_shape(name, M, K, N, device, modules: bool = False) -> dict:
     from triton.testing import do_bench
 
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -116,14 +204,17 @@ def bench_shape(name, M, K, N, device) -> dict:
     flops = 2 * M * K * N
     out: dict = {"shape": name, "M": M, "K": K, "N": N}
 
-    def record(label, fn):
-        try:
-            y = fn()
-            ms = do_bench(fn, warmup=10, rep=50)
-        except Exception as exc:  # a kernel this build lacks is reported, not fatal
-            out[label] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+    def record(label, fn, reference=ref, error=None):
+        if error is None:
+            try:
+                y = fn()
+                ms = do_bench(fn, warmup=10, rep=50)
+            except Exception as exc:  # a kernel this build lacks is reported, not fatal
+                error = f"{type(exc).__name__}: {exc}"[:200]
+        if error is not None:
+            out[label] = {"error": error}
             return
-        err = ((y.float() - ref).norm() / ref.norm()).item()
+        err = ((y.float() - reference).norm() / reference.norm()).item()
         out[label] = {"ms": ms, "tflops": flops / ms / 1e9, "rel_err": err}
 
     record("bf16", lambda: F.linear(x, w))
@@ -155,6 +246,8 @@ def bench_shape(name, M, K, N, device) -> dict:
             tag = "_fast" if fast else ""
             wq, ws = weights[label]
             record(f"{label}{tag}", lambda fn=fn, wq=wq, ws=ws, f=fast: fn(x, wq, ws, act_scale, f))
+    if modules:
+        bench_modules(x, w, record)
     return out
 
 
@@ -170,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.config)
     rows = []
     for name, M, K, N in linear_shapes(cfg):
-        row = bench_shape(name, M, K, N, device)
+        row = bench_shape(name, M, K, N, device, modules=cfg.runtime.stack == "liveavatar")
         rows.append(row)
         brief = {
             k: round(v["tflops"]) for k, v in row.items() if isinstance(v, dict) and "tflops" in v
