@@ -126,13 +126,17 @@ soak)  # two live Pro calls for SOAK_S (600) seconds, longer than one command ma
   # `soak start` (returns once the server and clients run, detached with setsid), then within
   # the 30 s the machine stays warm, `soak collect` (waits for them, copies the results).
   # Both carry .whlserve. The calls' GPU memory, read every 10 s, says whether it stays flat.
+  # PRECISION (fp8, or fp8-fast), BATCH and SERVE_FLAGS as for sessions.
   case ${2:-start} in
   start)
     python3 -m pipeline.flashhead.random_release "$work/float32" --shape full >/dev/null 2>&1
     args="--serve-arg=--model=flashhead-pro --serve-arg=--weights=$work/float32/release"
     args+=" --serve-arg=--wav2vec=$work/float32/wav2vec --serve-arg=--reference=pipeline/assets/reference.png"
     args+=" --serve-arg=--set=flashhead.frame_reference=false --serve-arg=--compile"
-    args+=" --serve-arg=--precision=fp8 --serve-arg=--max-sessions=2"
+    args+=" --serve-arg=--set=flashhead.batch_streams=${BATCH:-3}"
+    args+=" --serve-arg=--precision=${PRECISION:-fp8} --serve-arg=--max-sessions=2"
+    # SERVE_FLAGS as for sessions, e.g. "--plan-sessions=2 --engine-process"
+    for flag in ${SERVE_FLAGS:-}; do args+=" --serve-arg=$flag"; done
     rm -f "$work/soak.json"
     # shellcheck disable=SC2086
     setsid nohup python3 bench/serve_bench.py --config flashhead-pro --device cuda $args \

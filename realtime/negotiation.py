@@ -59,7 +59,9 @@ async def _negotiate(service: Service, request: OfferRequest, require_video: boo
         vad,
         # every call already live or being negotiated (this one among them) shares the engine
         EngineTiming.of(
-            engine, engine.own_process, sessions=len(service.sessions) + service.reserved
+            engine,
+            engine.own_process,
+            sessions=service.sessions_to_plan_for(len(service.sessions) + service.reserved),
         ),
         service.engine_lock_for_sessions,
     )

@@ -289,6 +289,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "at start-up that it carries at real time; 4 where it measures none)",
     )
     parser.add_argument(
+        "--plan-sessions",
+        type=int,
+        default=None,
+        help="plan every call's playout delay as if N calls shared the engine: on a GPU kept "
+        "full of N calls, each call has from its start the delay it needs then, and a call "
+        "drops no frames when another joins (default: the calls live at the time; a call "
+        "alone has the shortest delay and raises it at a pause when another joins)",
+    )
+    parser.add_argument(
         "--token",
         default=os.environ.get("FACECAST_TOKEN"),
         help="require 'Authorization: Bearer TOKEN'; prefer the env FACECAST_TOKEN, since a "
@@ -328,12 +337,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_security_arguments(parser)
 
 
+def _check_session_counts(max_sessions: int | None, plan_sessions: int | None) -> None:
+    if max_sessions is not None and max_sessions < 1:
+        raise ValueError(f"--max-sessions {max_sessions}: must be >= 1")
+    if plan_sessions is not None and plan_sessions < 1:
+        raise ValueError(f"--plan-sessions {plan_sessions}: must be >= 1")
+    if plan_sessions is not None and max_sessions is not None and plan_sessions > max_sessions:
+        raise ValueError(
+            f"--plan-sessions {plan_sessions}: more than the {max_sessions} --max-sessions admits"
+        )
+
+
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """ServerConfig from parsed flags; ValueError names a bad value."""
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port}: must be in [0, 65535]")
-    if args.max_sessions is not None and args.max_sessions < 1:
-        raise ValueError(f"--max-sessions {args.max_sessions}: must be >= 1")
+    _check_session_counts(args.max_sessions, args.plan_sessions)
     if args.max_viewers < 0:
         raise ValueError(f"--max-viewers {args.max_viewers}: must be >= 0")
     if args.lead_ms < 200:
@@ -349,6 +368,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         host=args.host,
         port=args.port,
         max_sessions=args.max_sessions,
+        plan_sessions=args.plan_sessions,
         max_viewers=args.max_viewers,
         token=args.token or None,
         reference=args.reference,

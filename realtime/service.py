@@ -44,6 +44,11 @@ class ServerConfig:
     # concurrent sessions; None: as many as the engine measured it carries at real time
     # (`HostedEngine.capacity`, at least 1), DEFAULT_MAX_SESSIONS where it measures none
     max_sessions: int | None = None
+    # plan every call's playout as if this many calls shared the engine (None: the calls
+    # live at the time): a GPU kept full of N calls gives each the delay it will need from
+    # its first frame, so a started call drops no frames when another joins (a call planned
+    # alone raises its delay only at its peer's next pause, and shows late frames until then)
+    plan_sessions: int | None = None
     token: str | None = None
     reference: str | None = None  # image file; default: the engine's packaged reference
     # the reference's face framed by hand (photo stack, real models): x, y, w, h[, angle]
@@ -139,6 +144,11 @@ class Service:
         capacity = self.engine.capacity if self.engine is not None else None
         return capacity or DEFAULT_MAX_SESSIONS
 
+    def sessions_to_plan_for(self, live: int) -> int:
+        """How many calls a call's playout is planned for, `live` of them sharing the engine
+        now (or about to): the operator's `plan_sessions` where that is more."""
+        return max(live, self.config.plan_sessions or 0)
+
     @property
     def engine_lock_for_sessions(self) -> threading.Lock | None:
         """The lock every session's steps take in turn; None for an engine that batches
@@ -185,7 +195,8 @@ class Service:
         engine = self.engine
         if engine is None:
             return
-        timing = EngineTiming.of(engine, engine.own_process, sessions=len(self.sessions))
+        sessions = self.sessions_to_plan_for(len(self.sessions))
+        timing = EngineTiming.of(engine, engine.own_process, sessions=sessions)
         for session in self.sessions.values():
             session.playout.retime(timing)
 

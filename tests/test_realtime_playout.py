@@ -383,6 +383,34 @@ async def test_a_call_planned_alone_grows_its_delay_when_a_second_call_joins():
         assert call["frames_fresh"] >= 0.99 * call["frames_sent"], call
 
 
+@pytest.mark.slow  # two served calls for seconds
+@pytest.mark.timeout(90)
+@REAL_TIME_ON_A_SHARED_CPU
+async def test_a_server_planning_for_two_calls_gives_the_first_the_shared_delay_from_its_start():
+    """`--plan-sessions 2`: a call alone is planned for the step two calls share, so when a
+    second joins it has nothing to grow: no `delay_grown` after its pre-roll, its delay as
+    it started, and both calls fresh, with no pause needed (a tone has none)."""
+    engine = ScriptedBatchingEngine(PRO_ON_THE_H200, first_seconds=0.75, chunk=28)
+    async with running_server(engine=engine, max_sessions=2, plan_sessions=2) as (url, app):
+        first = FacecastClient(url, PcmSource(loudness_track(20, seed=0)))
+        await first.connect()
+        await asyncio.sleep(3)
+        alone = app[SERVICE].sessions[first.session_id].stats()
+        second = FacecastClient(url, PcmSource(loudness_track(20, seed=1)))
+        await second.connect()
+        await asyncio.sleep(10)
+        stats = [app[SERVICE].sessions[c.session_id].stats() for c in (first, second)]
+        grown = [e for e in first.events if e["type"] == "delay_grown"]
+        for client in (first, second):
+            await client.close()
+    assert len(grown) == 1, grown  # the pre-roll only
+    assert stats[0]["playout_delay_now_ms"] == stats[0]["playout_delay_ms"], stats[0]
+    assert abs(alone["playout_delay_ms"] - stats[1]["playout_delay_ms"]) < 200, (alone, stats[1])
+    for call in stats:
+        assert call["frames_sent"] > 200 and call["frames_missed"] == 0, call
+        assert call["frames_fresh"] >= 0.99 * call["frames_sent"], call
+
+
 def test_a_call_retimed_before_its_first_frame_starts_at_the_shared_delay():
     """A second call joins after a call's delay was planned but before its first frame:
     nothing is shown yet, so its first frame comes later by what the shared step needs, and

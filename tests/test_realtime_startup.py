@@ -59,6 +59,8 @@ def test_serve_takes_every_engine_flag_bench_has():
         "--port 70000",
         "--port abc",
         "--max-sessions 0",
+        "--plan-sessions 0",
+        "--plan-sessions 3 --max-sessions 2",
         "--lead-ms 10",
         "--playout-margin-ms -5",
         "--config nope",
