@@ -22,8 +22,12 @@ decoded once, as they come, and every frame is kept, so frame n stays the frame 
 [40n, 40n + 40) ms. The reference's RoPE distance, which they draw at random on every forward
 (unseeded), is fixed (`liveavatar.ref_distance`).
 
+Precision: under `--precision fp8` or `fp8-fast` the layers' linears run in float8, and (with
+`liveavatar.attention` and `kv_cache` left `auto`) so does the self-attention: cuDNN's FP8
+kernel over a cache kept in e4m3 (`place_self_attention`).
+
 Memory: the weights (about 34 GB in bf16 at 14B) and one stream's cache (about 51 GB at
-704x384) stay on the GPU; the umT5 encoder waits in host memory and visits the GPU for a
+704x384 in bf16, half that in e4m3) stay on the GPU; the umT5 encoder waits in host memory and visits the GPU for a
 prompt it has not seen. Nothing grows with the stream's length.
 
 Legend: C latent channels, T latent frames, F video frames, h, w latent rows and columns,
