@@ -366,6 +366,7 @@ def test_bad_fleet_flags_exit_2_with_one_line(capsys):
     for args, expected in (
         (["--workers", "0"], "at least 1 worker"),
         (["--sessions-per-worker", "0"], "--sessions-per-worker 0"),
+        (["--sessions-per-worker", "2", "--plan-sessions", "3"], "--plan-sessions 3"),
         (["--ray-address", f"127.0.0.1:{free_port()}"], "cannot reach the Ray cluster"),
         (["--ray-address", "no-port"], "use HOST:PORT"),
     ):
@@ -379,9 +380,10 @@ def test_workers_get_the_fronts_ice_servers_and_the_fleets_slots():
     from realtime.ice_servers import parse_ice_server
 
     turn = parse_ice_server("turn:user:pass@turn.example.net:3478?transport=udp")
-    front = ServerConfig(max_sessions=9, token="s3cret", ice_servers=[turn])
+    front = ServerConfig(max_sessions=9, plan_sessions=2, token="s3cret", ice_servers=[turn])
     config = worker_config(front, FleetOptions(sessions_per_worker=3))
     assert config.max_sessions == 3 and config.peer_ice_servers == [turn]
+    assert config.plan_sessions == 2  # each worker plans its calls as the front was told
     assert config.token is None  # the front checks it; workers take no HTTP
 
 

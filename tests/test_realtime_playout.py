@@ -355,46 +355,16 @@ async def test_two_calls_opened_at_once_both_plan_on_the_shared_step_and_stay_fr
         assert call["frames_fresh"] >= 0.99 * call["frames_sent"], call
 
 
-@pytest.mark.slow  # two served calls for seconds
-@pytest.mark.timeout(90)
-@REAL_TIME_ON_A_SHARED_CPU
-async def test_a_call_planned_alone_grows_its_delay_when_a_second_call_joins():
-    """A call alone plans on a step of its own; once a second joins, its steps wait for the
-    other's, so it raises its delay to the shared step at its peer's next pause (here at
-    once: a tone is no speech) and tells the peer; both stay fresh."""
+async def a_second_call_joins(**server) -> tuple[list[dict], list[dict], list[dict]]:
+    """Two calls on a server with Pro's H200 step times, the second joining 3 s after the
+    first: the first's `delay_grown` events before the join and by the end, and both
+    calls' stats (the first's stats before the join first)."""
     engine = ScriptedBatchingEngine(PRO_ON_THE_H200, first_seconds=0.75, chunk=28)
-    async with running_server(engine=engine, max_sessions=2) as (url, app):
+    async with running_server(engine=engine, max_sessions=2, **server) as (url, app):
         first = FacecastClient(url, PcmSource(loudness_track(20, seed=0)))
         await first.connect()
         await asyncio.sleep(3)
         grown_alone = [e for e in first.events if e["type"] == "delay_grown"]
-        second = FacecastClient(url, PcmSource(loudness_track(20, seed=1)))
-        await second.connect()
-        await asyncio.sleep(10)
-        stats = [app[SERVICE].sessions[c.session_id].stats() for c in (first, second)]
-        grown = [e for e in first.events if e["type"] == "delay_grown"]
-        for client in (first, second):
-            await client.close()
-    assert len(grown) > len(grown_alone), grown  # the pre-roll, then the growth after the join
-    assert grown[-1]["delay_ms"] > grown_alone[-1]["delay_ms"] + 300, grown
-    assert stats[0]["playout_delay_now_ms"] > stats[0]["playout_delay_ms"], stats[0]
-    for call in stats:
-        assert call["frames_sent"] > 200 and call["frames_missed"] == 0, call
-        assert call["frames_fresh"] >= 0.99 * call["frames_sent"], call
-
-
-@pytest.mark.slow  # two served calls for seconds
-@pytest.mark.timeout(90)
-@REAL_TIME_ON_A_SHARED_CPU
-async def test_a_server_planning_for_two_calls_gives_the_first_the_shared_delay_from_its_start():
-    """`--plan-sessions 2`: a call alone is planned for the step two calls share, so when a
-    second joins it has nothing to grow: no `delay_grown` after its pre-roll, its delay as
-    it started, and both calls fresh, with no pause needed (a tone has none)."""
-    engine = ScriptedBatchingEngine(PRO_ON_THE_H200, first_seconds=0.75, chunk=28)
-    async with running_server(engine=engine, max_sessions=2, plan_sessions=2) as (url, app):
-        first = FacecastClient(url, PcmSource(loudness_track(20, seed=0)))
-        await first.connect()
-        await asyncio.sleep(3)
         alone = app[SERVICE].sessions[first.session_id].stats()
         second = FacecastClient(url, PcmSource(loudness_track(20, seed=1)))
         await second.connect()
@@ -403,12 +373,37 @@ async def test_a_server_planning_for_two_calls_gives_the_first_the_shared_delay_
         grown = [e for e in first.events if e["type"] == "delay_grown"]
         for client in (first, second):
             await client.close()
-    assert len(grown) == 1, grown  # the pre-roll only
-    assert stats[0]["playout_delay_now_ms"] == stats[0]["playout_delay_ms"], stats[0]
-    assert abs(alone["playout_delay_ms"] - stats[1]["playout_delay_ms"]) < 200, (alone, stats[1])
     for call in stats:
         assert call["frames_sent"] > 200 and call["frames_missed"] == 0, call
         assert call["frames_fresh"] >= 0.99 * call["frames_sent"], call
+    return grown_alone, grown, [alone, *stats]
+
+
+@pytest.mark.slow  # two served calls for seconds
+@pytest.mark.timeout(90)
+@REAL_TIME_ON_A_SHARED_CPU
+async def test_a_call_planned_alone_grows_its_delay_when_a_second_call_joins():
+    """A call alone plans on a step of its own; once a second joins, its steps wait for the
+    other's, so it raises its delay to the shared step at its peer's next pause (here at
+    once: a tone is no speech) and tells the peer; both stay fresh."""
+    grown_alone, grown, (_, first, _) = await a_second_call_joins()
+    assert len(grown) > len(grown_alone), grown  # the pre-roll, then the growth after the join
+    assert grown[-1]["delay_ms"] > grown_alone[-1]["delay_ms"] + 300, grown
+    assert first["playout_delay_now_ms"] > first["playout_delay_ms"], first
+
+
+@pytest.mark.slow  # two served calls for seconds
+@pytest.mark.timeout(90)
+@REAL_TIME_ON_A_SHARED_CPU
+async def test_a_server_planning_for_two_calls_gives_the_first_the_shared_delay_from_its_start():
+    """`--plan-sessions 2`: a call alone is planned for the step two calls share, so when a
+    second joins it has nothing to grow: no `delay_grown` after its pre-roll, its delay as
+    it started, the second's the same, and both calls fresh, with no pause needed (a tone
+    has none)."""
+    _, grown, (alone, first, second) = await a_second_call_joins(plan_sessions=2)
+    assert len(grown) == 1, grown  # the pre-roll only
+    assert first["playout_delay_now_ms"] == first["playout_delay_ms"], first
+    assert abs(alone["playout_delay_ms"] - second["playout_delay_ms"]) < 200, (alone, second)
 
 
 def test_a_call_retimed_before_its_first_frame_starts_at_the_shared_delay():

@@ -87,6 +87,12 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
 
 def fleet_from_args(args: argparse.Namespace) -> FleetOptions:
     """FleetOptions from parsed flags; ValueError names a bad value."""
+    plan = getattr(args, "plan_sessions", None)  # the workers' servers plan for it
+    if plan is not None and plan > args.sessions_per_worker:
+        raise ValueError(
+            f"--plan-sessions {plan}: more than the {args.sessions_per_worker} "
+            "--sessions-per-worker a worker admits"
+        )
     return FleetOptions(
         address=args.ray_address,
         workers=args.workers,
