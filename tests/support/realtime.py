@@ -281,7 +281,13 @@ class ScriptedBatchingEngine(ScriptedEngine):
         first_seconds: float,
         chunk: int = 24,
         lookahead: int = 2,
+        piece_share: float | None = None,
+        first_piece: int = 4,
     ):
+        """`piece_share`: each batch sends its steps' frames in pieces, as FlashHead Pro
+        does: the first `first_piece` frames that share of the batch's time into it, the
+        rest 8 at a time, evenly over the rest of it (None: all at the end); its warm-up
+        figures then say so."""
         from pipeline.batching import StepBatcher
         from pipeline.warmup import capacity
 
@@ -289,23 +295,46 @@ class ScriptedBatchingEngine(ScriptedEngine):
                          lookahead=lookahead)  # fmt: skip
         self.batch_seconds = batch_seconds
         self.first_seconds = first_seconds
+        self.piece_share, self.first_piece = piece_share, first_piece
         self.step_seconds = {
             "first": first_seconds,
             "steady": batch_seconds[1],
             **{f"steady_x{n}": t for n, t in batch_seconds.items() if n > 1},
         }
+        if piece_share is not None:
+            self.step_seconds["first_frames"] = piece_share * first_seconds
+            self.step_seconds["steady_first_frames"] = piece_share * batch_seconds[1]
         self.capacity = capacity(self.step_seconds, chunk / 25)
         self.batcher = StepBatcher(self._run_batch, max(batch_seconds), name="scripted-steps")
         self.batch_sizes: list[int] = []
 
+    def new_stream(self, reference_rgb, seed: int = 0):
+        if self.piece_share is None:
+            return super().new_stream(reference_rgb, seed)
+        stream = ScriptedPiecesStream(self)
+        self.sessions.append(stream)
+        return stream
+
     def _run_batch(self, jobs):
         later = [k for _, k in jobs if k > 0]
         self.batch_sizes.append(len(jobs))
-        if later:
-            time.sleep(self.batch_seconds[len(later)])
-        if len(later) < len(jobs):
-            time.sleep(self.first_seconds)
+        seconds = self.batch_seconds[len(later)] if later else 0.0
+        seconds += self.first_seconds if len(later) < len(jobs) else 0.0
+        if self.piece_share is None:
+            time.sleep(seconds)
+            yield [True] * len(jobs)
+            return
+        time.sleep(self.piece_share * seconds)  # every step's first piece
         yield [True] * len(jobs)
+        rest = len(self.pieces(self.chunk)) - 1  # every step here makes `chunk` frames
+        for _ in range(rest):
+            time.sleep((1 - self.piece_share) * seconds / rest)
+            yield [True] * len(jobs)
+
+    def pieces(self, frames: int) -> list[tuple[int, int]]:
+        """(start, end) of a step's pieces: `first_piece` frames, then 8 at a time."""
+        cuts = [0, *range(min(self.first_piece, frames), frames, 8), frames]
+        return list(zip(cuts[:-1], cuts[1:], strict=True))
 
 
 def loudness_pixel(pcm: np.ndarray) -> int:
@@ -358,18 +387,47 @@ class ScriptedStream:
                     pass  # the batch's time is spent in the batcher's thread
             else:
                 time.sleep((0.0 if self.ahead else step_s) + nxt)
-            values = [
-                loudness_pixel(audio[f * 640 : (f + 1) * 640])
-                for f in range(step.first_frame, step.end_frame)
-            ]
-            frames = np.repeat(np.array(values, np.uint8), 32 * 32 * 3).reshape(-1, 32, 32, 3)
-            out.append(FrameBatch(step.first_frame, frames))
+            out.append(FrameBatch(step.first_frame, self.frames(step, audio)))
             self.step += 1
             self.ahead = start_next
         return out
 
+    @staticmethod
+    def frames(step, audio: np.ndarray) -> np.ndarray:
+        """A step's frames, each pixel its own audio's loudness (`loudness_pixel`)."""
+        values = [
+            loudness_pixel(audio[f * 640 : (f + 1) * 640])
+            for f in range(step.first_frame, step.end_frame)
+        ]
+        return np.repeat(np.array(values, np.uint8), 32 * 32 * 3).reshape(-1, 32, 32, 3)
+
     def close(self) -> None:
         self.closed = True
+
+
+class ScriptedPiecesStream(ScriptedStream):
+    """A ScriptedBatchingEngine's stream whose steps come in pieces (`iter_ready`, read by
+    `pipeline.stream.ready_pieces`): each piece as its batch makes it."""
+
+    engine: ScriptedBatchingEngine
+
+    def iter_ready(self):
+        from pipeline.stream import FrameBatch
+
+        audio = np.concatenate(self.audio) if self.audio else np.zeros(0, np.float32)
+        while self.samples_needed() == 0:
+            step = self.engine.stream_step(self.step)
+            frames = self.frames(step, audio)
+            pieces = iter(
+                FrameBatch(step.first_frame + a, frames[a:b])
+                for a, b in self.engine.pieces(len(frames))
+            )
+            for _ in self.engine.batcher.run((self, self.step)):
+                yield next(pieces)
+            self.step += 1
+
+    def generate_ready(self):
+        return list(self.iter_ready())
 
 
 async def raw_request(url: str, data: bytes, read_timeout: float = 10.0) -> bytes:
