@@ -15,7 +15,7 @@ product. Run from the repo root:
 
     python bench/fp8_bench.py --config rt720-low-latency --json bench/results/fp8_h200.json
 
-`--config liveavatar` takes Wan2.2-S2V-14B's linears at a block's tokens instead, and adds the
+`--liveavatar` takes Wan2.2-S2V-14B's linears at a block's tokens instead, and adds the
 layers as modules after the op before them (Wan's modulated LayerNorm), compiled together, so
 each quantisation can fuse where it would in the model: the project's `Fp8Linear` (static
 per-tensor, as `--precision fp8` and `fp8-fast` run it) against torchao's float8 inference
@@ -44,8 +44,6 @@ E4M3_MAX = torch.finfo(E4M3).max
 
 def linear_shapes(cfg) -> list[tuple[str, int, int, int]]:
     """(name, tokens M, in K, out N) of the token-wise linears of one steady step."""
-    if cfg.runtime.stack == "liveavatar":
-        return liveavatar_shapes(cfg)
     g = latent_grid(cfg)
     s = cfg.schedule
     a2v_tokens = (1 + s.boundary_latents + s.chunk_latents) * g.low_h * g.low_w
@@ -65,12 +63,13 @@ def linear_shapes(cfg) -> list[tuple[str, int, int, int]]:
     return out
 
 
-def liveavatar_shapes(cfg) -> list[tuple[str, int, int, int]]:
+def liveavatar_shapes() -> list[tuple[str, int, int, int]]:
     """A LiveAvatar block's token-wise linears: its 3 latent frames' tokens (3,168 at 704x384,
     the VAE's 8x and the 2x2 patch), the self-attention's fused q/k/v and output, the
     cross-attention's q and output, the FFN's two."""
     from pipeline.models.wan.s2v import S2VConfig
 
+    cfg = load_config("liveavatar")
     s2v = S2VConfig()
     _, ph, pw = s2v.patch_size
     tokens = s2v.frames_per_block * (cfg.video.height // 8 // ph) * (cfg.video.width // 8 // pw)
@@ -254,23 +253,29 @@ def bench_shape(name, M, K, N, device, modules: bool = False) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="rt720-low-latency")
+    parser.add_argument(
+        "--liveavatar",
+        action="store_true",
+        help="LiveAvatar's linears at a block (Wan2.2-S2V-14B), each also as a module after "
+        "the op before it: the project's FP8 against torchao's",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("fp8_bench needs a CUDA GPU", file=sys.stderr)
         return 2
     device = torch.device("cuda")
-    cfg = load_config(args.config)
+    shapes = liveavatar_shapes() if args.liveavatar else linear_shapes(load_config(args.config))
     rows = []
-    for name, M, K, N in linear_shapes(cfg):
-        row = bench_shape(name, M, K, N, device, modules=cfg.runtime.stack == "liveavatar")
+    for name, M, K, N in shapes:
+        row = bench_shape(name, M, K, N, device, modules=args.liveavatar)
         rows.append(row)
         brief = {
             k: round(v["tflops"]) for k, v in row.items() if isinstance(v, dict) and "tflops" in v
         }
         print(name, M, K, N, json.dumps(brief), flush=True)
     report = {
-        "config": args.config,
+        "config": "liveavatar" if args.liveavatar else args.config,
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "shapes": rows,

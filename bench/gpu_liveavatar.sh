@@ -157,8 +157,8 @@ speed)
     --json "$out/attention_kernels.json" 2>"$logs/attention_kernels.log" | tail -12 \
     || { echo "attention bench FAILED"; tail -20 "$logs/attention_kernels.log"; }
   # FP8_BENCH=1: the block's linears in FP8, the project's Fp8Linear against torchao's float8
-  # (bench/fp8_bench.py --config liveavatar; torchao travels in .whl), ~2-3 min of compiling
-  [ -z "${FP8_BENCH:-}" ] || timeout 300 "$py" bench/fp8_bench.py --config liveavatar \
+  # (bench/fp8_bench.py --liveavatar; torchao travels in .whl), ~2-3 min of compiling
+  [ -z "${FP8_BENCH:-}" ] || timeout 300 "$py" bench/fp8_bench.py --liveavatar \
     --json "$out/fp8_linears.json" 2>"$logs/fp8_linears.log" \
     || { echo "fp8 linear bench FAILED"; tail -20 "$logs/fp8_linears.log"; }
   # the DiT alone (Facecast), random weights drawn on the GPU, 10 blocks: the last 6 with the
