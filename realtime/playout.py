@@ -179,9 +179,9 @@ class EngineTiming:
             # A shared step's first frames come as much later as the step is longer: a call
             # whose step waits for the others' (they did not line up into one batch) shows
             # its first piece only after their work, and in a batch the others' DiT and
-            # decode come before it too. Unshifted, a call beside another planned 1.65 s on
-            # the H200, was due its pieces half a step before they existed, and lost 11 %
-            # of its frames (bench/RESULTS.md, issue 30).
+            # decode come before it too. Unshifted, a call beside another on the H200 planned
+            # 1.65 s, was due its pieces half a step before they existed, and lost 11 % of
+            # its frames (bench/RESULTS.md, issue 30).
             if early_first is not None:
                 early_first += first - alone_first
             if early_steady is not None:
@@ -398,8 +398,8 @@ class PlayoutControl:
             log.info("session %s: playout delay grown to %.2f s", self.session_id, delay)
             self._metrics.playout_delay.observe(delay)
             self._send_delay_grown(timeline_head, samples, delay)
-        else:
-            log.info(
+        else:  # debug: a call whose delay already covers its plan says so at every pause
+            log.debug(
                 "session %s: playout delay already %.2f s (target %.2f s): nothing inserted",
                 self.session_id,
                 current,

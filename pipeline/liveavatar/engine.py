@@ -27,8 +27,8 @@ Precision: under `--precision fp8` or `fp8-fast` the layers' linears run in floa
 kernel over a cache kept in e4m3 (`place_self_attention`).
 
 Memory: the weights (about 34 GB in bf16 at 14B) and one stream's cache (about 51 GB at
-704x384 in bf16, half that in e4m3) stay on the GPU; the umT5 encoder waits in host memory and visits the GPU for a
-prompt it has not seen. Nothing grows with the stream's length.
+704x384 in bf16, half that in e4m3) stay on the GPU; the umT5 encoder waits in host memory
+and visits the GPU for a prompt it has not seen. Nothing grows with the stream's length.
 
 Legend: C latent channels, T latent frames, F video frames, h, w latent rows and columns,
 H, W pixels, S wav2vec2 hidden states, A its width.
