@@ -60,6 +60,9 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 # device's torch 2.11, and its float8 inference path is Python over torch's FP8 GEMM
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --platform manylinux_2_28_x86_64 -d .whl "torchao==0.18.0" 2>/dev/null
+# silero-vad's safetensors copy of its model (1 MB) is never loaded: realtime/vad.py takes the
+# TorchScript one, and without it the tree and the bundle fit under the 64 MiB carry
+rm -f .whlserve/pure/silero_vad/data/*.safetensors
 (cd .whlserve/pure && python3 -m zipfile -c ../pure.zip ./*) && rm -rf .whlserve/pure
 rm -rf "$tmp"
 du -sh .whl .whlserve

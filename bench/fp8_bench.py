@@ -181,6 +181,9 @@ def bench_modules(x, w, record) -> None:
         except Exception as exc:  # torchao missing, or refusing this GPU
             record(label, None, error=f"{type(exc).__name__}: {exc}"[:200])
             continue
+        # every module compiles the same lambda: without a reset, dynamo's recompile limit (8)
+        # left the later shapes' modules eager (the H200's first run: 150 TFLOP/s rows)
+        torch.compiler.reset()
         layer = torch.compile(lambda t, m=module: m(before(t)))
         with torch.no_grad():
             record(label, lambda layer=layer: layer(x), reference=ref)

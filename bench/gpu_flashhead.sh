@@ -154,8 +154,11 @@ soak)  # two live Pro calls for SOAK_S (600) seconds, longer than one command ma
       echo "no soak is running here (the machine was given back between calls): start it again"
       exit 1
     fi
-    for _ in $(seq 1 110); do [ -f "$work/soak.json" ] && break; sleep 5; done
-    [ -f "$work/soak.json" ] || echo "not done yet: run 'soak collect' again within 30 s"
+    # serve_bench writes soak.json after each call, so the file alone can hold call 1 of 2
+    # (a collect that copied it then lost call 2 of a 5-minute soak): wait for the last write
+    done_() { grep -q '"complete": true' "$work/soak.json" 2>/dev/null; }
+    for _ in $(seq 1 110); do done_ && break; sleep 5; done
+    done_ || echo "not done yet: run 'soak collect' again within 30 s"
     cp "$work"/soak.json "$work"/soak.md "$work"/soak.log "$work"/soak_serve.log "$out/" 2>/dev/null
     cat "$work/soak.log"
     ;;
