@@ -87,15 +87,21 @@ class Fp8Linear(nn.Module):
         else:
             scale = x_MK.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / E4M3_MAX
             x_fp8 = (x_MK.float() / scale).to(torch.float8_e4m3fn)
+        # The bias rides in the GEMM's epilogue where the kernels take it (a bf16 bias for a
+        # bf16 output: cuBLASLt's per-tensor path and CUTLASS's per-row one). Added apart it is
+        # one more pass over the output; on the H200 that pass was the 41 us by which torchao's
+        # float8 beat this layer on LiveAvatar's qkv (bench/RESULTS.md).
+        in_epilogue = self.bias is not None and self.bias.dtype == x.dtype == torch.bfloat16
         y = torch._scaled_mm(
             x_fp8,
             self.weight.t(),  # column-major (in, out), as the FP8 kernels want it
             scale_a=scale,
             scale_b=self.weight_scale,
+            bias=self.bias if in_epilogue else None,
             out_dtype=x.dtype,
             use_fast_accum=self.fast_accum,
         )
-        if self.bias is not None:
+        if self.bias is not None and not in_epilogue:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
 
