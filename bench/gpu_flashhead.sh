@@ -103,7 +103,7 @@ sessions)  # the product bench (batched steps, capacity), then serve: an agent a
     --precision fp8 --seconds 6 --json "$out/first_step_$model.json" 2>"$logs/first_step.log" \
     | tail -2 || { echo "first-step bench FAILED"; tail -5 "$logs/first_step.log"; }
   # PROFILE=1: a steady step's kernels by kind (bench/step_profile.py)
-  [ -z "${PROFILE:-}" ] || timeout 240 python3 bench/step_profile.py $w --compile --precision fp8 --ops \
+  [ -z "${PROFILE:-}" ] || timeout 240 python3 bench/step_profile.py $w --compile --precision "$precision" --ops \
     --warm-steps 4 --steps 3 --json "$out/profile_$model.json" 2>"$logs/profile.log" \
     || { echo "profile FAILED"; tail -5 "$logs/profile.log"; }
   args="--serve-arg=--model=$model --serve-arg=--weights=$work/float32/release"
