@@ -16,7 +16,8 @@
 #               (LIVEAVATAR_GIT: its git dir, e.g. the `fetch` tool's mirror), 1.5 MB:
 #               bench/gpu_liveavatar.sh parity (with AUTHORS_COMPILE=1, their compiled loop)
 # Usage, from the project's root: bash bench/device_wheels.sh   (versions: the project's .venv)
-#   LIVEAVATAR_GIT=/work/.mirror/Alibaba-Quark+LiveAvatar/repo bash bench/device_wheels.sh refs
+#   LIVEAVATAR_GIT=/work/.mirror/Alibaba-Quark+LiveAvatar/repo \
+#   FLASHHEAD_GIT=/work/.mirror/Soul-AILab+SoulX-FlashHead/repo bash bench/device_wheels.sh refs
 set -euo pipefail
 if [ "${1:-}" = refs ]; then
   rm -rf .whlref && mkdir -p .whlref .ref
@@ -24,12 +25,16 @@ if [ "${1:-}" = refs ]; then
     loguru==0.7.3; do
     python3 -m pip download -q --no-deps --only-binary=:all: -d .whlref "$pkg" 2>/dev/null
   done
-  rm -rf .ref/liveavatar
+  rm -rf .ref/liveavatar .ref/flash_head
   git --git-dir="${LIVEAVATAR_GIT:?the git dir of a LiveAvatar checkout}" archive HEAD liveavatar \
     | tar -x -C .ref
+  # FLASHHEAD_GIT (optional): SoulX-FlashHead's package too, for bench/gpu_flashhead.sh parity
+  # (their pipeline timed beside Facecast's: DTYPES= bash bench/gpu_flashhead.sh parity); git
+  # may name a large example file the mirror lacks, outside flash_head/: harmless
+  [ -z "${FLASHHEAD_GIT:-}" ] || git --git-dir="$FLASHHEAD_GIT" archive HEAD flash_head | tar -x -C .ref
   exclude="$(git rev-parse --git-common-dir)/info/exclude"
   for d in .whlref .ref; do grep -qx "/$d/" "$exclude" 2>/dev/null || echo "/$d/" >>"$exclude"; done
-  du -sh .whlref .ref/liveavatar
+  du -sh .whlref .ref/*
   exit 0
 fi
 py=${PYTHON:-$PWD/.venv/bin/python}

@@ -38,9 +38,17 @@ reference() {  # the authors' code, in its own environment
     --reference-repo /tmp/ref --device cuda "$@"
 }
 
+profile_step() {  # PROFILE=1: a steady step's kernels by kind (bench/step_profile.py); $1 the
+  # model's flags, $2 the precision
+  # shellcheck disable=SC2086
+  [ -z "${PROFILE:-}" ] || timeout 240 python3 bench/step_profile.py $1 --compile --precision "$2" --ops \
+    --warm-steps 4 --steps 3 --json "$out/profile_${MODEL:-flashhead-pro}.json" 2>"$logs/profile.log" \
+    || { echo "profile FAILED"; tail -5 "$logs/profile.log"; }
+}
+
 case $mode in
-parity)
-  for dtype in float32 bfloat16; do
+parity)  # DTYPES="float32 bfloat16" (DTYPES= runs neither: the authors' timing alone)
+  for dtype in ${DTYPES-float32 bfloat16}; do
     reference --out "$work/$dtype" --shape full --dtype "$dtype" --chunks 3 \
       > "$logs/reference_$dtype.log" 2>&1 || { echo "reference $dtype FAILED"; tail -30 "$logs/reference_$dtype.log"; }
     python3 bench/parity/flashhead_compare.py --reference-out "$work/$dtype" --device cuda \
@@ -70,6 +78,9 @@ speed)  # MODELS="flashhead-pro flashhead-lite", FLAGS_LIST a ;-separated list o
         || { echo "FAILED $model $flags"; tail -5 "$logs/$name.log"; }
     done
   done
+  # PROFILE=1: then Pro's steady step, PRECISION (fp8 unless set)
+  MODEL=flashhead-pro profile_step "--model flashhead-pro --weights $work/float32/release \
+    --wav2vec $work/float32/wav2vec --device cuda" "${PRECISION:-fp8}"
   ;;
 serve)
   [ -d "$work/float32/release" ] || python3 -m pipeline.flashhead.random_release "$work/float32" --shape full
@@ -102,10 +113,7 @@ sessions)  # the product bench (batched steps, capacity), then serve: an agent a
   [ -z "${FIRST_STEP:-}" ] || CUDA_LAUNCH_BLOCKING=1 timeout 120 python3 -m facecast bench $w \
     --precision fp8 --seconds 6 --json "$out/first_step_$model.json" 2>"$logs/first_step.log" \
     | tail -2 || { echo "first-step bench FAILED"; tail -5 "$logs/first_step.log"; }
-  # PROFILE=1: a steady step's kernels by kind (bench/step_profile.py)
-  [ -z "${PROFILE:-}" ] || timeout 240 python3 bench/step_profile.py $w --compile --precision "$precision" --ops \
-    --warm-steps 4 --steps 3 --json "$out/profile_$model.json" 2>"$logs/profile.log" \
-    || { echo "profile FAILED"; tail -5 "$logs/profile.log"; }
+  MODEL=$model profile_step "$w" "$precision"
   args="--serve-arg=--model=$model --serve-arg=--weights=$work/float32/release"
   args+=" --serve-arg=--wav2vec=$work/float32/wav2vec --serve-arg=--reference=pipeline/assets/reference.png"
   args+=" --serve-arg=--set=flashhead.frame_reference=false --serve-arg=--set=flashhead.batch_streams=${BATCH:-3}"
