@@ -109,8 +109,8 @@ async def run(args: argparse.Namespace) -> dict:
 async def measure(args: argparse.Namespace, cmd: list[str], port: int, script: str) -> dict:
     """Start the server `cmd` starts on `port`, make the calls `args` asks for, and report
     them with the exact command (`script` and its arguments). The JSON (`args.json`) is
-    written after every call, marked incomplete until the last: a run cut short (a device
-    command's time limit) keeps every call it measured."""
+    written after every set of calls made together, marked incomplete until the last: a run
+    cut short (a device command's time limit) keeps every set it measured."""
     url = f"http://127.0.0.1:{port}"
     res: dict = {
         "meta": {
@@ -153,7 +153,7 @@ async def measure(args: argparse.Namespace, cmd: list[str], port: int, script: s
                 call.update(concurrent=n, call=i, engine_batching=batching)
                 res["calls"].append(call)
                 print(summary(args.config, call), flush=True)
-                write_json(args.json, res)
+            write_json(args.json, res)  # once a set: the file never holds part of one
     finally:
         server.terminate()
         server.wait(30)
@@ -162,9 +162,14 @@ async def measure(args: argparse.Namespace, cmd: list[str], port: int, script: s
 
 
 def write_json(path: str | None, res: dict) -> None:
+    """Write `res` whole: into a file beside `path`, then renamed over it, so that a reader
+    (`gpu_flashhead.sh soak collect`) never copies a half-written file."""
     if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(res, indent=2))
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".partial")
+        partial.write_text(json.dumps(res, indent=2))
+        partial.replace(target)
 
 
 async def engine_batches(url: str) -> tuple[int, int] | None:
