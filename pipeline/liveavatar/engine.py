@@ -112,9 +112,10 @@ class LiveAvatarEngine(EngineBase):
         resolved for the linears' precision (`self_attention`): at load, and again once
         `--precision fp8` has swapped the linears (`pipeline.precision.apply_fp8`)."""
         s2v = self.models.transformer.cfg
-        q = torch.empty(1, s2v.num_heads, 1, s2v.dim // s2v.num_heads, device=self.device)
+        head_dim = s2v.dim // s2v.num_heads
+        q = torch.empty(1, s2v.num_heads, 1, head_dim, device=self.device, dtype=self.dtype)
         attention, self.kv_cache = self_attention(
-            self.cfg.liveavatar, self.precision != "default", fp8_refusal(q.to(self.dtype))
+            self.cfg.liveavatar, self.precision != "default", fp8_refusal(q)
         )
         for layer in self.models.transformer.layers():  # the self-attention over the cache
             layer.self_attn.attend.backend = attention
