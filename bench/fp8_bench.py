@@ -269,24 +269,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     device = torch.device("cuda")
     shapes = liveavatar_shapes() if args.liveavatar else linear_shapes(load_config(args.config))
-    rows = []
-    for name, M, K, N in shapes:
-        row = bench_shape(name, M, K, N, device, modules=args.liveavatar)
-        rows.append(row)
-        brief = {
-            k: round(v["tflops"]) for k, v in row.items() if isinstance(v, dict) and "tflops" in v
-        }
-        print(name, M, K, N, json.dumps(brief), flush=True)
     report = {
         "config": "liveavatar" if args.liveavatar else args.config,
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
-        "shapes": rows,
+        "shapes": [],
         "command": "python " + " ".join(sys.argv),
     }
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
+    for name, M, K, N in shapes:
+        row = bench_shape(name, M, K, N, device, modules=args.liveavatar)
+        report["shapes"].append(row)
+        brief = {
+            k: round(v["tflops"]) for k, v in row.items() if isinstance(v, dict) and "tflops" in v
+        }
+        print(name, M, K, N, json.dumps(brief), flush=True)
+        if args.json:  # after every shape: a run cut short by its time limit keeps what it measured
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(report, indent=2))
     return 0
 
 

@@ -41,7 +41,7 @@
 # SECONDS_BENCH=20, SECONDS_LIVE=60,
 # SERVE_FLAGS="--compile --precision=fp8" (serve; default none), LEAN=0 (the full 11 GB umT5),
 # ATTENTION_BENCH=1 (speed: the self-attention's kernels first, ~1 min), FP8_BENCH=1 (speed: the
-# block's linears, the project's FP8 against torchao's, ~2-3 min), GRAPHS_CHECK=1 (speed:
+# block's linears, the project's FP8 against torchao's, ~6 min), GRAPHS_CHECK=1 (speed:
 # bench/graphs_check.py, CUDA graphs against eager, ~20 s), BB_ATTENTION=sdpa,fp8
 # (speed: the DiT-alone bench once per kernel), SETS="-;liveavatar.fp8_outputs=true" (speed:
 # a ;-separated list of --set variants, each a space-separated list of key=value, "-" none;
@@ -157,8 +157,9 @@ speed)
     --json "$out/attention_kernels.json" 2>"$logs/attention_kernels.log" | tail -12 \
     || { echo "attention bench FAILED"; tail -20 "$logs/attention_kernels.log"; }
   # FP8_BENCH=1: the block's linears in FP8, the project's Fp8Linear against torchao's float8
-  # (bench/fp8_bench.py --liveavatar; torchao travels in .whl), ~2-3 min of compiling
-  [ -z "${FP8_BENCH:-}" ] || timeout 300 "$py" bench/fp8_bench.py --liveavatar \
+  # (bench/fp8_bench.py --liveavatar; torchao travels in .whl), ~6 min of compiling (dynamo
+  # reset before each module); its JSON is written after every shape
+  [ -z "${FP8_BENCH:-}" ] || timeout 420 "$py" bench/fp8_bench.py --liveavatar \
     --json "$out/fp8_linears.json" 2>"$logs/fp8_linears.log" \
     || { echo "fp8 linear bench FAILED"; tail -20 "$logs/fp8_linears.log"; }
   # the DiT alone (Facecast), random weights drawn on the GPU, 10 blocks: the last 6 with the

@@ -90,7 +90,8 @@ class Fp8Linear(nn.Module):
         # The bias rides in the GEMM's epilogue where the kernels take it (a bf16 bias for a
         # bf16 output: cuBLASLt's per-tensor path and CUTLASS's per-row one). Added apart it is
         # one more pass over the output; on the H200 that pass was the 41 us by which torchao's
-        # float8 beat this layer on LiveAvatar's qkv (bench/RESULTS.md).
+        # float8 beat this layer on LiveAvatar's qkv. With it here, this layer is ahead of
+        # torchao's on all five shapes measured (bench/RESULTS.md, issue 31).
         in_epilogue = self.bias is not None and self.bias.dtype == x.dtype == torch.bfloat16
         y = torch._scaled_mm(
             x_fp8,
