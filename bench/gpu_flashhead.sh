@@ -15,9 +15,9 @@
 #                     stripped) and its pure/ folder as pure.zip (silero's .jit model only),
 #                     to stay under the 64 MiB that travels; the portrait and speech are the
 #                     project's own (pipeline/assets)
-# Usage there: bash bench/gpu_flashhead.sh parity|decode|speed|serve|sessions|soak start|soak collect
+# Usage there: bash bench/gpu_flashhead.sh parity|decode|speed|gate|serve|sessions|soak start|soak collect
 set -uo pipefail
-mode=${1:?parity|decode|speed|serve|sessions|soak}
+mode=${1:?parity|decode|speed|gate|serve|sessions|soak}
 wheels=.whl; case $mode in serve|sessions|soak) wheels=.whlserve ;; esac
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels/*.whl
 # the pure-Python part of the bundle travels zipped where the tree is near its 64 MiB
@@ -72,7 +72,7 @@ speed)  # MODELS="flashhead-pro flashhead-lite", FLAGS_LIST a ;-separated list o
     w="--model $model --weights $work/float32/release --wav2vec $work/float32/wav2vec"
     w+=" --device cuda --seconds ${SECONDS_BENCH:-30}"
     for flags in "${flag_sets[@]}"; do
-      name=$model$(echo "$flags" | tr -d ' -')
+      name=$model$(echo "$flags" | tr -d ' -' | tr '=.' '__')
       # shellcheck disable=SC2086
       timeout 420 python3 -m facecast bench $w $flags --json "$out/$name.json" 2>"$logs/$name.log" \
         || { echo "FAILED $model $flags"; tail -5 "$logs/$name.log"; }
@@ -81,6 +81,29 @@ speed)  # MODELS="flashhead-pro flashhead-lite", FLAGS_LIST a ;-separated list o
   # PROFILE=1: then Pro's steady step, PRECISION (fp8 unless set)
   MODEL=flashhead-pro profile_step "--model flashhead-pro --weights $work/float32/release \
     --wav2vec $work/float32/wav2vec --device cuda" "${PRECISION:-fp8}"
+  ;;
+gate)  # the quality gate on Pro: the eager bf16 stream recorded twice (its own run-to-run
+  # band), then each GATE_SETS variant (;-separated, - for none) at GATE_PRECISION (fp8-fast)
+  # compiled against it: `facecast gate`'s FP8 tier
+  [ -d "$work/float32/release" ] || python3 -m pipeline.flashhead.random_release "$work/float32" --shape full
+  w="--model flashhead-pro --weights $work/float32/release --wav2vec $work/float32/wav2vec --device cuda"
+  # shellcheck disable=SC2086
+  timeout 240 python3 -m facecast gate $w --baseline "$work/gate" --record \
+    --seconds "${GATE_SECONDS:-4}" 2>"$logs/gate_record.log" | tail -1 \
+    || { echo "FAILED gate record"; tail -20 "$logs/gate_record.log"; }
+  IFS=';' read -ra variants <<< "${GATE_SETS:--}"
+  precision=${GATE_PRECISION:-fp8-fast}
+  for variant in "${variants[@]}"; do
+    sets=(); tag=_${precision//-/_}
+    if [ "$variant" != - ]; then
+      for kv in $variant; do sets+=(--set "$kv"); tag+=_${kv//[^A-Za-z0-9]/_}; done
+    fi
+    # shellcheck disable=SC2086
+    timeout 300 python3 -m facecast gate $w --baseline "$work/gate" --precision "$precision" \
+      --compile "${sets[@]}" --json "$out/gate$tag.json" 2>"$logs/gate$tag.log" | tail -1
+    [ -f "$out/gate$tag.json" ] || { echo "FAILED gate"; tail -3 "$logs/gate$tag.log"; }
+    echo "  (the variant: $precision $variant)"
+  done
   ;;
 serve)
   [ -d "$work/float32/release" ] || python3 -m pipeline.flashhead.random_release "$work/float32" --shape full

@@ -185,6 +185,78 @@ def test_speech_graphs_reach_the_engines_speech_encoder_and_change_no_frame(rele
     np.testing.assert_array_equal(frames[0], frames[1])
 
 
+def _frames(engine, seconds: float = 2.3) -> np.ndarray:
+    """Two chunks of a stream from a photo of noise (a flat photo's frames are flat whatever
+    the DiT does: the colour correction makes them so)."""
+    speech = 0.2 * np.sin(np.arange(int(seconds * MODEL_RATE)) * 0.05)
+    photo = np.random.default_rng(0).integers(0, 256, (48, 40, 3), dtype=np.uint8)
+    stream = engine.new_stream(photo, seed=3)
+    stream.push_audio(speech.astype(np.float32))
+    frames = np.concatenate([b.frames for b in stream.generate_ready()])
+    stream.close()
+    return frames
+
+
+def test_fp8_attention_where_cudnn_cannot_run_is_the_exact_attention_said_once(release, caplog):
+    """`flashhead.attention: fp8` on this CPU: cuDNN's FP8 kernel cannot run, so every block
+    keeps the exact SDPA (the same frames as `sdpa`), the reason said once in the log; a
+    backend FlashHead does not take is one line naming the key."""
+    from pipeline.models.attention import say_fallback
+
+    exact = _frames(start_engine(engine_options(release))[0])
+    say_fallback.cache_clear()  # said once a process: this test's own line
+    with caplog.at_level("WARNING", logger="facecast.attention"):
+        engine = start_engine(engine_options(release, overrides={"flashhead.attention": "fp8"}))[0]
+        frames = _frames(engine)
+    assert not any(b.self_attn.fp8_inputs for b in engine.models.dit.audio_blocks())
+    np.testing.assert_array_equal(frames, exact)
+    said = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
+    assert len(said) == 1 and "'fp8'" in said[0], said
+    with pytest.raises(ConfigError, match="flashhead.attention"):
+        start_engine(engine_options(release, overrides={"flashhead.attention": "int8"}))
+
+
+def test_fp8_attention_quantises_in_the_block_and_keeps_the_frames_close(release, monkeypatch):
+    """Where the kernel runs (emulated here as Hopper computes it: e4m3 inputs, fp32 sums, O
+    rounded to e4m3 on v's scale), each block hands it q, k and v it quantised itself and
+    widens O itself: one kernel call a block a sampling step, the frames within a few grey
+    levels of the exact ones (not identical: FP8 rounds). A shape the kernel declines goes
+    to the exact SDPA, the frames then identical. `fp8_outputs` takes each block's two
+    attention output projections into --precision fp8 as well."""
+    from pipeline.kernels import fp8_attention as kernels
+    from pipeline.models.attention import say_fallback
+
+    calls = {"kernel": 0}
+
+    def kernel(q8, dq, k8, v8, dk, dv):
+        calls["kernel"] += 1
+        widen = [x.float() * d for x, d in ((q8, dq), (k8, dk), (v8, dv))]
+        o = torch.nn.functional.scaled_dot_product_attention(*widen)
+        return (o / dv).clamp(-448, 448).to(torch.float8_e4m3fn), dv
+
+    monkeypatch.setattr(kernels, "fp8_refusal", lambda q: None)
+    monkeypatch.setattr("pipeline.flashhead.engine.fp8_refusal", lambda q: None)
+    monkeypatch.setattr(kernels, "fp8_attention_e4m3", kernel)
+    exact = _frames(start_engine(engine_options(release))[0])
+    engine = start_engine(engine_options(release, overrides={"flashhead.attention": "fp8"}))[0]
+    blocks = engine.models.dit.audio_blocks()
+    assert all(b.self_attn.fp8_inputs for b in blocks)
+    frames = _frames(engine)
+    chunks = len(frames) // engine.new_frames
+    assert calls["kernel"] == chunks * engine.cfg.flashhead.steps * len(blocks)
+    diff = np.abs(frames.astype(int) - exact.astype(int))
+    assert 0 < diff.mean() < 1 and diff.max() < 48, (diff.mean(), diff.max())
+
+    monkeypatch.setattr(kernels, "fp8_attention_e4m3", lambda *args: "cuDNN declined")
+    say_fallback.cache_clear()
+    np.testing.assert_array_equal(_frames(engine), exact)
+
+    plain = engine_options(release)
+    outputs = engine_options(release, overrides={"flashhead.fp8_outputs": True})
+    assert len(start_engine(plain)[0].fp8_targets("static")) == 4 * len(blocks)
+    assert len(start_engine(outputs)[0].fp8_targets("static")) == 6 * len(blocks)
+
+
 @pytest.mark.parametrize("model", ["flashhead-pro", "flashhead-lite"])
 def test_two_streams_batched_make_each_ones_frames_as_alone(release, model):
     """Two sessions whose steps wait together run as one batch (the DiT, the decode and

@@ -12,6 +12,8 @@ from pipeline.sections import DTYPES, check
 if TYPE_CHECKING:
     from pipeline.config import FacecastConfig
 
+SELF_ATTENTION = ("sdpa", "fp8")  # `pipeline.models.attention` backends FlashHead's DiT takes
+
 
 @dataclass
 class FlashHeadConfig:
@@ -38,6 +40,18 @@ class FlashHeadConfig:
     decode_pass_latents: int | None = None
     # at most this many streams' steps run as one batch (those waiting when the GPU frees)
     batch_streams: int = 4
+    # the self-attention's kernel: sdpa (torch's exact SDPA: cuDNN's bf16 kernel on the H200,
+    # ~0.8 ms a call at Pro's 9,216 tokens, ~95 ms of a 0.52-s step) or fp8 (cuDNN's fused
+    # FP8 attention on Hopper, through the optional nvidia-cudnn-frontend wheel: q, k and v
+    # quantised in the block's compiled graph, one scale each over the whole batch, so
+    # batched calls' frames then differ from each alone's within the FP8 tier). Where the
+    # kernel cannot run, the exact path, said once in the log. sdpa until `facecast gate`
+    # has passed fp8 on the H200 (bench/RESULTS.md, issue 30)
+    attention: str = "sdpa"
+    # --precision fp8 on each block's two attention output projections as well (inside the
+    # block's compiled graph, their inputs' quantisation fuses into the reshape before them;
+    # bf16 they were 15.3 ms of a Pro step on the H200). Off until gated, as `attention`
+    fp8_outputs: bool = False
 
     @property
     def temporal_stride(self) -> int:
@@ -64,6 +78,11 @@ class FlashHeadConfig:
             "must be >= 0",
         )
         check(self.batch_streams >= 1, "flashhead.batch_streams", "must be >= 1")
+        check(
+            self.attention in SELF_ATTENTION,
+            "flashhead.attention",
+            f"must be one of {', '.join(SELF_ATTENTION)}",
+        )
         check(self.chunk_frames >= 9, "flashhead.chunk_frames", "must be >= 9")
         check(self.motion_latents >= 1, "flashhead.motion_latents", "must be >= 1")
         check(1 <= self.steps <= 50, "flashhead.steps", "must be in [1, 50]")

@@ -43,6 +43,8 @@ from pipeline.flashhead.color import ColorMatch, match_colors
 from pipeline.flashhead.dit import WanAudioDiT
 from pipeline.flashhead.sampling import draw, sample_chunks, sampling_timesteps, window_indices
 from pipeline.flashhead.weights import load_dit, release_paths
+from pipeline.kernels.fp8_attention import fp8_refusal
+from pipeline.models.attention import say_fallback
 from pipeline.models.encoders.wav2vec2 import SpeechFeatures
 from pipeline.models.ltx.vae import LtxVae, load_ltx_vae
 from pipeline.models.wan.layers import wan_fp8_targets
@@ -115,6 +117,23 @@ class FlashHeadEngine(EngineBase):
         # picture digest -> its latents, newest last (`reference_latents`)
         self._reference_latents: OrderedDict[str, Tensor] = OrderedDict()
         self._reference_lock = threading.Lock()
+        self.place_self_attention()
+
+    def place_self_attention(self) -> None:
+        """`flashhead.attention: fp8` where cuDNN's FP8 kernel can run here: each block then
+        quantises its q, k and v in its own (compiled) code; elsewhere the exact SDPA, the
+        reason said once in the log."""
+        fp8 = False
+        if self.cfg.flashhead.attention == "fp8":
+            dit = self.models.dit.cfg
+            q = torch.empty(1, dit.num_heads, 1, dit.head_dim, device=self.device, dtype=self.dtype)
+            refusal = fp8_refusal(q)
+            if refusal is None:
+                fp8 = True
+            else:
+                say_fallback("fp8", refusal)
+        for block in self.models.dit.audio_blocks():
+            block.self_attn.fp8_inputs = fp8
 
     @classmethod
     def load(cls, cfg: FacecastConfig, device: str = "cpu") -> FlashHeadEngine:
@@ -177,8 +196,10 @@ class FlashHeadEngine(EngineBase):
         return latents
 
     def fp8_targets(self, scaling: str) -> list[tuple[torch.nn.Module, str]]:
-        """(parent, attribute) of the linears FP8 replaces: the blocks' token-wise ones."""
-        return wan_fp8_targets(self.models.dit.audio_blocks(), scaling)
+        """(parent, attribute) of the linears FP8 replaces: the blocks' token-wise ones, and
+        their attention output projections where `flashhead.fp8_outputs` says so."""
+        blocks = self.models.dit.audio_blocks()
+        return wan_fp8_targets(blocks, scaling, outputs=self.cfg.flashhead.fp8_outputs)
 
     def compile(self, mode: str | None = None) -> int:
         """torch.compile each DiT block and, on a GPU, the VAE's decoder (Pro: the causal

@@ -17,7 +17,9 @@ Backends (config `runtime.attention`):
   fused FP8 kernels on Hopper); LiveAvatar's self-attention (`liveavatar.attention`). Where
   they cannot take the queries, or cuDNN declines the shape, the exact SDPA path, said once.
   Over an FP8 KV cache (`cached_fp8_attention`) the keys and values go in as stored, and
-  queries quantised where they were made (`cached_fp8_attention_e4m3`) go in as they are.
+  queries quantised where they were made (`e4m3_attention`) go in as they are. FlashHead's
+  self-attention (`flashhead.attention: fp8`) quantises q, k and v in its compiled block and
+  calls the same.
 
 Unmasked attention (the A2V DiT) always goes to SDPA; `sdpa_backends`, when set from outside
 (`pipeline.compile.pick_sdpa_backends`), pins the fastest SDPA kernel measured for each shape.
@@ -123,7 +125,8 @@ def cached_fp8_attention(
     )
 
 
-def cached_fp8_attention_e4m3(
+@torch.compiler.disable
+def e4m3_attention(
     q: Tensor,
     q8: Tensor,
     descale_q: Tensor,
@@ -132,9 +135,11 @@ def cached_fp8_attention_e4m3(
     descale_k: Tensor,
     descale_v: Tensor,
 ) -> tuple[Tensor, Tensor] | None:
-    """The same with the queries already in e4m3 (`q8`, quantised where they were made; `q`
-    their full-precision original, which says whether the kernel can run here): O in e4m3
-    and its descale, for the caller to widen; None where it cannot run (said once)."""
+    """cuDNN's FP8 attention over queries, keys and values all in e4m3 already, quantised
+    where they were made (LiveAvatar's queries and FP8 cache, FlashHead's q, k and v inside
+    its compiled block; `q` the queries' full-precision original, which says whether the
+    kernel can run here): O in e4m3 and its descale, for the caller to widen; None where it
+    cannot run (said once). Never traced: a compiled block calls out to it, as to `Attention`."""
     from pipeline.kernels import fp8_attention as kernels
 
     return _kernel_or_none(

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pipeline.kernels.fp8_attention import per_tensor_e4m3
-from pipeline.models.attention import Attention, cached_fp8_attention, cached_fp8_attention_e4m3
+from pipeline.models.attention import Attention, cached_fp8_attention, e4m3_attention
 from pipeline.models.layers import apply_rope
 from pipeline.models.wan.layers import WanCrossAttention, WanSelfAttention
 from pipeline.models.wan.s2v_audio import layer_norm, linear32
@@ -66,7 +66,7 @@ class CausalSelfAttention(WanSelfAttention):
         if kv.descales is not None and self.attend.backend == "fp8":
             # an FP8 cache read as it is stored
             if q8 is not None:
-                out8 = cached_fp8_attention_e4m3(q_BNLK, *q8, kv.k, kv.v, *kv.descales)
+                out8 = e4m3_attention(q_BNLK, *q8, kv.k, kv.v, *kv.descales)
                 if out8 is not None:
                     return out8
             else:  # the queries are quantised for the call
