@@ -222,7 +222,8 @@ def test_fp8_attention_quantises_in_the_block_and_keeps_the_frames_close(release
     widens O itself: one kernel call a block a sampling step, the frames within a few grey
     levels of the exact ones (not identical: FP8 rounds). A shape the kernel declines goes
     to the exact SDPA, the frames then identical. `fp8_outputs` takes each block's two
-    attention output projections into --precision fp8 as well."""
+    attention output projections into --precision fp8 as well; left `auto`, the attention
+    turns to FP8 when the linears do."""
     from pipeline.kernels import fp8_attention as kernels
     from pipeline.models.attention import say_fallback
 
@@ -255,6 +256,14 @@ def test_fp8_attention_quantises_in_the_block_and_keeps_the_frames_close(release
     outputs = engine_options(release, overrides={"flashhead.fp8_outputs": True})
     assert len(start_engine(plain)[0].fp8_targets("static")) == 4 * len(blocks)
     assert len(start_engine(outputs)[0].fp8_targets("static")) == 6 * len(blocks)
+
+    # `auto`: the FP8 attention comes with FP8 linears, not before them
+    from pipeline.precision import apply_fp8
+
+    auto = start_engine(engine_options(release, overrides={"flashhead.attention": "auto"}))[0]
+    assert not any(b.self_attn.fp8_inputs for b in auto.models.dit.audio_blocks())
+    apply_fp8(auto, "static", emulate=True)
+    assert all(b.self_attn.fp8_inputs for b in auto.models.dit.audio_blocks())
 
 
 @pytest.mark.parametrize("model", ["flashhead-pro", "flashhead-lite"])

@@ -12,7 +12,7 @@ from pipeline.sections import DTYPES, check
 if TYPE_CHECKING:
     from pipeline.config import FacecastConfig
 
-SELF_ATTENTION = ("sdpa", "fp8")  # `pipeline.models.attention` backends FlashHead's DiT takes
+SELF_ATTENTION = ("auto", "sdpa", "fp8")  # the self-attention kernels FlashHead's DiT takes
 
 
 @dataclass
@@ -41,12 +41,14 @@ class FlashHeadConfig:
     # at most this many streams' steps run as one batch (those waiting when the GPU frees)
     batch_streams: int = 4
     # the self-attention's kernel: sdpa (torch's exact SDPA: cuDNN's bf16 kernel on the H200,
-    # ~0.8 ms a call at Pro's 9,216 tokens, ~95 ms of a 0.52-s step) or fp8 (cuDNN's fused
-    # FP8 attention on Hopper, through the optional nvidia-cudnn-frontend wheel: q, k and v
+    # ~0.8 ms a call at Pro's 9,216 tokens, ~95 ms of a 0.52-s step), fp8 (cuDNN's fused FP8
+    # attention on Hopper, through the optional nvidia-cudnn-frontend wheel: q, k and v
     # quantised in the block's compiled graph, one scale each over the whole batch, so
-    # batched calls' frames then differ from each alone's within the FP8 tier). Where the
-    # kernel cannot run, the exact path, said once in the log. sdpa until `facecast gate`
-    # has passed fp8 on the H200 (bench/RESULTS.md, issue 30)
+    # batched calls' frames then differ from each alone's within the FP8 tier; where the
+    # kernel cannot run, the exact path, said once in the log) or auto (fp8 where the linears
+    # run in FP8 and the kernel can run here, else sdpa). With fp8_outputs, on the H200: Pro
+    # 57.9 fps against 54.3 at fp8-fast. sdpa until `facecast gate` has passed fp8 on the
+    # H200, then auto (bench/RESULTS.md, issue 30)
     attention: str = "sdpa"
     # --precision fp8 on each block's two attention output projections as well (inside the
     # block's compiled graph, their inputs' quantisation fuses into the reshape before them;

@@ -120,20 +120,26 @@ class FlashHeadEngine(EngineBase):
         self.place_self_attention()
 
     def place_self_attention(self) -> None:
-        """`flashhead.attention: fp8` where cuDNN's FP8 kernel can run here: each block then
-        quantises its q, k and v in its own (compiled) code; elsewhere the exact SDPA, the
-        reason said once in the log."""
-        fp8 = False
-        if self.cfg.flashhead.attention == "fp8":
+        """cuDNN's FP8 attention where `flashhead.attention` asks for it (fp8, or auto beside
+        FP8 linears) and the kernel can run here: each block then quantises its q, k and v
+        in its own (compiled) code. Elsewhere the exact SDPA; the reason said once in the log
+        where fp8 was asked for by name. At load, and again once `--precision fp8` has
+        swapped the linears (`pipeline.precision.apply_fp8`)."""
+        asked = self.cfg.flashhead.attention
+        fp8 = asked == "fp8" or (asked == "auto" and self.precision != "default")
+        if fp8:
             dit = self.models.dit.cfg
             q = torch.empty(1, dit.num_heads, 1, dit.head_dim, device=self.device, dtype=self.dtype)
             refusal = fp8_refusal(q)
-            if refusal is None:
-                fp8 = True
-            else:
-                say_fallback("fp8", refusal)
+            if refusal is not None:
+                fp8 = False
+                if asked == "fp8":
+                    say_fallback("fp8", refusal)
         for block in self.models.dit.audio_blocks():
             block.self_attn.fp8_inputs = fp8
+
+    def precision_applied(self) -> None:
+        self.place_self_attention()  # `auto`: the attention in FP8 beside FP8 linears
 
     @classmethod
     def load(cls, cfg: FacecastConfig, device: str = "cpu") -> FlashHeadEngine:
