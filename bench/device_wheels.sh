@@ -4,7 +4,7 @@
 #   .whl/       diffusers (Facecast's Wan VAE), its per-pipeline folders stripped (2 MB, not 6),
 #               and ftfy (umT5's prompt cleaning, LiveAvatar), and cuDNN's Python graph API
 #               for the device's Python 3.12 (nvidia-cudnn-frontend, 2 MB: liveavatar.attention
-#               fp8; not in .whlserve, which has no room for it), and torchao 0.18
+#               fp8; in .whlserve without its C++ headers), and torchao 0.18
 #               (bench/fp8_bench.py's comparison, 3.4 MB).
 #               bench/gpu_flashhead.sh decode|speed|serve, bench/gpu_liveavatar.sh parity|speed
 #   .whlserve/  ../shared/device/serve-wheels.sh's bundle (aiortc, av, boto3, silero-vad, ...) with
@@ -57,10 +57,20 @@ python3 -m pip download -q --no-deps --only-binary=:all: -d .whl \
   "ftfy==$($py -c "import importlib.metadata as m; print(m.version('ftfy'))")" "wcwidth==0.2.13" 2>/dev/null
 rm -rf .whlserve
 PYTHON=$py bash ../shared/device/serve-wheels.sh .whlserve >/dev/null
-cp .whl/*.whl .whlserve/
+# the serve bundle's diffusers without the three folders serving never imports (ControlNets,
+# the command line, guiders: 155 kB packed): with cuDNN's graph API below, the tree and the
+# bundle fit under the 64 MiB carry
+rm -rf "$tmp/x/diffusers/models/controlnets" "$tmp/x/diffusers/commands" "$tmp/x/diffusers/guiders"
+(cd "$tmp/x" && python3 -m zipfile -c "$OLDPWD/.whlserve/diffusers-$version-py3-none-any.whl" ./*)
+cp .whl/ftfy-*.whl .whl/wcwidth-*.whl .whlserve/
 # the 1.16 line: newer ones require NVIDIA's CUTLASS DSL (hundreds of MB) as well
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --platform manylinux_2_28_x86_64 -d .whl "nvidia-cudnn-frontend==1.16.0" 2>/dev/null
+# and for serving (the FP8 attention of FlashHead and LiveAvatar): its Python and its library
+# only, without the C++ headers and Blackwell's GEMM kernels (1.5 MB, not 2)
+mkdir -p "$tmp/cudnn" && (cd "$tmp/cudnn" && python3 -m zipfile -e "$OLDPWD"/.whl/nvidia_cudnn_frontend-*.whl . \
+  && rm -rf include cudnn/gemm_amax cudnn/gemm_swiglu \
+  && python3 -m zipfile -c "$OLDPWD/.whlserve/$(basename "$OLDPWD"/.whl/nvidia_cudnn_frontend-*.whl)" ./*)
 # torchao's float8 for bench/fp8_bench.py (issue 31's lever; 3.4 MB): 0.18 pairs with the
 # device's torch 2.11, and its float8 inference path is Python over torch's FP8 GEMM
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
@@ -68,6 +78,18 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 # silero-vad's safetensors copy of its model (1 MB) is never loaded: realtime/vad.py takes the
 # TorchScript one, and without it the tree and the bundle fit under the 64 MiB carry
 rm -f .whlserve/pure/silero_vad/data/*.safetensors
+# pure/ goes on PYTHONPATH as it is, never installed: its packages' RECORD files are not read
+rm -f .whlserve/pure/*.dist-info/RECORD
 (cd .whlserve/pure && python3 -m zipfile -c ../pure.zip ./*) && rm -rf .whlserve/pure
+# every archive of the bundle packed again at zlib's level 9 (PyAV's wheel alone: 185 kB less;
+# the same files, so their RECORD hashes still hold)
+python3 - .whlserve/*.whl .whlserve/pure.zip <<'PY'
+import os, sys, zipfile
+for path in sys.argv[1:]:
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(path + ".9", "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info, src.read(info), zipfile.ZIP_DEFLATED, 9)
+    os.replace(path + ".9", path)
+PY
 rm -rf "$tmp"
 du -sh .whl .whlserve

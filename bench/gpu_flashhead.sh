@@ -6,7 +6,8 @@
 # What travels (all ignored by git, named in `carry`):
 #   .ref/flash_head   the authors' package, from a checkout of github.com/Soul-AILab/SoulX-FlashHead
 #   .whl/             diffusers (Facecast's VAE): bash bench/device_wheels.sh
-#   .whlserve/        for `serve` and `sessions`: the serve stack with diffusers (bash bench/device_wheels.sh)
+#   .whlserve/        for `serve` and `sessions`: the serve stack with diffusers and cuDNN's graph
+#                     API, for the FP8 attention (bash bench/device_wheels.sh)
 #   .whlref/          the authors' stack: transformers 4.57.3, tokenizers 0.22, huggingface_hub 0.36,
 #                     diffusers 0.35.2, loguru (their wav2vec2 subclass predates transformers 5)
 #   .gpu/             grace_square.png (the portrait framed here: OpenCV 5 there has no Haar)

@@ -16,10 +16,11 @@
 #                    causal_motioner, inference_utils) import only torch, einops (on the
 #                    image), diffusers, numpy. flash-attn is not installed there (see parity).
 #   .whl/            diffusers for Facecast's VAE (bash bench/device_wheels.sh): parity, speed
-#   .whlserve/       the serve stack (aiortc, av, ...) with diffusers (bash bench/device_wheels.sh,
-#                    48 MB): serve; the portrait and speech are the project's own (pipeline/assets)
+#   .whlserve/       the serve stack (aiortc, av, ...) with diffusers and cuDNN's graph API
+#                    (bash bench/device_wheels.sh, 50.2 MB): serve; the portrait and speech are the
+#                    project's own (pipeline/assets)
 # The carry limit is 64 MiB all told: parity carries .ref .whlref .whl (25 MB), speed .whl, serve
-# .whlserve (50.3 MB; with the 16 MB tree, 0.8 MB under: the next wheel added needs room made).
+# .whlserve (with the 16.5 MB tree, 0.36 MB under: the next wheel added needs room made).
 #
 # The calls (one mode per call; each stays under the 10-minute limit by its own clock, BUDGET=570 s,
 # every step given what is left):
