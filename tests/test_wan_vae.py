@@ -78,6 +78,23 @@ def test_encode_matches_the_authors(vae, reference):
         assert_close(latents, tensors[f"{clip}.reference"])
 
 
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
+@torch.inference_mode()
+def test_the_encoder_channels_last_and_compiled_still_matches_the_authors(
+    checkpoint, reference, compiled
+):
+    """`compile_encoder` (FlashHead Pro's motion re-encode under --compile on a GPU): the
+    encoder's weights and each clip channels-last, then compiled; the same latents."""
+    vae = load_wan_vae(checkpoint[0], config=WAN21_VAE_TINY)
+    vae.compile_encoder(compile=compiled)
+    conv = next(m for m in vae.net.encoder.modules() if isinstance(m, torch.nn.Conv3d))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last_3d)
+    tensors = reference[0]
+    clips = [k.split(".")[0] for k in tensors if k.startswith("encode_") and k.endswith(".video")]
+    for clip in clips:
+        assert_close(vae.encode(tensors[f"{clip}.video"].float()), tensors[f"{clip}.reference"])
+
+
 @torch.inference_mode()
 def test_decode_matches_the_authors(vae, reference):
     tensors = reference[0]

@@ -210,7 +210,8 @@ class FlashHeadEngine(EngineBase):
     def compile(self, mode: str | None = None) -> int:
         """torch.compile each DiT block and, on a GPU, the VAE's decoder (Pro: the causal
         decoder, one graph a pass: its norms, SiLUs, look-backs, residual adds and shuffles
-        fused between cuDNN's convolutions); returns how many blocks were compiled."""
+        fused between cuDNN's convolutions; and its encoder, channels-last, one graph a pass
+        length); returns how many blocks were compiled."""
         blocks = self.models.dit.audio_blocks()
         for block in blocks:
             block.forward = torch.compile(block.forward, mode=mode)  # type: ignore[method-assign]
@@ -219,6 +220,7 @@ class FlashHeadEngine(EngineBase):
             self.match_colors = torch.compile(match_colors, mode=mode, dynamic=False)
             if isinstance(vae, WanVAE):
                 vae.causal_decoder.compile(mode, whole_pass=True)
+                vae.compile_encoder(mode)  # the motion re-encode, every step
             else:
                 vae.network.decoder.forward = torch.compile(vae.network.decoder.forward, mode=mode)
         self.compiled = True

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from pipeline.checkpoints import read_state_dict
 from pipeline.errors import CheckpointError
-from pipeline.models.wan.vae_decode import CausalDecoder, LookBack
+from pipeline.models.wan.vae_decode import CL3D, CausalDecoder, LookBack
 
 # Per-channel statistics of Wan 2.1 latents (published with the model).
 LATENTS_MEAN = (
@@ -114,6 +114,7 @@ class WanVAE(nn.Module):
         self.encoder_cache_size = count(self.net.encoder)
         self.decoder_cache_size = count(self.net.decoder)
         self._causal_decoder: CausalDecoder | None = None
+        self._encoder_layout = torch.contiguous_format  # `compile_encoder`: channels-last
 
     @property
     def causal_decoder(self) -> CausalDecoder:
@@ -123,6 +124,23 @@ class WanVAE(nn.Module):
             self._causal_decoder = CausalDecoder(self.net.decoder)
         return self._causal_decoder
 
+    def compile_encoder(self, mode: str | None = None, compile: bool = True) -> None:
+        """Run the encoder channels-last, as the decoder runs (`vae_decode`): its
+        convolutions' weights stored so, in place, and each clip laid out so at its input,
+        the layout cuDNN's sm90 implicit-GEMM kernels read (channels-first, the H200 ran a
+        Pro chunk's motion re-encode on its sm80 ones); then, with `compile`, torch.compile
+        fuses its norms, SiLUs and causal look-back copies between the convolutions (one
+        graph a pass length: the first frame alone, then four). The same sums."""
+        for module in self.net.encoder.modules():
+            if isinstance(module, nn.Conv3d):
+                module.weight.data = module.weight.data.contiguous(memory_format=CL3D)
+        self._encoder_layout = CL3D
+        if compile:
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            self.net.encoder.forward = torch.compile(
+                self.net.encoder.forward, mode=mode, dynamic=False
+            )
+
     def encode(self, video_BCFHW: Tensor) -> Tensor:
         """Pixels in [-1, 1] with F = 1 + 4k frames → normalised latent means (B, C, 1 + k, h, w)."""
         B, _, F, H, W = video_BCFHW.shape
@@ -131,6 +149,7 @@ class WanVAE(nn.Module):
             raise ValueError(
                 f"encode needs 1 + {r}k frames of a size divisible by {s}; got {F} frames of {H}x{W}"
             )
+        video_BCFHW = video_BCFHW.contiguous(memory_format=self._encoder_layout)
         cache: FeatCache = [None] * self.encoder_cache_size
         # the first frame alone (the encoder treats it apart), then the rest in one pass:
         # the authors feed 4 at a time, the same causal computation (equal to float
