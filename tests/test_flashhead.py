@@ -203,7 +203,9 @@ def test_fp8_attention_where_cudnn_cannot_run_is_the_exact_attention_said_once(r
     backend FlashHead does not take is one line naming the key."""
     from pipeline.models.attention import say_fallback
 
-    exact = _frames(start_engine(engine_options(release))[0])
+    exact = _frames(
+        start_engine(engine_options(release, overrides={"flashhead.attention": "sdpa"}))[0]
+    )
     say_fallback.cache_clear()  # said once a process: this test's own line
     with caplog.at_level("WARNING", logger="facecast.attention"):
         engine = start_engine(engine_options(release, overrides={"flashhead.attention": "fp8"}))[0]
@@ -238,7 +240,8 @@ def test_fp8_attention_quantises_in_the_block_and_keeps_the_frames_close(release
     monkeypatch.setattr(kernels, "fp8_refusal", lambda q: None)
     monkeypatch.setattr("pipeline.flashhead.engine.fp8_refusal", lambda q: None)
     monkeypatch.setattr(kernels, "fp8_attention_e4m3", kernel)
-    exact = _frames(start_engine(engine_options(release))[0])
+    sdpa = engine_options(release, overrides={"flashhead.attention": "sdpa"})
+    exact = _frames(start_engine(sdpa)[0])
     engine = start_engine(engine_options(release, overrides={"flashhead.attention": "fp8"}))[0]
     blocks = engine.models.dit.audio_blocks()
     assert all(b.self_attn.fp8_inputs for b in blocks)
@@ -252,7 +255,7 @@ def test_fp8_attention_quantises_in_the_block_and_keeps_the_frames_close(release
     say_fallback.cache_clear()
     np.testing.assert_array_equal(_frames(engine), exact)
 
-    plain = engine_options(release)
+    plain = engine_options(release, overrides={"flashhead.fp8_outputs": False})
     outputs = engine_options(release, overrides={"flashhead.fp8_outputs": True})
     assert len(start_engine(plain)[0].fp8_targets("static")) == 4 * len(blocks)
     assert len(start_engine(outputs)[0].fp8_targets("static")) == 6 * len(blocks)
