@@ -120,12 +120,14 @@ serve)
   ;;
 sessions)  # the product bench (batched steps, capacity), then serve: an agent alone, then
   # CALLS live calls at once; MODEL=flashhead-lite for Lite; BATCH=3 (batch_streams);
-  # SKIP_BENCH=1, PROFILE=1, SERVE_FLAGS, PRECISION (fp8, the default, or fp8-fast)
+  # SKIP_BENCH=1, PROFILE=1, SERVE_FLAGS, PRECISION (fp8, the default, or fp8-fast), SETS
+  # (config settings for the bench and the server alike, e.g. "flashhead.attention=fp8")
   model=${MODEL:-flashhead-pro}
   lite=; [ "$model" = flashhead-lite ] && lite=--lite
   python3 -m pipeline.flashhead.random_release "$work/float32" --shape full $lite >/dev/null 2>&1
   w="--model $model --weights $work/float32/release --wav2vec $work/float32/wav2vec --device cuda"
   sets="--set flashhead.batch_streams=${BATCH:-3}"
+  for kv in ${SETS:-}; do sets+=" --set $kv"; done
   precision=${PRECISION:-fp8}  # PRECISION=fp8-fast: Hopper's fast FP8 accumulation
   # shellcheck disable=SC2086
   [ -n "${SKIP_BENCH:-}" ] || timeout 240 python3 -m facecast bench $w --compile --precision "$precision" \
@@ -142,6 +144,7 @@ sessions)  # the product bench (batched steps, capacity), then serve: an agent a
   args+=" --serve-arg=--wav2vec=$work/float32/wav2vec --serve-arg=--reference=pipeline/assets/reference.png"
   args+=" --serve-arg=--set=flashhead.frame_reference=false --serve-arg=--set=flashhead.batch_streams=${BATCH:-3}"
   args+=" --serve-arg=--compile --serve-arg=--precision=$precision"
+  for kv in ${SETS:-}; do args+=" --serve-arg=--set=$kv"; done
   # unset: as many sessions as the engine measured it carries; set, the operator's limit
   [ -n "${MAX_SESSIONS:-}" ] && args+=" --serve-arg=--max-sessions=$MAX_SESSIONS"
   # SERVE_FLAGS: more `facecast serve` flags, e.g. --engine-process (the engine's Python off
@@ -158,7 +161,7 @@ soak)  # two live Pro calls for SOAK_S (600) seconds, longer than one command ma
   # `soak start` (returns once the server and clients run, detached with setsid), then within
   # the 30 s the machine stays warm, `soak collect` (waits for them, copies the results).
   # Both carry .whlserve. The calls' GPU memory, read every 10 s, says whether it stays flat.
-  # PRECISION (fp8, or fp8-fast), BATCH and SERVE_FLAGS as for sessions.
+  # PRECISION (fp8, or fp8-fast), BATCH, SETS and SERVE_FLAGS as for sessions.
   case ${2:-start} in
   start)
     python3 -m pipeline.flashhead.random_release "$work/float32" --shape full >/dev/null 2>&1
@@ -167,6 +170,7 @@ soak)  # two live Pro calls for SOAK_S (600) seconds, longer than one command ma
     args+=" --serve-arg=--set=flashhead.frame_reference=false --serve-arg=--compile"
     args+=" --serve-arg=--set=flashhead.batch_streams=${BATCH:-3}"
     args+=" --serve-arg=--precision=${PRECISION:-fp8} --serve-arg=--max-sessions=2"
+    for kv in ${SETS:-}; do args+=" --serve-arg=--set=$kv"; done
     # SERVE_FLAGS as for sessions, e.g. "--plan-sessions=2 --engine-process"
     for flag in ${SERVE_FLAGS:-}; do args+=" --serve-arg=$flag"; done
     rm -f "$work/soak.json"
