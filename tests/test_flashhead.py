@@ -269,6 +269,34 @@ def test_fp8_attention_quantises_in_the_block_and_keeps_the_frames_close(release
     assert all(b.self_attn.fp8_inputs for b in auto.models.dit.audio_blocks())
 
 
+def test_fp8_attention_gives_each_stream_of_a_batch_what_it_gets_alone(release, monkeypatch):
+    """Batched sessions under the FP8 attention: each stream's q, k and v have scales of
+    their own, so a loud stream beside a quiet one changes nothing of the quiet one's
+    output (one scale over the batch would round the quiet one coarser). The kernel is
+    emulated as in the test above."""
+    from pipeline.kernels import fp8_attention as kernels
+
+    def kernel(q8, dq, k8, v8, dk, dv):
+        widen = [x.float() * d for x, d in ((q8, dq), (k8, dk), (v8, dv))]
+        o = torch.nn.functional.scaled_dot_product_attention(*widen)
+        return (o / dv).clamp(-448, 448).to(torch.float8_e4m3fn), dv
+
+    monkeypatch.setattr(kernels, "fp8_refusal", lambda q: None)
+    monkeypatch.setattr("pipeline.flashhead.engine.fp8_refusal", lambda q: None)
+    monkeypatch.setattr(kernels, "fp8_attention_e4m3", kernel)
+    engine = start_engine(engine_options(release, overrides={"flashhead.attention": "fp8"}))[0]
+    dit = engine.models.dit
+    attention = dit.audio_blocks()[0].self_attn
+    assert attention.fp8_inputs
+    rope = dit.rope((3, 2, 2), engine.device)
+    x = torch.randn(2, 12, dit.cfg.dim, generator=torch.Generator().manual_seed(0))
+    x[1] *= 40  # a loud stream beside a quiet one
+    with torch.no_grad():
+        both = attention(x, rope)
+        alone = torch.cat([attention(x[i : i + 1], rope) for i in range(2)])
+    assert torch.equal(both, alone)
+
+
 @pytest.mark.parametrize("model", ["flashhead-pro", "flashhead-lite"])
 def test_two_streams_batched_make_each_ones_frames_as_alone(release, model):
     """Two sessions whose steps wait together run as one batch (the DiT, the decode and

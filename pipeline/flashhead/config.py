@@ -43,9 +43,9 @@ class FlashHeadConfig:
     # the self-attention's kernel: sdpa (torch's exact SDPA: cuDNN's bf16 kernel on the H200,
     # ~0.8 ms a call at Pro's 9,216 tokens, ~95 ms of a 0.52-s step), fp8 (cuDNN's fused FP8
     # attention on Hopper, through the optional nvidia-cudnn-frontend wheel: q, k and v
-    # quantised in the block's compiled graph, one scale each over the whole batch, so
-    # batched calls' frames then differ from each alone's within the FP8 tier; where the
-    # kernel cannot run, the exact path, said once in the log) or auto (fp8 where the linears
+    # quantised in the block's compiled graph, one scale each for each call in a batch, so
+    # that batched calls keep the frames each gets alone; where the kernel cannot run, the
+    # exact path, said once in the log) or auto (fp8 where the linears
     # run in FP8 and the kernel can run here, else sdpa). With fp8_outputs, on the H200: Pro
     # 57.9 fps against 54.3 at fp8-fast. sdpa until `facecast gate` has passed fp8 on the
     # H200, then auto (bench/RESULTS.md, issue 30)

@@ -28,8 +28,8 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
-from pipeline.kernels.fp8_attention import per_tensor_e4m3
-from pipeline.models.attention import e4m3_attention
+from pipeline.kernels.fp8_attention import per_sample_e4m3
+from pipeline.models.attention import e4m3_attention_per_sample
 from pipeline.models.layers import apply_rope, grid_positions, rope_angles
 from pipeline.models.wan.layers import FrameCrossAttention, WanSelfAttention, sinusoid
 from pipeline.precision import widened_e4m3
@@ -90,11 +90,12 @@ class SelfAttention(WanSelfAttention):
         return self.o(o_BNLH.transpose(1, 2).reshape(B, L, D))
 
     def attend_in_fp8(self, q_BNLH: Tensor, k_BNLH: Tensor, v_BNLH: Tensor) -> Tensor | None:
-        """cuDNN's FP8 attention: q, k and v each scaled into e4m3 by one scale, O widened
+        """cuDNN's FP8 attention: q, k and v scaled into e4m3 by one scale each for each
+        stream of the batch (a batch of sessions gives each one its frames alone), O widened
         back to q's dtype; None where the kernel declines (said once), for the exact path."""
-        quantised = [per_tensor_e4m3(x) for x in (q_BNLH, k_BNLH, v_BNLH)]
+        quantised = [per_sample_e4m3(x) for x in (q_BNLH, k_BNLH, v_BNLH)]
         (q8, descale_q), (k8, descale_k), (v8, descale_v) = quantised
-        out = e4m3_attention(q_BNLH, q8, descale_q, k8, v8, descale_k, descale_v)
+        out = e4m3_attention_per_sample(q_BNLH, q8, descale_q, k8, v8, descale_k, descale_v)
         if out is None:
             return None
         o8, descale_o = out

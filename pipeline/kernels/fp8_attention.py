@@ -136,6 +136,15 @@ def per_tensor_e4m3(x: Tensor) -> tuple[Tensor, Tensor]:
 to_e4m3 = torch.compile(per_tensor_e4m3, dynamic=True)
 
 
+def per_sample_e4m3(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(B, ...) `x` scaled into e4m3 by one scale per sample (its absolute maximum / 448),
+    and those scales' inverses, (B, 1, 1, 1) fp32: batched streams' values never set each
+    other's rounding (FlashHead's q, k and v, one batch of sessions)."""
+    amax = x.abs().amax(dim=tuple(range(1, x.dim())), keepdim=True).float()
+    descale = (amax / E4M3_MAX).clamp(min=1e-12)
+    return scaled_e4m3(x, descale), descale
+
+
 def fp8_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor | str:
     """softmax(q kᵀ / √K) v for (B, N, L, K) queries, keys and values in FP8, where
     `fp8_refusal(q)` is None; a string (why cuDNN declined the shape) where it cannot, for

@@ -149,6 +149,34 @@ def e4m3_attention(
     )
 
 
+@torch.compiler.disable
+def e4m3_attention_per_sample(
+    q: Tensor,
+    q8: Tensor,
+    descale_q: Tensor,
+    k8: Tensor,
+    v8: Tensor,
+    descale_k: Tensor,
+    descale_v: Tensor,
+) -> tuple[Tensor, Tensor] | None:
+    """`e4m3_attention` for a batch whose samples each have their own scales ((B, 1, 1, 1)
+    descales: `per_sample_e4m3`), one kernel call a sample: O in e4m3 (B, N, L, K) and its
+    descales (B, 1, 1, 1); None where the kernel cannot run (said once). Each sample's
+    output is then what it would be alone."""
+    outs = []
+    for b in range(q.shape[0]):
+        one = slice(b, b + 1)
+        out = e4m3_attention(
+            q[one], q8[one], descale_q[one], k8[one], v8[one], descale_k[one], descale_v[one]
+        )
+        if out is None:
+            return None
+        outs.append(out)
+    if len(outs) == 1:
+        return outs[0]
+    return torch.cat([o for o, _ in outs]), torch.cat([d for _, d in outs])
+
+
 class Attention(torch.nn.Module):
     """Holds the backend choice and per-shape masks, so the hot path allocates nothing."""
 
