@@ -174,7 +174,9 @@ def e4m3_attention_per_sample(
         outs.append(out)
     if len(outs) == 1:
         return outs[0]
-    return torch.cat([o for o, _ in outs]), torch.cat([d for _, d in outs])
+    # joined as bytes: concatenation's float8 kernels are not on every build
+    o8 = torch.cat([o.view(torch.uint8) for o, _ in outs]).view(torch.float8_e4m3fn)
+    return o8, torch.cat([d for _, d in outs])
 
 
 class Attention(torch.nn.Module):
