@@ -80,9 +80,9 @@ class SelfAttention(WanSelfAttention):
         B, L, D = x_BLD.shape
         q, k, v = self.qkv(x_BLD).chunk(3, dim=-1)
         N = self.heads
-        q_BNLH = apply_rope(self.norm_q(q).view(B, L, N, -1), *rope, tokens_first=True)
-        k_BNLH = apply_rope(self.norm_k(k).view(B, L, N, -1), *rope, tokens_first=True)
-        q_BNLH, k_BNLH = q_BNLH.transpose(1, 2), k_BNLH.transpose(1, 2)
+        q_BLNH = apply_rope(self.norm_q(q).view(B, L, N, -1), *rope, tokens_first=True)
+        k_BLNH = apply_rope(self.norm_k(k).view(B, L, N, -1), *rope, tokens_first=True)
+        q_BNLH, k_BNLH = q_BLNH.transpose(1, 2), k_BLNH.transpose(1, 2)
         v_BNLH = v.view(B, L, N, -1).transpose(1, 2)
         o_BNLH = self.attend_in_fp8(q_BNLH, k_BNLH, v_BNLH) if self.fp8_inputs else None
         if o_BNLH is None:

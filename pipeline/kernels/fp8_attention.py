@@ -15,9 +15,9 @@ reason.
 
 Its speed and its distance from bf16 at LiveAvatar's shape are measured in
 `bench/liveavatar_attention_bench.py`; frames against bf16 by `facecast gate`. LiveAvatar's
-layers and FlashHead's blocks quantise their own inputs where they are made
-(`per_tensor_e4m3`, inside their compiled code) and call the kernel alone
-(`fp8_attention_e4m3`, through `pipeline.models.attention.e4m3_attention`).
+layers and FlashHead's blocks quantise their own inputs where they are made, inside their
+compiled code (`per_tensor_e4m3`; FlashHead's per stream of a batch, `per_sample_e4m3`), and
+call the kernel alone (`fp8_attention_e4m3`, through `pipeline.models.attention`).
 """
 
 from __future__ import annotations
