@@ -284,7 +284,8 @@ class FlashHeadEngine(EngineBase):
         self, streams: list[FlashHeadStream], lat_BCThw: Tensor
     ) -> Iterator[list[np.ndarray | None]]:
         """Pro: the Wan VAE's passes over the batch; the new frames of each pass, coloured
-        per stream; then the last motion frames re-encoded, for every stream at once."""
+        per stream; the last motion frames re-encoded for every stream at once, queued
+        before the last pass's frames are handed on."""
         assert isinstance(self.models.vae, WanVAE)
         t = time.perf_counter()
         passes = self.models.vae.stream().frames(lat_BCThw, passes=self.decode_passes)
@@ -310,16 +311,20 @@ class FlashHeadEngine(EngineBase):
                 yield list[np.ndarray | None]([frames.numpy() for frames in on_the_way])
                 t = time.perf_counter()
             on_the_way = queued
-        if on_the_way is not None:
-            pieces: list[np.ndarray | None] = [frames.numpy() for frames in on_the_way]
-            _add_time(streams, "decode", t)
-            yield pieces
-            t = time.perf_counter()
         _add_time(streams, "decode", t)
+        # The motion re-encode is queued before the last pass's frames are waited for: the
+        # GPU runs it while the host takes those frames and hands them on, and is still busy
+        # when the next step's work arrives (waited for first, the GPU sat idle from the last
+        # pass to the encode's launch, and again from the encode to the next step's).
         with stage_of([s.times for s in streams], "encode"):
             motion = self.models.vae.encode(torch.cat(tail, dim=2)[:, :, -self.motion_frames :])
             for i, s in enumerate(streams):
                 s.motion = motion[i]
+        if on_the_way is not None:
+            t = time.perf_counter()
+            pieces: list[np.ndarray | None] = [frames.numpy() for frames in on_the_way]
+            _add_time(streams, "decode", t)
+            yield pieces
 
 
 def _add_time(streams: list[FlashHeadStream], stage: str, since: float) -> None:
