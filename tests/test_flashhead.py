@@ -166,6 +166,27 @@ def test_pro_sends_a_chunks_first_new_frames_before_the_rest_and_the_same_frames
     torch.testing.assert_close(motion, wide_motion, atol=1e-4, rtol=1e-4)
 
 
+def test_pro_has_the_next_chunks_motion_queued_before_a_chunks_last_frames_leave(release):
+    """The motion re-encode is queued before the host waits for a chunk's last decode pass
+    (the GPU re-encodes while the host hands those frames on): when a chunk's last piece
+    arrives the stream already holds the next chunk's motion, and it is the one the chunk
+    leaves it with."""
+    engine, _ = start_engine(
+        engine_options(release, overrides={"flashhead.decode_pass_latents": 2})
+    )
+    stream = engine.new_stream(np.full((48, 40, 3), 120, np.uint8), seed=5)
+    stream.push_audio((0.2 * np.sin(np.arange(2 * MODEL_RATE) * 0.05)).astype(np.float32))
+    motions, last = [stream.motion], None
+    for piece in stream.iter_ready():
+        last = piece
+        motions.append(stream.motion)
+    assert last is not None and len(motions) == 1 + 4  # one chunk: 4 + 8 + 8 + 8 frames
+    # unchanged while the chunk's first pieces leave, the new motion with its last one
+    assert all(m is motions[0] for m in motions[1:4]) and motions[4] is not motions[0]
+    assert stream.motion is motions[4]
+    stream.close()
+
+
 def test_speech_graphs_reach_the_engines_speech_encoder_and_change_no_frame(release):
     """`runtime.speech_graphs`: wav2vec2 through `pipeline.graphs.ShapeGraphs` (CUDA graphs
     on a GPU, tested in tests/test_graphs.py there; the function itself on a CPU)."""
