@@ -127,10 +127,11 @@ class WanVAE(nn.Module):
     def compile_encoder(self, mode: str | None = None, compile: bool = True) -> None:
         """Run the encoder channels-last, as the decoder runs (`vae_decode`): its
         convolutions' weights stored so, in place, and each clip laid out so at its input,
-        the layout cuDNN's sm90 implicit-GEMM kernels read (channels-first, the H200 ran a
-        Pro chunk's motion re-encode on its sm80 ones); then, with `compile`, torch.compile
-        fuses its norms, SiLUs and causal look-back copies between the convolutions (one
-        graph a pass length: the first frame alone, then four). The same sums."""
+        the layout cuDNN's sm90 implicit-GEMM kernels read (channels-first, the H200 most
+        likely ran a Pro chunk's motion re-encode on its sm80 ones); then, with `compile`,
+        torch.compile fuses its norms, SiLUs and causal look-back copies between the
+        convolutions (one graph a pass length: the first frame alone, then four). The same
+        sums."""
         for module in self.net.encoder.modules():
             if isinstance(module, nn.Conv3d):
                 module.weight.data = module.weight.data.contiguous(memory_format=CL3D)
