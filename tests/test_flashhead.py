@@ -206,6 +206,26 @@ def test_speech_graphs_reach_the_engines_speech_encoder_and_change_no_frame(rele
     np.testing.assert_array_equal(frames[0], frames[1])
 
 
+@pytest.fixture
+def emulated_fp8_kernel(monkeypatch) -> dict[str, int]:
+    """cuDNN's FP8 attention pretended to run here, computed as Hopper does (e4m3 inputs,
+    fp32 sums, O rounded to e4m3 on v's scale); the count of its calls."""
+    from pipeline.kernels import fp8_attention as kernels
+
+    calls = {"kernel": 0}
+
+    def kernel(q8, dq, k8, v8, dk, dv):
+        calls["kernel"] += 1
+        widen = [x.float() * d for x, d in ((q8, dq), (k8, dk), (v8, dv))]
+        o = torch.nn.functional.scaled_dot_product_attention(*widen)
+        return (o / dv).clamp(-448, 448).to(torch.float8_e4m3fn), dv
+
+    monkeypatch.setattr(kernels, "fp8_refusal", lambda q: None)
+    monkeypatch.setattr("pipeline.flashhead.engine.fp8_refusal", lambda q: None)
+    monkeypatch.setattr(kernels, "fp8_attention_e4m3", kernel)
+    return calls
+
+
 def _frames(engine, seconds: float = 2.3) -> np.ndarray:
     """Two chunks of a stream from a photo of noise (a flat photo's frames are flat whatever
     the DiT does: the colour correction makes them so)."""
@@ -239,9 +259,10 @@ def test_fp8_attention_where_cudnn_cannot_run_is_the_exact_attention_said_once(r
         start_engine(engine_options(release, overrides={"flashhead.attention": "int8"}))
 
 
-def test_fp8_attention_quantises_in_the_block_and_keeps_the_frames_close(release, monkeypatch):
-    """Where the kernel runs (emulated here as Hopper computes it: e4m3 inputs, fp32 sums, O
-    rounded to e4m3 on v's scale), each block hands it q, k and v it quantised itself and
+def test_fp8_attention_quantises_in_the_block_and_keeps_the_frames_close(
+    release, monkeypatch, emulated_fp8_kernel
+):
+    """Where the kernel runs (emulated), each block hands it q, k and v it quantised itself and
     widens O itself: one kernel call a block a sampling step, the frames within a few grey
     levels of the exact ones (not identical: FP8 rounds). A shape the kernel declines goes
     to the exact SDPA, the frames then identical. `fp8_outputs` takes each block's two
@@ -250,17 +271,6 @@ def test_fp8_attention_quantises_in_the_block_and_keeps_the_frames_close(release
     from pipeline.kernels import fp8_attention as kernels
     from pipeline.models.attention import say_fallback
 
-    calls = {"kernel": 0}
-
-    def kernel(q8, dq, k8, v8, dk, dv):
-        calls["kernel"] += 1
-        widen = [x.float() * d for x, d in ((q8, dq), (k8, dk), (v8, dv))]
-        o = torch.nn.functional.scaled_dot_product_attention(*widen)
-        return (o / dv).clamp(-448, 448).to(torch.float8_e4m3fn), dv
-
-    monkeypatch.setattr(kernels, "fp8_refusal", lambda q: None)
-    monkeypatch.setattr("pipeline.flashhead.engine.fp8_refusal", lambda q: None)
-    monkeypatch.setattr(kernels, "fp8_attention_e4m3", kernel)
     sdpa = engine_options(release, overrides={"flashhead.attention": "sdpa"})
     exact = _frames(start_engine(sdpa)[0])
     engine = start_engine(engine_options(release, overrides={"flashhead.attention": "fp8"}))[0]
@@ -268,7 +278,7 @@ def test_fp8_attention_quantises_in_the_block_and_keeps_the_frames_close(release
     assert all(b.self_attn.fp8_inputs for b in blocks)
     frames = _frames(engine)
     chunks = len(frames) // engine.new_frames
-    assert calls["kernel"] == chunks * engine.cfg.flashhead.steps * len(blocks)
+    assert emulated_fp8_kernel["kernel"] == chunks * engine.cfg.flashhead.steps * len(blocks)
     diff = np.abs(frames.astype(int) - exact.astype(int))
     assert 0 < diff.mean() < 1 and diff.max() < 48, (diff.mean(), diff.max())
 
@@ -290,21 +300,12 @@ def test_fp8_attention_quantises_in_the_block_and_keeps_the_frames_close(release
     assert all(b.self_attn.fp8_inputs for b in auto.models.dit.audio_blocks())
 
 
-def test_fp8_attention_gives_each_stream_of_a_batch_what_it_gets_alone(release, monkeypatch):
+def test_fp8_attention_gives_each_stream_of_a_batch_what_it_gets_alone(
+    release, emulated_fp8_kernel
+):
     """Batched sessions under the FP8 attention: each stream's q, k and v have scales of
     their own, so a loud stream beside a quiet one changes nothing of the quiet one's
-    output (one scale over the batch would round the quiet one coarser). The kernel is
-    emulated as in the test above."""
-    from pipeline.kernels import fp8_attention as kernels
-
-    def kernel(q8, dq, k8, v8, dk, dv):
-        widen = [x.float() * d for x, d in ((q8, dq), (k8, dk), (v8, dv))]
-        o = torch.nn.functional.scaled_dot_product_attention(*widen)
-        return (o / dv).clamp(-448, 448).to(torch.float8_e4m3fn), dv
-
-    monkeypatch.setattr(kernels, "fp8_refusal", lambda q: None)
-    monkeypatch.setattr("pipeline.flashhead.engine.fp8_refusal", lambda q: None)
-    monkeypatch.setattr(kernels, "fp8_attention_e4m3", kernel)
+    output (one scale over the batch would round the quiet one coarser)."""
     engine = start_engine(engine_options(release, overrides={"flashhead.attention": "fp8"}))[0]
     dit = engine.models.dit
     attention = dit.audio_blocks()[0].self_attn
