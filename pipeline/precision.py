@@ -21,6 +21,10 @@
   computed on every call. Nothing to calibrate, but the absolute-max pass over each input
   costs what FP8 saves (670-900 TFLOP/s, slower than bf16 on the small layers).
 
+An FFN's tanh-GELU in front of an FP8 linear becomes `TanhGelu` (the same function): compiled,
+it is computed in its logistic form, which keeps the GELU + quantisation pass at the speed of
+its bytes rather than of libdevice's tanh.
+
 Attention, norms and the small per-chunk layers stay in bf16. FP8 is an opt-in precision:
 it changes every product's rounding far beyond the bf16 reassociation band the quality gate
 uses, so the gate gives it a tier of its own (its PSNR against bf16, reported, with a
@@ -30,6 +34,7 @@ floor). What a user gives up is in bench/RESULTS.md.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
@@ -41,7 +46,18 @@ STATIC_HEADROOM = 4.0  # two binades above the largest calibrated input: e4m3's 
 
 def scaled_e4m3(x: Tensor, descale: Tensor) -> Tensor:
     """x / descale, saturated at e4m3's largest value, rounded to e4m3."""
+    if torch.compiler.is_compiling() and x.is_cuda:
+        return scaled_e4m3_on_gpu(x, descale)
     return (x.float() / descale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def scaled_e4m3_on_gpu(x: Tensor, descale: Tensor) -> Tensor:
+    """`scaled_e4m3` as compiled for an NVIDIA GPU. The conversion saturates by itself there
+    (PTX converts to FP8 only with `satfinite`), and one reciprocal serves every element:
+    the clamp and the division were ~7 of the ~14 instructions an element of a quantisation
+    pass (`bench/kernel_instructions.py`). Eager torch's conversion makes NaN of what is
+    past 448 instead, hence the clamp elsewhere."""
+    return (x.float() * torch.reciprocal(descale)).to(torch.float8_e4m3fn)
 
 
 def widened_e4m3(x8: Tensor, descale: Tensor, dtype: torch.dtype) -> Tensor:
@@ -107,6 +123,48 @@ class Fp8Linear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
+# 2·sqrt(2/π) and 2·sqrt(2/π)·0.044715: GELU's tanh form ½(1 + tanh u), u = sqrt(2/π)(x +
+# 0.044715x³), is σ(2u)
+GELU_LINEAR = 1.5957691216057308
+GELU_CUBIC = 0.07135481627260025
+
+
+def logistic_tanh_gelu(x: Tensor) -> Tensor:
+    """GELU's tanh form, computed as x·σ(2u) in float32, returned in x's dtype."""
+    xf = x.float()
+    return (xf * torch.sigmoid(xf * (GELU_LINEAR + GELU_CUBIC * xf * xf))).to(x.dtype)
+
+
+class TanhGelu(nn.Module):
+    """`nn.GELU(approximate="tanh")`, the same function, written for the compiler.
+
+    Compiled for a GPU, the tanh lowers to libdevice's accurate tanhf; with the FP8
+    quantisation fused after it that is ~44 instructions an element, and the FFN's GELU +
+    quantisation pass became instruction-bound: 0.139 ms for FlashHead Pro's 83 M elements
+    on the H200, 2.7x what its bytes take (bench/RESULTS.md, issue 30). As x·σ(2u) it takes
+    the GPU's fast exponential instead (~27, `bench/kernel_instructions.py`). Eager, where
+    each op would be a kernel of its own, it stays torch's one GELU kernel."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if torch.compiler.is_compiling():
+            return logistic_tanh_gelu(x)
+        return F.gelu(x, approximate="tanh")
+
+
+def logistic_gelus(layers: list[tuple[nn.Module, str]]) -> int:
+    """Swap each tanh-GELU that feeds one of these linears directly (an FFN's
+    `Sequential(linear, GELU, linear)`) for `TanhGelu`; returns how many."""
+    swapped = 0
+    for parent, attr in layers:
+        if not (isinstance(parent, nn.Sequential) and attr.isdigit() and int(attr) > 0):
+            continue
+        before = parent[int(attr) - 1]
+        if isinstance(before, nn.GELU) and before.approximate == "tanh":
+            parent[int(attr) - 1] = TanhGelu()
+            swapped += 1
+    return swapped
+
+
 def fp8_supported(device: torch.device) -> bool:
     """FP8 tensor cores: compute capability 8.9 (Ada) or 9.0+ (Hopper)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
@@ -162,6 +220,7 @@ def apply_fp8(
         linear = getattr(parent, attr)
         layer_amax = amax[linear] if amax is not None else None
         setattr(parent, attr, Fp8Linear(linear, layer_amax, fast_accum=fast_accum))
+    logistic_gelus(layers)
     engine.precision = f"fp8-{scaling}" + ("-fast" if fast_accum else "")
     engine.precision_applied()  # e.g. LiveAvatar's attention in 8 bits as well
     return len(layers)

@@ -114,3 +114,50 @@ def test_an_engine_with_emulated_fp8_streams_close_to_its_own_precision():
     assert frames[0].shape == frames[1].shape
     diff = np.abs(frames[0].astype(np.int16) - frames[1]).mean()
     assert diff < 8.0, diff  # grey levels; FP8 perturbs, it does not break the picture
+
+
+def test_tanh_gelu_is_torchs_tanh_gelu_compiled_or_not():
+    """`TanhGelu` (what an FFN's GELU becomes in front of an FP8 linear) is the same
+    function: eager it is torch's kernel, compiled it is the logistic form, equal to float32
+    rounding over the whole range and finite at its ends."""
+    from pipeline.precision import TanhGelu, logistic_tanh_gelu
+
+    x = torch.cat([torch.linspace(-30, 30, 20001), torch.tensor([-1e4, 1e4, -1e30, 1e30])])
+    want = torch.nn.functional.gelu(x.double(), approximate="tanh")
+    got = logistic_tanh_gelu(x).double()
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)
+    gelu = TanhGelu()
+    assert torch.equal(gelu(x), torch.nn.functional.gelu(x, approximate="tanh"))
+    torch.testing.assert_close(torch.compile(gelu)(x).double(), want, rtol=2e-6, atol=1e-6)
+    h = torch.randn(64, 96, dtype=torch.bfloat16)  # bf16 in, bf16 out, as in the FFN
+    assert logistic_tanh_gelu(h).dtype == torch.bfloat16
+
+
+def test_the_gpu_quantisation_rounds_as_the_eager_one_within_range():
+    """`scaled_e4m3_on_gpu` (compiled on a GPU: a reciprocal, no clamp, the conversion
+    saturating by itself) gives the eager quantisation's e4m3 values for every input in
+    range; at most a rounding tie lands on the neighbouring value."""
+    from pipeline.precision import E4M3_MAX, scaled_e4m3, scaled_e4m3_on_gpu
+
+    torch.manual_seed(0)
+    descale = torch.tensor(0.0123)
+    x = (torch.rand(1 << 16) * 2 - 1) * E4M3_MAX * float(descale)
+    eager, gpu = scaled_e4m3(x, descale).float(), scaled_e4m3_on_gpu(x, descale).float()
+    differ = eager != gpu
+    assert differ.float().mean() < 1e-3
+    assert ((eager - gpu).abs()[differ] <= eager.abs()[differ] / 8).all()  # one e4m3 step
+
+
+def test_fp8_turns_the_ffn_gelus_before_fp8_linears_into_tanh_gelu(tiny_engine):
+    """`apply_fp8` swaps each FFN's tanh-GELU that feeds an FP8 linear, and only those."""
+    from pipeline.precision import TanhGelu, logistic_gelus
+
+    blocks = [
+        b for name in ("a2v", "sr") for b in tiny_engine.modules[name].model.transformer.blocks
+    ]
+    layers = fp8_layers(tiny_engine, "static")
+    assert logistic_gelus(layers) == len(blocks)
+    assert all(isinstance(b.mlp[1], TanhGelu) for b in blocks)
+    assert logistic_gelus(layers) == 0  # nothing left to swap
+    assert logistic_gelus([(torch.nn.Sequential(torch.nn.GELU(), torch.nn.Linear(2, 2)), "1")]) == 0

@@ -1,0 +1,205 @@
+"""Instructions an element of Inductor's GPU kernels, counted on a machine with no GPU.
+
+An elementwise pass on the H200 is bound either by its bytes or by the instructions each
+element takes; a profile only says it is slow. Inductor lowers an op to the same Triton code
+for every device Triton serves, so with `cpu_backend = "triton"` it writes, on a CPU, the
+kernels it would write for the GPU. This script captures those kernels for one function,
+compiles each for Hopper (sm_90) with the ptxas that Triton ships, and counts the SASS
+instructions and special-function (MUFU) instructions an element takes. Beside them, for
+the case's shape: the time the H200 needs to issue those instructions at its full rate and
+the time it needs to move the bytes, whichever is larger bounds the kernel. Nothing is run.
+
+The cases: an FFN's tanh-GELU with the FP8 quantisation of the linear after it, as
+`--precision fp8` compiled it before (torch's GELU, then a division and a clamp) and as it
+does now (`pipeline.precision.TanhGelu`'s logistic form, `scaled_e4m3_on_gpu`), and the
+quantisation alone, before and now (a pass of the same bytes), at FlashHead Pro's FFN
+(9,216 tokens x 8,960) and LiveAvatar's (3,168 x 13,824). Run from the repo root:
+
+    python bench/kernel_instructions.py --json bench/results/flashhead/gelu_quant_instructions.json
+
+Counts are for straight-line pointwise kernels (no loops), at Inductor's usual launch for a
+large pointwise kernel (1,024 elements a program, 4 warps); Inductor's internals are patched
+to get the code out, so a newer torch may need this script mended.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pipeline.precision import (  # noqa: E402
+    E4M3_MAX,
+    logistic_tanh_gelu,
+    scaled_e4m3_on_gpu,
+)
+
+XBLOCK, NUM_WARPS = 1024, 4  # Inductor's launch for a large pointwise kernel
+# The H200 (SXM): 132 SMs, 4 schedulers each issuing one 32-thread instruction a clock at
+# up to 1.98 GHz; device copies measured at 4.18 TB/s (DESIGN.md, section 7)
+H200_LANE_INSTRUCTIONS_PER_S = 132 * 4 * 32 * 1.98e9
+H200_BYTES_PER_S = 4.18e12
+
+SHAPES = {"flashhead-pro ffn": (9216, 8960), "liveavatar ffn": (3168, 13824)}
+
+
+def quantise_before(x: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+    """The quantisation as every compiled FP8 pass made it until 2026-12-04 (still the
+    eager one): a division and a clamp before the conversion."""
+    return (x.float() / descale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+CASES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "GELU + quantisation, before (torch's tanh-GELU, divide, clamp)": lambda h, d: quantise_before(
+        F.gelu(h, approximate="tanh"), d
+    ),
+    "GELU + quantisation, now (TanhGelu, scaled_e4m3 on a GPU)": lambda h, d: scaled_e4m3_on_gpu(
+        logistic_tanh_gelu(h), d
+    ),
+    "quantisation alone, before": quantise_before,
+    "quantisation alone, now": scaled_e4m3_on_gpu,
+}
+
+
+def inductor_triton_sources(fn: Callable, *args: torch.Tensor) -> list[str]:
+    """The Triton kernels Inductor writes for `fn(*args)`, captured as it writes them (the
+    compile then fails for want of a Triton CPU backend, which is expected)."""
+    import torch._inductor.codegen.triton as codegen
+    import torch._inductor.config as inductor_config
+    import torch.utils._triton as triton_utils
+
+    sources: list[str] = []
+    write = codegen.TritonKernel.codegen_kernel
+
+    def capture(self, *a, **k):
+        src = write(self, *a, **k)
+        sources.append(src)
+        return src
+
+    inductor_config.cpu_backend = "triton"
+    inductor_config.compile_threads = 1
+    saved_hash = triton_utils.triton_hash_with_backend
+    triton_utils.triton_hash_with_backend = lambda: "no-driver"  # asks for a driver, none here
+    codegen.TritonKernel.codegen_kernel = capture
+    try:
+        torch._dynamo.reset()
+        torch.compile(fn)(*args)
+    except Exception:  # noqa: BLE001 - the compile cannot finish here; the sources are made
+        pass
+    finally:
+        codegen.TritonKernel.codegen_kernel = write
+        triton_utils.triton_hash_with_backend = saved_hash
+    return sources
+
+
+def sass_of(source: str, workdir: Path) -> str:
+    """One captured kernel compiled for sm_90: its SASS, disassembled."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    match = re.search(r"'signature': (\{[^}]*\})", source)
+    if match is None:
+        raise ValueError("no signature in the captured kernel")
+    signature = ast.literal_eval(match.group(1))
+    # every pointer 16-byte aligned, as the GPU's caching allocator gives them (a CPU
+    # tensor's may not be, and unaligned accesses are not vectorised)
+    attrs = {
+        (i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values()) if t[0] == "*"
+    }
+    body = source[source.index("@triton.jit") :].replace("Placeholder.KERNEL_NAME", "kernel")
+    header = (
+        "import triton\nimport triton.language as tl\n"
+        "from triton.language import math as tl_math\n"
+        "from triton.language.extra.cuda import libdevice\n"
+        "from torch._inductor.runtime import triton_helpers\n\n"
+    )
+    path = workdir / f"kernel_{abs(hash(source))}.py"
+    path.write_text(header + body)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    compiled = triton.compile(
+        ASTSource(
+            fn=module.kernel, signature=signature, constexprs={"XBLOCK": XBLOCK}, attrs=attrs
+        ),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": NUM_WARPS},
+    )
+    cubin = path.with_suffix(".cubin")
+    cubin.write_bytes(compiled.asm["cubin"])
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    return subprocess.run(
+        [str(nvdisasm), "-c", str(cubin)], check=True, capture_output=True, text=True
+    ).stdout
+
+
+def instruction_counts(sass: str) -> tuple[int, int]:
+    """(instructions, MUFU instructions) of a kernel's SASS, NOPs left out."""
+    lines = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
+    ops = [ln for ln in lines if "NOP" not in ln]
+    return len(ops), sum("MUFU" in ln for ln in ops)
+
+
+def measure_case(name: str, fn: Callable, tokens: int, width: int, workdir: Path) -> dict:
+    # the shapes only fix Inductor's index arithmetic; a smaller tensor of the same row
+    # width gives the same straight-line kernel
+    h = torch.randn(64, width, dtype=torch.bfloat16)
+    descale = torch.tensor(0.05)
+    sources = inductor_triton_sources(fn, h, descale)
+    if len(sources) != 1:
+        raise RuntimeError(f"{name}: expected one kernel, Inductor wrote {len(sources)}")
+    instructions, mufu = instruction_counts(sass_of(sources[0], workdir))
+    per_thread = XBLOCK // (32 * NUM_WARPS)
+    elements = tokens * width
+    per_element = instructions / per_thread
+    bytes_moved = elements * (2 + 1)  # bf16 in, e4m3 out
+    issue_us = elements * per_element / H200_LANE_INSTRUCTIONS_PER_S * 1e6
+    bytes_us = bytes_moved / H200_BYTES_PER_S * 1e6
+    return {
+        "case": name,
+        "elements": elements,
+        "instructions_per_element": round(per_element, 2),
+        "mufu_per_element": round(mufu / per_thread, 2),
+        "issue_us_h200": round(issue_us, 1),
+        "bytes_us_h200": round(bytes_us, 1),
+        "bound": "instructions" if issue_us > bytes_us else "bytes",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for shape, (tokens, width) in SHAPES.items():
+            for name, fn in CASES.items():
+                row = {"shape": shape, **measure_case(name, fn, tokens, width, Path(tmp))}
+                rows.append(row)
+                print(
+                    f"{shape:18s} {name:62s} {row['instructions_per_element']:5.1f} instr/elem "
+                    f"({row['mufu_per_element']:.1f} MUFU)  issue {row['issue_us_h200']:6.1f} us"
+                    f"  bytes {row['bytes_us_h200']:6.1f} us  -> {row['bound']}"
+                )
+    if args.json:
+        meta = {"torch": torch.__version__, "target": "sm_90", "xblock": XBLOCK}
+        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
