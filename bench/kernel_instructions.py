@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -40,19 +41,21 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from pipeline.models.wan.vae_decode import norm_silu_after  # noqa: E402
 from pipeline.precision import (  # noqa: E402
     E4M3_MAX,
     logistic_tanh_gelu,
     scaled_e4m3_on_gpu,
 )
 
-XBLOCK, NUM_WARPS = 1024, 4  # Inductor's launch for a large pointwise kernel
+POINTWISE_LAUNCH = (1024, 4)  # (XBLOCK, warps): Inductor's launch for a large pointwise kernel
+# a persistent reduction's rows a program and warps: Inductor tries several and keeps the
+# fastest; the count kept is the fewest instructions an element among these
+REDUCTION_LAUNCHES = ((8, 4), (32, 8))
 # The H200 (SXM): 132 SMs, 4 schedulers each issuing one 32-thread instruction a clock at
 # up to 1.98 GHz; device copies measured at 4.18 TB/s (DESIGN.md, section 7)
 H200_LANE_INSTRUCTIONS_PER_S = 132 * 4 * 32 * 1.98e9
 H200_BYTES_PER_S = 4.18e12
-
-SHAPES = {"flashhead-pro ffn": (9216, 8960), "liveavatar ffn": (3168, 13824)}
 
 
 def quantise_before(x: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
@@ -61,16 +64,74 @@ def quantise_before(x: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
     return (x.float() / descale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
-CASES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "GELU + quantisation, before (torch's tanh-GELU, divide, clamp)": lambda h, d: quantise_before(
-        F.gelu(h, approximate="tanh"), d
-    ),
-    "GELU + quantisation, now (TanhGelu, scaled_e4m3 on a GPU)": lambda h, d: scaled_e4m3_on_gpu(
-        logistic_tanh_gelu(h), d
-    ),
-    "quantisation alone, before": quantise_before,
-    "quantisation alone, now": scaled_e4m3_on_gpu,
-}
+def norm_silu_before(prev: torch.Tensor, x: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+    """The Wan decoder's norm + SiLU as it was compiled until 2026-12-04 (still the eager
+    form): F.normalize's square root and division, torch's SiLU."""
+    normed = F.normalize(x.float(), dim=1).to(x.dtype) * x.shape[1] ** 0.5 * gamma
+    return torch.cat([prev, F.silu(normed)], dim=2)
+
+
+@dataclass
+class Case:
+    shape: str
+    name: str
+    fn: Callable[..., torch.Tensor]
+    inputs: Callable[[], tuple[torch.Tensor, ...]]  # small tensors of the real row width
+    elements: int  # of one call at the real shape
+    bytes_per_element: int
+
+
+def ffn_cases(shape: str, tokens: int, width: int) -> list[Case]:
+    def inputs() -> tuple[torch.Tensor, ...]:
+        return torch.randn(64, width, dtype=torch.bfloat16), torch.tensor(0.05)
+
+    n = tokens * width
+    return [  # bf16 in, e4m3 out
+        Case(
+            shape,
+            "GELU + quantisation, before (torch's tanh-GELU, divide, clamp)",
+            lambda h, d: quantise_before(F.gelu(h, approximate="tanh"), d),
+            inputs,
+            n,
+            3,
+        ),
+        Case(
+            shape,
+            "GELU + quantisation, now (TanhGelu, scaled_e4m3 on a GPU)",
+            lambda h, d: scaled_e4m3_on_gpu(logistic_tanh_gelu(h), d),
+            inputs,
+            n,
+            3,
+        ),
+        Case(shape, "quantisation alone, before", quantise_before, inputs, n, 3),
+        Case(shape, "quantisation alone, now", scaled_e4m3_on_gpu, inputs, n, 3),
+    ]
+
+
+def decode_norm_cases(shape: str, channels: int, side: int) -> list[Case]:
+    def inputs() -> tuple[torch.Tensor, ...]:
+        x = torch.randn(1, channels, 4, 8, 8, dtype=torch.bfloat16)
+        prev = torch.randn(1, channels, 2, 8, 8, dtype=torch.bfloat16)
+        gamma = torch.randn(channels, 1, 1, 1, dtype=torch.bfloat16)
+        cl = torch.channels_last_3d
+        return prev.contiguous(memory_format=cl), x.contiguous(memory_format=cl), gamma
+
+    n = channels * side * side  # a video frame's
+    return [  # bf16 in, bf16 out
+        Case(
+            shape, "norm + SiLU, before (F.normalize, torch's SiLU)", norm_silu_before, inputs, n, 4
+        ),
+        Case(shape, "norm + SiLU, now (rsqrt, logistic SiLU)", norm_silu_after, inputs, n, 4),
+    ]
+
+
+CASES = [
+    *ffn_cases("flashhead-pro ffn, a call", 9216, 8960),
+    *ffn_cases("liveavatar ffn, a call", 3168, 13824),
+    *decode_norm_cases("wan decode 96 ch 512x512, a frame", 96, 512),
+    *decode_norm_cases("wan decode 192 ch 256x256, a frame", 192, 256),
+    *decode_norm_cases("wan decode 384 ch 128x128, a frame", 384, 128),
+]
 
 
 def inductor_triton_sources(fn: Callable, *args: torch.Tensor) -> list[str]:
@@ -104,8 +165,8 @@ def inductor_triton_sources(fn: Callable, *args: torch.Tensor) -> list[str]:
     return sources
 
 
-def sass_of(source: str, workdir: Path) -> str:
-    """One captured kernel compiled for sm_90: its SASS, disassembled."""
+def sass_of(source: str, launch: tuple[int, int], workdir: Path) -> str:
+    """One captured kernel compiled for sm_90 at `launch` (XBLOCK, warps): its SASS."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -126,7 +187,8 @@ def sass_of(source: str, workdir: Path) -> str:
         "from triton.language.extra.cuda import libdevice\n"
         "from torch._inductor.runtime import triton_helpers\n\n"
     )
-    path = workdir / f"kernel_{abs(hash(source))}.py"
+    xblock, warps = launch
+    path = workdir / f"kernel_{abs(hash(source))}_{xblock}_{warps}.py"
     path.write_text(header + body)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
@@ -134,10 +196,10 @@ def sass_of(source: str, workdir: Path) -> str:
     spec.loader.exec_module(module)
     compiled = triton.compile(
         ASTSource(
-            fn=module.kernel, signature=signature, constexprs={"XBLOCK": XBLOCK}, attrs=attrs
+            fn=module.kernel, signature=signature, constexprs={"XBLOCK": xblock}, attrs=attrs
         ),
         target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": NUM_WARPS},
+        options={"num_warps": warps},
     )
     cubin = path.with_suffix(".cubin")
     cubin.write_bytes(compiled.asm["cubin"])
@@ -154,26 +216,42 @@ def instruction_counts(sass: str) -> tuple[int, int]:
     return len(ops), sum("MUFU" in ln for ln in ops)
 
 
-def measure_case(name: str, fn: Callable, tokens: int, width: int, workdir: Path) -> dict:
-    # the shapes only fix Inductor's index arithmetic; a smaller tensor of the same row
-    # width gives the same straight-line kernel
-    h = torch.randn(64, width, dtype=torch.bfloat16)
-    descale = torch.tensor(0.05)
-    sources = inductor_triton_sources(fn, h, descale)
-    if len(sources) != 1:
-        raise RuntimeError(f"{name}: expected one kernel, Inductor wrote {len(sources)}")
-    instructions, mufu = instruction_counts(sass_of(sources[0], workdir))
-    per_thread = XBLOCK // (32 * NUM_WARPS)
-    elements = tokens * width
-    per_element = instructions / per_thread
-    bytes_moved = elements * (2 + 1)  # bf16 in, e4m3 out
-    issue_us = elements * per_element / H200_LANE_INSTRUCTIONS_PER_S * 1e6
-    bytes_us = bytes_moved / H200_BYTES_PER_S * 1e6
+def per_element(source: str, workdir: Path) -> tuple[float, float]:
+    """(instructions, MUFU instructions) an element a kernel writes: a pointwise kernel's
+    program makes XBLOCK elements, a persistent reduction's XBLOCK rows of r0_numel (its
+    lanes past r0_numel, masked, count against the useful ones)."""
+    row = re.search(r"r0_numel = (\d+)", source)
+    if "@triton_heuristics.pointwise" in source:
+        launches, width = [POINTWISE_LAUNCH], 1
+    elif "@triton_heuristics.persistent_reduction" in source and row is not None:
+        launches, width = list(REDUCTION_LAUNCHES), int(row.group(1))
+    else:
+        raise ValueError("only pointwise kernels and persistent reductions are counted")
+    counts = []
+    for xblock, warps in launches:
+        instructions, mufu = instruction_counts(sass_of(source, (xblock, warps), workdir))
+        threads, elements = 32 * warps, xblock * width
+        counts.append((instructions * threads / elements, mufu * threads / elements))
+    return min(counts)
+
+
+def measure_case(case: Case, workdir: Path) -> dict:
+    """The case's main kernel (its largest, where Inductor writes several: the decoder's
+    look-back copy is a small kernel beside the norm's), counted."""
+    sources = inductor_triton_sources(case.fn, *case.inputs())
+    if not sources:
+        raise RuntimeError(f"{case.name}: Inductor wrote no kernel")
+    main_kernel = max(sources, key=len)
+    instructions, mufu = per_element(main_kernel, workdir)
+    issue_us = case.elements * instructions / H200_LANE_INSTRUCTIONS_PER_S * 1e6
+    bytes_us = case.elements * case.bytes_per_element / H200_BYTES_PER_S * 1e6
     return {
-        "case": name,
-        "elements": elements,
-        "instructions_per_element": round(per_element, 2),
-        "mufu_per_element": round(mufu / per_thread, 2),
+        "shape": case.shape,
+        "case": case.name,
+        "elements": case.elements,
+        "kernels": len(sources),
+        "instructions_per_element": round(instructions, 2),
+        "mufu_per_element": round(mufu, 2),
         "issue_us_h200": round(issue_us, 1),
         "bytes_us_h200": round(bytes_us, 1),
         "bound": "instructions" if issue_us > bytes_us else "bytes",
@@ -186,17 +264,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for shape, (tokens, width) in SHAPES.items():
-            for name, fn in CASES.items():
-                row = {"shape": shape, **measure_case(name, fn, tokens, width, Path(tmp))}
-                rows.append(row)
-                print(
-                    f"{shape:18s} {name:62s} {row['instructions_per_element']:5.1f} instr/elem "
-                    f"({row['mufu_per_element']:.1f} MUFU)  issue {row['issue_us_h200']:6.1f} us"
-                    f"  bytes {row['bytes_us_h200']:6.1f} us  -> {row['bound']}"
-                )
+        for case in CASES:
+            row = measure_case(case, Path(tmp))
+            rows.append(row)
+            print(
+                f"{case.shape:36s} {case.name:62s} {row['instructions_per_element']:5.1f} "
+                f"instr/elem ({row['mufu_per_element']:.1f} MUFU)  issue "
+                f"{row['issue_us_h200']:6.1f} us  bytes {row['bytes_us_h200']:6.1f} us  "
+                f"-> {row['bound']}"
+            )
     if args.json:
-        meta = {"torch": torch.__version__, "target": "sm_90", "xblock": XBLOCK}
+        meta = {
+            "torch": torch.__version__,
+            "target": "sm_90",
+            "pointwise_launch": POINTWISE_LAUNCH,
+            "reduction_launches": REDUCTION_LAUNCHES,
+        }
         args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     return 0
 

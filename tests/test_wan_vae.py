@@ -142,6 +142,24 @@ def test_wide_passes_give_the_pixels_of_one_pass_per_latent_frame(
         vae.stream().decode(lat, latents_per_pass=0)
 
 
+@pytest.mark.slow
+@torch.inference_mode()
+@pytest.mark.parametrize("whole_pass", [False, True])
+def test_the_compiled_decoder_gives_the_eager_pixels(
+    checkpoint, reference, whole_decode, whole_pass
+):
+    """`CausalDecoder.compile` (Pro's decode under --compile on a GPU): its norms and SiLUs
+    in their compiled form (a reciprocal square root, the logistic SiLU), alone or fused
+    with the whole pass; the pixels of the eager decode, to float rounding."""
+    vae = load_wan_vae(checkpoint[0], config=WAN21_VAE_TINY)  # compiling changes its decoder
+    vae.causal_decoder.compile(whole_pass=whole_pass)
+    lat = reference[0]["decode_4.latents"]
+    stream = vae.stream()
+    compiled = torch.cat([stream.decode(lat[:, :, :1]), stream.decode(lat[:, :, 1:])], dim=2)
+    assert compiled.shape == whole_decode.shape
+    assert (compiled - whole_decode).abs().max().item() <= 1e-4
+
+
 @torch.inference_mode()
 def test_first_latent_frame_gives_one_frame_each_later_one_four(vae, reference, whole_decode):
     lat = reference[0]["decode_4.latents"]  # (1, 16, 4, 2, 3)
