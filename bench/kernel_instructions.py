@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from pipeline.models.layers import layer_norm  # noqa: E402
 from pipeline.models.wan.vae_decode import norm_silu_after  # noqa: E402
 from pipeline.precision import (  # noqa: E402
     E4M3_MAX,
@@ -52,6 +53,7 @@ POINTWISE_LAUNCH = (1024, 4)  # (XBLOCK, warps): Inductor's launch for a large p
 # a persistent reduction's rows a program and warps: Inductor tries several and keeps the
 # fastest; the count kept is the fewest instructions an element among these
 REDUCTION_LAUNCHES = ((8, 4), (32, 8))
+LOOPED_REDUCTION_WARPS = (8, 16)  # a looped reduction: one row a program
 # The H200 (SXM): 132 SMs, 4 schedulers each issuing one 32-thread instruction a clock at
 # up to 1.98 GHz; device copies measured at 4.18 TB/s (DESIGN.md, section 7)
 H200_LANE_INSTRUCTIONS_PER_S = 132 * 4 * 32 * 1.98e9
@@ -125,7 +127,35 @@ def decode_norm_cases(shape: str, channels: int, side: int) -> list[Case]:
     ]
 
 
+def layer_norm_cases(shape: str, tokens: int, dim: int) -> list[Case]:
+    """A Wan block's LayerNorm, modulation and the FP8 quantisation of the linear after it
+    (one kernel on the GPU: the profile's `..._native_layer_norm_...` Triton kernels)."""
+
+    def inputs() -> tuple[torch.Tensor, ...]:
+        x = torch.randn(1, 64, dim, dtype=torch.bfloat16)
+        scale, shift = (torch.randn(1, 1, dim, dtype=torch.bfloat16) for _ in range(2))
+        return x, scale, shift, torch.tensor([0.05])  # (1,): a GPU buffer, not a host scalar
+
+    def before(x, scale, shift, descale):
+        y = F.layer_norm(x, (dim,), eps=1e-6) * (1 + scale) + shift
+        return scaled_e4m3_on_gpu(y.reshape(-1, dim), descale)
+
+    def now(x, scale, shift, descale):
+        y = layer_norm(x, 1e-6) * (1 + scale) + shift
+        return scaled_e4m3_on_gpu(y.reshape(-1, dim), descale)
+
+    n = tokens * dim
+    return [  # bf16 in, e4m3 out
+        Case(
+            shape, "LayerNorm + modulation + quantisation, before (Welford)", before, inputs, n, 3
+        ),
+        Case(shape, "LayerNorm + modulation + quantisation, now (two passes)", now, inputs, n, 3),
+    ]
+
+
 CASES = [
+    *layer_norm_cases("flashhead-pro block, a call", 9216, 1536),
+    *layer_norm_cases("liveavatar layer, a call", 3168, 5120),
     *ffn_cases("flashhead-pro ffn, a call", 9216, 8960),
     *ffn_cases("liveavatar ffn, a call", 3168, 13824),
     *decode_norm_cases("wan decode 96 ch 512x512, a frame", 96, 512),
@@ -156,7 +186,8 @@ def inductor_triton_sources(fn: Callable, *args: torch.Tensor) -> list[str]:
     codegen.TritonKernel.codegen_kernel = capture
     try:
         torch._dynamo.reset()
-        torch.compile(fn)(*args)
+        with torch.inference_mode():  # as the engines run: no autograd's saved tensors
+            torch.compile(fn)(*args)
     except Exception:  # noqa: BLE001 - the compile cannot finish here; the sources are made
         pass
     finally:
@@ -165,8 +196,9 @@ def inductor_triton_sources(fn: Callable, *args: torch.Tensor) -> list[str]:
     return sources
 
 
-def sass_of(source: str, launch: tuple[int, int], workdir: Path) -> str:
-    """One captured kernel compiled for sm_90 at `launch` (XBLOCK, warps): its SASS."""
+def sass_of(source: str, launch: tuple[int, int, int | None], workdir: Path) -> str:
+    """One captured kernel compiled for sm_90 at `launch` (XBLOCK, warps, and R0_BLOCK where
+    the kernel takes it): its SASS."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -187,17 +219,16 @@ def sass_of(source: str, launch: tuple[int, int], workdir: Path) -> str:
         "from triton.language.extra.cuda import libdevice\n"
         "from torch._inductor.runtime import triton_helpers\n\n"
     )
-    xblock, warps = launch
-    path = workdir / f"kernel_{abs(hash(source))}_{xblock}_{warps}.py"
+    xblock, warps, r0_block = launch
+    path = workdir / f"kernel_{abs(hash(source))}_{xblock}_{warps}_{r0_block}.py"
+    constants = {"XBLOCK": xblock} if r0_block is None else {"XBLOCK": xblock, "R0_BLOCK": r0_block}
     path.write_text(header + body)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     compiled = triton.compile(
-        ASTSource(
-            fn=module.kernel, signature=signature, constexprs={"XBLOCK": xblock}, attrs=attrs
-        ),
+        ASTSource(fn=module.kernel, signature=signature, constexprs=constants, attrs=attrs),
         target=GPUTarget("cuda", 90, 32),
         options={"num_warps": warps},
     )
@@ -219,17 +250,24 @@ def instruction_counts(sass: str) -> tuple[int, int]:
 def per_element(source: str, workdir: Path) -> tuple[float, float]:
     """(instructions, MUFU instructions) an element a kernel writes: a pointwise kernel's
     program makes XBLOCK elements, a persistent reduction's XBLOCK rows of r0_numel (its
-    lanes past r0_numel, masked, count against the useful ones)."""
+    lanes past r0_numel, masked, count against the useful ones). A looped reduction is
+    counted with R0_BLOCK the row's next power of two, so that each loop runs once and the
+    code's count is what runs (Inductor may take a smaller block and loop)."""
     row = re.search(r"r0_numel = (\d+)", source)
+    width = int(row.group(1)) if row is not None else 1
     if "@triton_heuristics.pointwise" in source:
-        launches, width = [POINTWISE_LAUNCH], 1
+        launches, width = [(*POINTWISE_LAUNCH, None)], 1
     elif "@triton_heuristics.persistent_reduction" in source and row is not None:
-        launches, width = list(REDUCTION_LAUNCHES), int(row.group(1))
+        launches = [(x, w, None) for x, w in REDUCTION_LAUNCHES]
+    elif "@triton_heuristics.reduction" in source and row is not None:
+        block = 1 << (width - 1).bit_length()
+        launches = [(1, warps, block) for warps in LOOPED_REDUCTION_WARPS]
     else:
-        raise ValueError("only pointwise kernels and persistent reductions are counted")
+        raise ValueError("only pointwise kernels and reductions are counted")
     counts = []
-    for xblock, warps in launches:
-        instructions, mufu = instruction_counts(sass_of(source, (xblock, warps), workdir))
+    for xblock, warps, r0_block in launches:
+        sass = sass_of(source, (xblock, warps, r0_block), workdir)
+        instructions, mufu = instruction_counts(sass)
         threads, elements = 32 * warps, xblock * width
         counts.append((instructions * threads / elements, mufu * threads / elements))
     return min(counts)

@@ -161,3 +161,33 @@ def test_fp8_turns_the_ffn_gelus_before_fp8_linears_into_tanh_gelu(tiny_engine):
     assert all(isinstance(b.mlp[1], TanhGelu) for b in blocks)
     assert logistic_gelus(layers) == 0  # nothing left to swap
     assert logistic_gelus([(torch.nn.Sequential(torch.nn.GELU(), torch.nn.Linear(2, 2)), "1")]) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_layer_norm_is_torchs_compiled_or_not(dtype):
+    """`LayerNorm` (the Wan blocks' norms): torch's own eager, the two-pass form compiled
+    (not Welford's running update), equal to float rounding, with the same checkpoint keys,
+    also on rows far from zero mean."""
+    from pipeline.models.layers import LayerNorm
+
+    torch.manual_seed(0)
+    ours, torchs = LayerNorm(96, eps=1e-6), torch.nn.LayerNorm(96, eps=1e-6)
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.normal_()
+    torchs.load_state_dict(ours.state_dict())
+    assert ours.state_dict().keys() == torchs.state_dict().keys()
+    assert LayerNorm(96, elementwise_affine=False).state_dict() == {}
+    x = torch.randn(4, 33, 96) * 3
+    x[0] += 1e3  # a row far from zero mean: centred first, nothing cancels
+    x = x.to(dtype)
+    ours, torchs = ours.to(dtype), torchs.to(dtype)
+    with torch.no_grad():
+        want = torchs(x)
+        assert torch.equal(ours(x), want)
+        got = torch.compile(ours)(x)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bf16: one rounding step apart
+    torch.testing.assert_close(got[1:].float(), want[1:].float(), rtol=tolerance, atol=tolerance)
+    # the far row: both lose what float32 cannot hold of a mean 300 standard deviations out
+    worst = (got[0].float() - want[0].float()).abs().max().item()
+    assert worst < (1e-3 if dtype == torch.float32 else 0.1), worst

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from pipeline.kernels.fp8_attention import per_sample_e4m3
 from pipeline.models.attention import e4m3_attention_per_sample
-from pipeline.models.layers import apply_rope, grid_positions, rope_angles
+from pipeline.models.layers import LayerNorm, apply_rope, grid_positions, rope_angles
 from pipeline.models.wan.layers import FrameCrossAttention, WanSelfAttention, sinusoid
 from pipeline.precision import widened_e4m3
 
@@ -106,11 +106,11 @@ class AudioBlock(nn.Module):
     def __init__(self, cfg: WanDiTConfig) -> None:
         super().__init__()
         d, eps = cfg.dim, cfg.eps
-        self.norm1 = nn.LayerNorm(d, eps=eps, elementwise_affine=False)
+        self.norm1 = LayerNorm(d, eps=eps, elementwise_affine=False)
         self.self_attn = SelfAttention(d, cfg.num_heads, eps)
-        self.norm3 = nn.LayerNorm(d, eps=eps)
+        self.norm3 = LayerNorm(d, eps=eps)
         self.cross_attn = FrameCrossAttention(d, cfg.num_heads, eps)
-        self.norm2 = nn.LayerNorm(d, eps=eps, elementwise_affine=False)
+        self.norm2 = LayerNorm(d, eps=eps, elementwise_affine=False)
         self.ffn = nn.Sequential(
             nn.Linear(d, cfg.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_dim, d)
         )

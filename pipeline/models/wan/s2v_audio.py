@@ -24,11 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pipeline.models.layers import layer_norm
 from pipeline.models.wan.layers import FrameCrossAttention
-
-
-def layer_norm(x: Tensor, eps: float) -> Tensor:
-    return F.layer_norm(x, x.shape[-1:], eps=eps)
 
 
 def linear32(layer: nn.Linear, x: Tensor) -> Tensor:

@@ -18,9 +18,9 @@ from torch import Tensor, nn
 
 from pipeline.kernels.fp8_attention import per_tensor_e4m3
 from pipeline.models.attention import Attention, cached_fp8_attention, e4m3_attention
-from pipeline.models.layers import apply_rope
+from pipeline.models.layers import LayerNorm, apply_rope, layer_norm
 from pipeline.models.wan.layers import WanCrossAttention, WanSelfAttention
-from pipeline.models.wan.s2v_audio import layer_norm, linear32
+from pipeline.models.wan.s2v_audio import linear32
 from pipeline.models.wan.s2v_cache import Attended, KeyValues
 from pipeline.models.wan.s2v_sink import Rope
 from pipeline.precision import widened_e4m3
@@ -105,7 +105,7 @@ class S2VBlock(nn.Module):
         super().__init__()
         self.eps = eps
         self.self_attn = CausalSelfAttention(d, heads, eps)
-        self.norm3 = nn.LayerNorm(d, eps=eps)
+        self.norm3 = LayerNorm(d, eps=eps)
         self.cross_attn = TextCrossAttention(d, heads, eps)
         self.ffn = nn.Sequential(
             nn.Linear(d, ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(ffn_dim, d)
