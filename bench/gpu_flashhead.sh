@@ -84,26 +84,34 @@ speed)  # MODELS="flashhead-pro flashhead-lite", FLAGS_LIST a ;-separated list o
     --wav2vec $work/float32/wav2vec --device cuda" "${PRECISION:-fp8}"
   ;;
 gate)  # the quality gate on Pro: the eager bf16 stream recorded twice (its own run-to-run
-  # band), then each GATE_SETS variant (;-separated, - for none) at GATE_PRECISION (fp8-fast)
-  # compiled against it: `facecast gate`'s FP8 tier
+  # band), then each run compiled against it. GATE_RUNS: ;-separated runs, each a precision
+  # and its settings ("fp8-fast flashhead.attention=fp8;default": `default` is bf16, the
+  # reassociation tier); unset, GATE_PRECISION (fp8-fast) with each GATE_SETS variant (- none)
   [ -d "$work/float32/release" ] || python3 -m pipeline.flashhead.random_release "$work/float32" --shape full
   w="--model flashhead-pro --weights $work/float32/release --wav2vec $work/float32/wav2vec --device cuda"
   # shellcheck disable=SC2086
   timeout 240 python3 -m facecast gate $w --baseline "$work/gate" --record \
     --seconds "${GATE_SECONDS:-4}" 2>"$logs/gate_record.log" | tail -1 \
     || { echo "FAILED gate record"; tail -20 "$logs/gate_record.log"; }
-  IFS=';' read -ra variants <<< "${GATE_SETS:--}"
-  precision=${GATE_PRECISION:-fp8-fast}
-  for variant in "${variants[@]}"; do
-    sets=(); tag=_${precision//-/_}
-    if [ "$variant" != - ]; then
-      for kv in $variant; do sets+=(--set "$kv"); tag+=_${kv//[^A-Za-z0-9]/_}; done
-    fi
+  if [ -z "${GATE_RUNS:-}" ]; then
+    IFS=';' read -ra variants <<< "${GATE_SETS:--}"
+    GATE_RUNS=""
+    for variant in "${variants[@]}"; do
+      [ "$variant" = - ] && variant=""
+      GATE_RUNS+="${GATE_PRECISION:-fp8-fast} $variant;"
+    done
+  fi
+  IFS=';' read -ra runs <<< "$GATE_RUNS"
+  for run in "${runs[@]}"; do
+    read -ra words <<< "$run"
+    [ ${#words[@]} -gt 0 ] || continue
+    precision=${words[0]}; sets=(); tag=_${precision//-/_}
+    for kv in "${words[@]:1}"; do sets+=(--set "$kv"); tag+=_${kv//[^A-Za-z0-9]/_}; done
     # shellcheck disable=SC2086
     timeout 300 python3 -m facecast gate $w --baseline "$work/gate" --precision "$precision" \
       --compile "${sets[@]}" --json "$out/gate$tag.json" 2>"$logs/gate$tag.log" | tail -1
     [ -f "$out/gate$tag.json" ] || { echo "FAILED gate"; tail -3 "$logs/gate$tag.log"; }
-    echo "  (the variant: $precision $variant)"
+    echo "  (the run: $run)"
   done
   ;;
 serve)
