@@ -147,7 +147,7 @@ sessions)  # the product bench (batched steps, capacity), then serve: an agent a
   [ -z "${FIRST_STEP:-}" ] || CUDA_LAUNCH_BLOCKING=1 timeout 120 python3 -m facecast bench $w \
     --precision fp8 --seconds 6 --json "$out/first_step_$model.json" 2>"$logs/first_step.log" \
     | tail -2 || { echo "first-step bench FAILED"; tail -5 "$logs/first_step.log"; }
-  MODEL=$model profile_step "$w" "$precision"
+  MODEL=$model profile_step "$w $sets" "$precision"  # the bench's settings, SETS too
   args="--serve-arg=--model=$model --serve-arg=--weights=$work/float32/release"
   args+=" --serve-arg=--wav2vec=$work/float32/wav2vec --serve-arg=--reference=pipeline/assets/reference.png"
   args+=" --serve-arg=--set=flashhead.frame_reference=false --serve-arg=--set=flashhead.batch_streams=${BATCH:-3}"
