@@ -179,18 +179,19 @@ def inductor_triton_sources(fn: Callable, *args: torch.Tensor) -> list[str]:
         sources.append(src)
         return src
 
-    inductor_config.cpu_backend = "triton"
-    inductor_config.compile_threads = 1
     saved_hash = triton_utils.triton_hash_with_backend
     triton_utils.triton_hash_with_backend = lambda: "no-driver"  # asks for a driver, none here
     codegen.TritonKernel.codegen_kernel = capture
+    # every setting put back after, so that a process's other compiles are not touched
+    settings = {"cpu_backend": "triton", "compile_threads": 1, "force_disable_caches": True}
     try:
         torch._dynamo.reset()
-        with torch.inference_mode():  # as the engines run: no autograd's saved tensors
+        with inductor_config.patch(settings), torch.inference_mode():  # as the engines run
             torch.compile(fn)(*args)
     except Exception:  # noqa: BLE001 - the compile cannot finish here; the sources are made
         pass
     finally:
+        torch._dynamo.reset()
         codegen.TritonKernel.codegen_kernel = write
         triton_utils.triton_hash_with_backend = saved_hash
     return sources
