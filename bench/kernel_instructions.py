@@ -9,17 +9,21 @@ instructions and special-function (MUFU) instructions an element takes. Beside t
 the case's shape: the time the H200 needs to issue those instructions at its full rate and
 the time it needs to move the bytes, whichever is larger bounds the kernel. Nothing is run.
 
-The cases: an FFN's tanh-GELU with the FP8 quantisation of the linear after it, as
-`--precision fp8` compiled it before (torch's GELU, then a division and a clamp) and as it
-does now (`pipeline.precision.TanhGelu`'s logistic form, `scaled_e4m3_on_gpu`), and the
-quantisation alone, before and now (a pass of the same bytes), at FlashHead Pro's FFN
-(9,216 tokens x 8,960) and LiveAvatar's (3,168 x 13,824). Run from the repo root:
+The cases, each as it compiled before 2026-12-04 and as it compiles now, at the shapes of
+FlashHead Pro's and LiveAvatar's blocks and of the Wan decoder's three upper levels: a block's
+LayerNorm + modulation + the FP8 quantisation after it (torch's LayerNorm, then
+`pipeline.models.layers.layer_norm`); an FFN's tanh-GELU + quantisation (torch's GELU and a
+division and clamp, then `pipeline.precision.TanhGelu`'s logistic form and
+`scaled_e4m3_on_gpu`); the quantisation alone; the decoder's norm + SiLU
+(`vae_decode.norm_silu_after`). Run from the repo root:
 
-    python bench/kernel_instructions.py --json bench/results/flashhead/gelu_quant_instructions.json
+    python bench/kernel_instructions.py --json bench/results/kernel_instructions.json
 
-Counts are for straight-line pointwise kernels (no loops), at Inductor's usual launch for a
-large pointwise kernel (1,024 elements a program, 4 warps); Inductor's internals are patched
-to get the code out, so a newer torch may need this script mended.
+A pointwise kernel is counted at Inductor's usual launch for a large one (1,024 elements a
+program, 4 warps); a persistent reduction at the fewest instructions an element among the
+launches Inductor tries; a looped reduction with its block as wide as its row, so that each
+loop runs once and the code's count is what runs. Inductor's internals are patched to get
+the code out, so a newer torch may need this script mended.
 """
 
 from __future__ import annotations
@@ -85,7 +89,8 @@ class Case:
 
 def ffn_cases(shape: str, tokens: int, width: int) -> list[Case]:
     def inputs() -> tuple[torch.Tensor, ...]:
-        return torch.randn(64, width, dtype=torch.bfloat16), torch.tensor(0.05)
+        # the descale (1,): a GPU buffer, as the layer's, not a host scalar
+        return torch.randn(64, width, dtype=torch.bfloat16), torch.tensor([0.05])
 
     n = tokens * width
     return [  # bf16 in, e4m3 out

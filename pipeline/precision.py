@@ -139,11 +139,12 @@ class TanhGelu(nn.Module):
     """`nn.GELU(approximate="tanh")`, the same function, written for the compiler.
 
     Compiled for a GPU, the tanh lowers to libdevice's accurate tanhf; with the FP8
-    quantisation fused after it that is ~44 instructions an element, and the FFN's GELU +
+    quantisation fused after it that was ~38 instructions an element, and the FFN's GELU +
     quantisation pass became instruction-bound: 0.139 ms for FlashHead Pro's 83 M elements
     on the H200, 2.7x what its bytes take (bench/RESULTS.md, issue 30). As x·σ(2u) it takes
-    the GPU's fast exponential instead (~27, `bench/kernel_instructions.py`). Eager, where
-    each op would be a kernel of its own, it stays torch's one GELU kernel."""
+    the GPU's fast exponential instead: ~22 with `scaled_e4m3_on_gpu`
+    (`bench/kernel_instructions.py`). Eager, where each op would be a kernel of its own, it
+    stays torch's one GELU kernel."""
 
     def forward(self, x: Tensor) -> Tensor:
         if torch.compiler.is_compiling():
