@@ -173,9 +173,15 @@ class EngineTiming:
         early_first, early_steady = times.get("first_frames"), times.get("steady_first_frames")
         batched = [n for n in range(2, sessions + 1) if f"steady_x{n}" in times]
         if batched:  # its steps will run in a batch of them all: each as long as the batch
-            alone_first, alone_steady = first, steady
-            steady = times[f"steady_x{max(batched)}"]
-            first = max(first, steady)
+            n = max(batched)
+            alone_steady, steady = steady, times[f"steady_x{n}"]
+            # Its first step can wait for the others' later steps (a batch of n - 1 of them,
+            # in flight, or in its batch as a group of another shape), then runs alone.
+            # Planned as the shared step's length instead, a call joining a Pro call (the
+            # H200's times, scripted) began its step 1 late by what the wait exceeded that,
+            # and the worker skipped frames it would then have made on time.
+            others = times.get(f"steady_x{n - 1}", alone_steady) if n > 2 else alone_steady
+            first += others
             # A shared step's first frames come as much later as the step is longer: a call
             # whose step waits for the others' (they did not line up into one batch) shows
             # its first piece only after their work, and in a batch the others' DiT and
@@ -183,7 +189,7 @@ class EngineTiming:
             # 1.65 s, was due its pieces half a step before they existed, and lost 11 % of
             # its frames (bench/RESULTS.md, issue 30).
             if early_first is not None:
-                early_first += first - alone_first
+                early_first += others
             if early_steady is not None:
                 early_steady += steady - alone_steady
         return cls(
@@ -270,7 +276,10 @@ class PlayoutControl:
 
     def plan(self, rate: float = 1.0) -> PlayoutBudget:
         steady = max(self.timing.steady_seconds, self._step_seconds())
-        first = self.timing.first_seconds
+        first, first_frames = self.timing.first_seconds, self.timing.first_frames(steady)
+        if self.clock.t0 is not None:  # started: its step 0 is behind it, every step ahead
+            first = steady  # is a later one (a re-plan grows by their needs only)
+            first_frames = first_frames and (first_frames[1], first_frames[1])
         margin = self._margin_s + self.timing.spread * steady
         return plan_playout(
             self.timing.step,
@@ -280,7 +289,7 @@ class PlayoutControl:
             margin,
             start_s=PROBE_S,
             preroll_step_s=INSERT_STEP / OUTPUT_RATE,
-            first_frames=self.timing.first_frames(steady),
+            first_frames=first_frames,
         )
 
     def probe(

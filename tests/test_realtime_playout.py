@@ -247,8 +247,9 @@ async def test_a_slow_engine_that_reads_a_step_ahead_shows_what_it_makes_after_i
 
 def test_a_session_opened_beside_others_plans_on_their_batched_step():
     """An engine that batches its sessions' steps measured a batch of each size; a session
-    opened while another is live plans on the batch of both, one alone on its own step,
-    and an engine that measures no batches plans as before."""
+    opened while another is live plans on the batch of both, its first step after the
+    others' batch (it may wait for it), one alone on its own step, and an engine that
+    measures no batches plans as before."""
     from types import SimpleNamespace
 
     from realtime.playout import SERVE_SLOWDOWN, EngineTiming
@@ -259,8 +260,10 @@ def test_a_session_opened_beside_others_plans_on_their_batched_step():
     slow = SERVE_SLOWDOWN[("cuda", False)]
     alone, beside_one, beside_five = (EngineTiming.of(engine, sessions=n) for n in (1, 2, 6))
     assert (alone.first_seconds, alone.steady_seconds) == pytest.approx((0.8 * slow, 0.6 * slow))
-    assert beside_one.first_seconds == beside_one.steady_seconds == pytest.approx(1.15 * slow)
+    assert beside_one.steady_seconds == pytest.approx(1.15 * slow)
+    assert beside_one.first_seconds == pytest.approx((0.8 + 0.6) * slow)  # after the other's
     assert beside_five.steady_seconds == pytest.approx(1.7 * slow)  # the largest batch measured
+    assert beside_five.first_seconds == pytest.approx((0.8 + 1.15) * slow)  # after 2 others
     plain = SimpleNamespace(step_seconds={"first": 0.3, "steady": 0.5}, stream_step=None)
     assert EngineTiming.of(plain, sessions=3).first_seconds == EngineTiming.of(plain).first_seconds
 
@@ -269,8 +272,9 @@ def test_a_call_beside_another_plans_its_first_pieces_after_the_others_work():
     """FlashHead sends a step's frames in pieces, its first piece 0.33 s into a 0.55-s step
     (the H200's figures). Beside a second call its step waits for the other's, so its first
     piece comes a whole step later: the shared plan moves the pieces by what the shared step
-    adds, and so its delay by about as much (on the H200, planned without that, one of two
-    calls lost 11 % of its frames), while a call alone plans as before."""
+    adds (step 0's by the other's step, which it may wait for), and so its delay by about as
+    much (on the H200, planned without that, one of two calls lost 11 % of its frames),
+    while a call alone plans as before."""
     from types import SimpleNamespace
 
     from realtime.playout import EngineTiming, plan_playout
@@ -282,7 +286,8 @@ def test_a_call_beside_another_plans_its_first_pieces_after_the_others_work():
                              device=SimpleNamespace(type="scripted"))  # fmt: skip
     alone, shared = EngineTiming.of(served), EngineTiming.of(served, sessions=2)
     assert alone.first_frames(0.55) == pytest.approx((0.30, 0.33))
-    assert shared.first_frames(1.10) == pytest.approx((0.30 + 0.60, 0.33 + 0.55))
+    assert shared.first_frames(1.10) == pytest.approx((0.30 + 0.55, 0.33 + 0.55))
+    assert shared.first_seconds == pytest.approx(0.50 + 0.55)
 
     def delay(timing: EngineTiming) -> float:
         return plan_playout(
@@ -464,6 +469,39 @@ def test_a_call_retimed_before_its_first_frame_starts_at_the_shared_delay():
     assert joined.delay_s > started_alone.delay_s + 0.1
     joined.grow(0, joined.clock.t0 - joined.delay_s, quiet=True)
     assert joined.grown_s == 0  # nothing left to grow
+
+
+def test_a_started_call_re_plans_on_its_later_steps_only():
+    """A call's step 0 (the first chunk's shape, and beside others a wait for their step)
+    is behind it once it has started: a re-plan grows the delay to what its later steps
+    need, however long a first step would take, while a call not yet started plans on both."""
+    import time
+    from types import SimpleNamespace
+
+    from realtime.playout import EngineTiming, PlayoutControl
+
+    engine = ScriptedEngine(rtf=0.4)
+    steady = engine.step_seconds["steady"]
+    slow_first = EngineTiming(engine.stream_step, 3.0, steady, 0.0, 2.5, 0.6 * steady)
+    playout = PlayoutControl(
+        slow_first,
+        SimpleNamespace(lead=0),
+        SimpleNamespace(playout_delay=SimpleNamespace(observe=lambda s: None)),
+        lambda text: None,
+        lambda pcm, arrived: None,
+        lambda: steady,
+        margin_s=0.05,
+    )
+    unstarted = playout.plan().delay
+    playout.first_audio = time.monotonic()
+    playout.decide_start(playout.first_audio)
+    playout.start()
+    later_only = plan_playout(
+        engine.stream_step, steady, steady, margin_s=0.05,
+        first_frames=(0.6 * steady, 0.6 * steady),
+    ).delay  # fmt: skip
+    assert playout.plan().delay == pytest.approx(later_only)
+    assert unstarted > later_only + 1.0  # step 0's 2.5 s to its first frames
 
 
 def test_a_started_call_retimed_to_a_longer_shared_step_grows_its_delay_when_quiet(caplog):
