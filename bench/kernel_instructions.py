@@ -15,7 +15,10 @@ LayerNorm + modulation + the FP8 quantisation after it (torch's LayerNorm, then
 `pipeline.models.layers.layer_norm`); an FFN's tanh-GELU + quantisation (torch's GELU and a
 division and clamp, then `pipeline.precision.TanhGelu`'s logistic form and
 `scaled_e4m3_on_gpu`); the quantisation alone; the decoder's norm + SiLU
-(`vae_decode.norm_silu_after`). Run from the repo root:
+(`vae_decode.norm_silu_after`); a self-attention's query RMS norm + RoPE (the pairs stacked,
+then `pipeline.models.layers.apply_rope`'s swapped-pair form), whose cost was in the
+kernels and bytes around it more than in instructions, so every kernel it writes is counted.
+Run from the repo root:
 
     python bench/kernel_instructions.py --json bench/results/kernel_instructions.json
 
@@ -45,7 +48,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline.models.layers import layer_norm  # noqa: E402
+from pipeline.models.layers import apply_rope, layer_norm  # noqa: E402
+from pipeline.models.wan.layers import RMSNorm  # noqa: E402
 from pipeline.models.wan.vae_decode import norm_silu_after  # noqa: E402
 from pipeline.precision import (  # noqa: E402
     E4M3_MAX,
@@ -77,6 +81,14 @@ def norm_silu_before(prev: torch.Tensor, x: torch.Tensor, gamma: torch.Tensor) -
     return torch.cat([prev, F.silu(normed)], dim=2)
 
 
+def rope_before(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE (tokens first) as it was written until 2026-12-05: the rotated halves stacked."""
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
 @dataclass
 class Case:
     shape: str
@@ -84,7 +96,8 @@ class Case:
     fn: Callable[..., torch.Tensor]
     inputs: Callable[[], tuple[torch.Tensor, ...]]  # small tensors of the real row width
     elements: int  # of one call at the real shape
-    bytes_per_element: int
+    bytes_per_element: int  # moved to and from memory, over every kernel counted
+    every_kernel: bool = False  # count all the kernels Inductor writes, not its largest
 
 
 def ffn_cases(shape: str, tokens: int, width: int) -> list[Case]:
@@ -158,6 +171,45 @@ def layer_norm_cases(shape: str, tokens: int, dim: int) -> list[Case]:
     ]
 
 
+def rope_cases(shape: str, tokens: int, dim: int, heads: int) -> list[Case]:
+    """A self-attention's query RMS norm (over the whole width) + RoPE, q a third of the
+    qkv projection's output, as FlashHead's and LiveAvatar's blocks compute it before
+    attention. Before: a sum-of-squares pass, a pass writing the rotated pairs into a
+    float32 buffer, a pass narrowing it to bf16 (2 + 2 + 4 + 4 + 2 bytes an element). Now
+    one pass (2 in, 2 out; its second look at a row comes from cache)."""
+    norm = RMSNorm(dim, 1e-6).to(torch.bfloat16)
+
+    def inputs() -> tuple[torch.Tensor, ...]:
+        angles = torch.randn(64, dim // heads // 2)
+        return torch.randn(1, 64, 3 * dim, dtype=torch.bfloat16), angles.cos(), angles.sin()
+
+    def query(qkv: torch.Tensor) -> torch.Tensor:
+        q = qkv.chunk(3, dim=-1)[0]
+        return norm(q).view(*q.shape[:2], heads, -1)
+
+    n = tokens * dim
+    return [  # bf16 in, bf16 out
+        Case(
+            shape,
+            "norm + RoPE, before (the rotated halves stacked)",
+            lambda qkv, cos, sin: rope_before(query(qkv), cos, sin),
+            inputs,
+            n,
+            14,
+            every_kernel=True,
+        ),
+        Case(
+            shape,
+            "norm + RoPE, now (apply_rope: x cos + swapped x (-sin, sin))",
+            lambda qkv, cos, sin: apply_rope(query(qkv), cos, sin, tokens_first=True),
+            inputs,
+            n,
+            4,
+            every_kernel=True,
+        ),
+    ]
+
+
 CASES = [
     *layer_norm_cases("flashhead-pro block, a call", 9216, 1536),
     *layer_norm_cases("liveavatar layer, a call", 3168, 5120),
@@ -166,6 +218,8 @@ CASES = [
     *decode_norm_cases("wan decode 96 ch 512x512, a frame", 96, 512),
     *decode_norm_cases("wan decode 192 ch 256x256, a frame", 192, 256),
     *decode_norm_cases("wan decode 384 ch 128x128, a frame", 384, 128),
+    *rope_cases("flashhead-pro self-attention q, a call", 9216, 1536, 12),
+    *rope_cases("liveavatar self-attention q, a call", 3168, 5120, 40),
 ]
 
 
@@ -279,14 +333,29 @@ def per_element(source: str, workdir: Path) -> tuple[float, float]:
     return min(counts)
 
 
+def elements_of(source: str) -> int:
+    """The elements a captured kernel runs over: its rows times their width for a
+    reduction, else its elements (what `per_element` counts per)."""
+    sizes = [re.search(rf"{name} = (\d+)", source) for name in ("xnumel", "r0_numel")]
+    x, r = (int(m.group(1)) if m is not None else 1 for m in sizes)
+    return x if "@triton_heuristics.pointwise" in source else x * r
+
+
 def measure_case(case: Case, workdir: Path) -> dict:
     """The case's main kernel (its largest, where Inductor writes several: the decoder's
     look-back copy is a small kernel beside the norm's), counted."""
-    sources = inductor_triton_sources(case.fn, *case.inputs())
+    args = case.inputs()
+    sources = inductor_triton_sources(case.fn, *args)
     if not sources:
         raise RuntimeError(f"{case.name}: Inductor wrote no kernel")
-    main_kernel = max(sources, key=len)
-    instructions, mufu = per_element(main_kernel, workdir)
+    if case.every_kernel:  # each kernel's count over its elements, per element of the output
+        with torch.inference_mode():
+            written = case.fn(*args).numel()
+        counts = [(per_element(src, workdir), elements_of(src)) for src in sources]
+        instructions = sum(i * n for (i, _), n in counts) / written
+        mufu = sum(m * n for (_, m), n in counts) / written
+    else:
+        instructions, mufu = per_element(max(sources, key=len), workdir)
     issue_us = case.elements * instructions / H200_LANE_INSTRUCTIONS_PER_S * 1e6
     bytes_us = case.elements * case.bytes_per_element / H200_BYTES_PER_S * 1e6
     return {

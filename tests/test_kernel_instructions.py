@@ -1,6 +1,7 @@
 """The compiled forms that `pipeline.precision` and the Wan layers choose for the GPU take
-fewer instructions an element than torch's own lowering: `bench/kernel_instructions.py`
-counts them from Inductor's Triton code, compiled for Hopper on this CPU."""
+fewer instructions an element than torch's own lowering, and RoPE fuses into one pass:
+`bench/kernel_instructions.py` counts them from Inductor's Triton code, compiled for Hopper
+on this CPU."""
 
 from __future__ import annotations
 
@@ -49,3 +50,11 @@ def test_the_compiled_forms_take_fewer_instructions(tmp_path):
             assert now is not None and now <= share * before, (shape, kind, before, now)
             checked += 1
     assert checked == 9  # two FFNs, two LayerNorms, two quantisations, three decoder levels
+    # a query's norm + RoPE: one pass now, where the stacked pairs took a float32 buffer and
+    # a pass to narrow it (its bytes, not its instructions, were its cost)
+    kernels = {(r["shape"], r["case"].split(" (")[0]): r["kernels"] for r in rows}
+    ropes = [shape for shape in shapes if (shape, "norm + RoPE, now") in kernels]
+    assert len(ropes) == 2, shapes  # FlashHead Pro's, LiveAvatar's
+    for shape in ropes:
+        assert kernels[(shape, "norm + RoPE, now")] == 1, shape
+        assert kernels[(shape, "norm + RoPE, before")] >= 2, shape

@@ -67,12 +67,21 @@ def rope_angles(positions_L3: Tensor, head_dim: int, theta: float = 10000.0) -> 
 
 
 def apply_rope(x: Tensor, cos_LH: Tensor, sin_LH: Tensor, tokens_first: bool = False) -> Tensor:
-    """Rotate adjacent channel pairs by each token's angles (cos/sin: (L, H/2)), in fp32;
-    `x` heads first (B, N, L, H), or tokens first (B, L, N, H) as the Wan models hold it."""
+    """Rotate adjacent channel pairs (x1, x2) by each token's angles (cos/sin: (L, H/2)) to
+    (x1 cos - x2 sin, x2 cos + x1 sin), in fp32; `x` heads first (B, N, L, H), or tokens
+    first (B, L, N, H) as the Wan models hold it.
+
+    Written as x cos + swapped(x) (-sin, sin), which rounds as the pairwise form does (a
+    negation and the order of an addition are exact), so that Inductor makes it one
+    elementwise pass: a `torch.stack` of the two halves compiles to a float32 buffer
+    written pair by pair and a second pass that narrows it, 14 bytes an element moved
+    against 4 (`bench/kernel_instructions.py`: q's norm + RoPE, three kernels then one)."""
+    cos_L1H1, sin_L1H1 = cos_LH[..., None], sin_LH[..., None]
     if tokens_first:
-        cos_LH, sin_LH = cos_LH[:, None, :], sin_LH[:, None, :]
-    x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
-    out = torch.stack((x1 * cos_LH - x2 * sin_LH, x1 * sin_LH + x2 * cos_LH), dim=-1)
+        cos_L1H1, sin_L1H1 = cos_L1H1[:, None], sin_L1H1[:, None]
+    pairs = x.float().unflatten(-1, (-1, 2))
+    signs = torch.tensor([-1.0, 1.0], device=x.device)
+    out = pairs * cos_L1H1 + pairs.flip(-1) * (sin_L1H1 * signs)
     return out.flatten(-2).type_as(x)
 
 
