@@ -96,7 +96,8 @@ class Case:
     fn: Callable[..., torch.Tensor]
     inputs: Callable[[], tuple[torch.Tensor, ...]]  # small tensors of the real row width
     elements: int  # of one call at the real shape
-    bytes_per_element: int  # moved to and from memory, over every kernel counted
+    # moved to and from memory an element; None: Inductor's own estimate, over every kernel
+    bytes_per_element: int | None
     every_kernel: bool = False  # count all the kernels Inductor writes, not its largest
 
 
@@ -176,7 +177,7 @@ def rope_cases(shape: str, tokens: int, dim: int, heads: int) -> list[Case]:
     qkv projection's output, as FlashHead's and LiveAvatar's blocks compute it before
     attention. Before: a sum-of-squares pass, a pass writing the rotated pairs into a
     float32 buffer, a pass narrowing it to bf16 (2 + 2 + 4 + 4 + 2 bytes an element). Now
-    one pass (2 in, 2 out; its second look at a row comes from cache)."""
+    one pass (2 in, 2 out). Their bytes are Inductor's estimate, summed over the kernels."""
     norm = RMSNorm(dim, 1e-6).to(torch.bfloat16)
 
     def inputs() -> tuple[torch.Tensor, ...]:
@@ -195,7 +196,7 @@ def rope_cases(shape: str, tokens: int, dim: int, heads: int) -> list[Case]:
             lambda qkv, cos, sin: rope_before(query(qkv), cos, sin),
             inputs,
             n,
-            14,
+            None,
             every_kernel=True,
         ),
         Case(
@@ -204,7 +205,7 @@ def rope_cases(shape: str, tokens: int, dim: int, heads: int) -> list[Case]:
             lambda qkv, cos, sin: apply_rope(query(qkv), cos, sin, tokens_first=True),
             inputs,
             n,
-            4,
+            None,
             every_kernel=True,
         ),
     ]
@@ -242,7 +243,14 @@ def inductor_triton_sources(fn: Callable, *args: torch.Tensor) -> list[str]:
     triton_utils.triton_hash_with_backend = lambda: "no-driver"  # asks for a driver, none here
     codegen.TritonKernel.codegen_kernel = capture
     # every setting put back after, so that a process's other compiles are not touched
-    settings = {"cpu_backend": "triton", "compile_threads": 1, "force_disable_caches": True}
+    # `benchmark_kernel`: each kernel's source then carries Inductor's estimate of the bytes
+    # it moves (`kernel_num_gb`, each buffer it reads or writes counted once)
+    settings = {
+        "cpu_backend": "triton",
+        "compile_threads": 1,
+        "force_disable_caches": True,
+        "benchmark_kernel": True,
+    }
     try:
         torch._dynamo.reset()
         with inductor_config.patch(settings), torch.inference_mode():  # as the engines run
@@ -341,6 +349,14 @@ def elements_of(source: str) -> int:
     return x if "@triton_heuristics.pointwise" in source else x * r
 
 
+def estimated_bytes(source: str) -> float:
+    """Inductor's estimate of the bytes a captured kernel moves (`kernel_num_gb`)."""
+    match = re.search(r"'kernel_num_gb': ([0-9.e+-]+)", source)
+    if match is None:
+        raise ValueError("the captured kernel carries no byte estimate")
+    return float(match.group(1)) * 1e9
+
+
 def measure_case(case: Case, workdir: Path) -> dict:
     """The case's main kernel (its largest, where Inductor writes several: the decoder's
     look-back copy is a small kernel beside the norm's), counted."""
@@ -348,22 +364,28 @@ def measure_case(case: Case, workdir: Path) -> dict:
     sources = inductor_triton_sources(case.fn, *args)
     if not sources:
         raise RuntimeError(f"{case.name}: Inductor wrote no kernel")
+    with torch.inference_mode():
+        written = case.fn(*args).numel()
     if case.every_kernel:  # each kernel's count over its elements, per element of the output
-        with torch.inference_mode():
-            written = case.fn(*args).numel()
         counts = [(per_element(src, workdir), elements_of(src)) for src in sources]
         instructions = sum(i * n for (i, _), n in counts) / written
         mufu = sum(m * n for (_, m), n in counts) / written
+        moved = sum(estimated_bytes(src) for src in sources) / written
     else:
-        instructions, mufu = per_element(max(sources, key=len), workdir)
+        main_kernel = max(sources, key=len)
+        instructions, mufu = per_element(main_kernel, workdir)
+        moved = estimated_bytes(main_kernel) / written
+    bytes_per_element = case.bytes_per_element if case.bytes_per_element is not None else moved
     issue_us = case.elements * instructions / H200_LANE_INSTRUCTIONS_PER_S * 1e6
-    bytes_us = case.elements * case.bytes_per_element / H200_BYTES_PER_S * 1e6
+    bytes_us = case.elements * bytes_per_element / H200_BYTES_PER_S * 1e6
     return {
         "shape": case.shape,
         "case": case.name,
         "elements": case.elements,
         "kernels": len(sources),
         "instructions_per_element": round(instructions, 2),
+        "bytes_per_element": round(bytes_per_element, 2),
+        "inductor_bytes_per_element": round(moved, 2),
         "mufu_per_element": round(mufu, 2),
         "issue_us_h200": round(issue_us, 1),
         "bytes_us_h200": round(bytes_us, 1),
