@@ -169,7 +169,9 @@ soak)  # two live Pro calls for SOAK_S (600) seconds, longer than one command ma
   # `soak start` (returns once the server and clients run, detached with setsid), then within
   # the 30 s the machine stays warm, `soak collect` (waits for them, copies the results).
   # Both carry .whlserve. The calls' GPU memory, read every 10 s, says whether it stays flat.
-  # PRECISION (fp8, or fp8-fast), BATCH, SETS and SERVE_FLAGS as for sessions.
+  # PRECISION (fp8, or fp8-fast), BATCH, SETS and SERVE_FLAGS as for sessions; SOAK_MODES
+  # (serve_bench's modes, in turn; "live*2" unless set): "push live*2" first times an
+  # agent's push as the first call after start-up.
   case ${2:-start} in
   start)
     python3 -m pipeline.flashhead.random_release "$work/float32" --shape full >/dev/null 2>&1
@@ -181,10 +183,11 @@ soak)  # two live Pro calls for SOAK_S (600) seconds, longer than one command ma
     for kv in ${SETS:-}; do args+=" --serve-arg=--set=$kv"; done
     # SERVE_FLAGS as for sessions, e.g. "--plan-sessions=2 --engine-process"
     for flag in ${SERVE_FLAGS:-}; do args+=" --serve-arg=$flag"; done
+    for m in ${SOAK_MODES:-live*2}; do args+=" --mode $m"; done
     rm -f "$work/soak.json"
     # shellcheck disable=SC2086
     setsid nohup python3 bench/serve_bench.py --config flashhead-pro --device cuda $args \
-      --seconds "${SOAK_S:-600}" --mode "live*2" --wav pipeline/assets/sample_speech.wav \
+      --seconds "${SOAK_S:-600}" --wav pipeline/assets/sample_speech.wav \
       --server-log "$work/soak_serve.log" --json "$work/soak.json" --markdown "$work/soak.md" \
       >"$work/soak.log" 2>&1 </dev/null &
     sleep 20
