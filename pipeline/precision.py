@@ -96,7 +96,9 @@ class Fp8Linear(nn.Module):
         self.out_features = linear.out_features
 
     def forward(self, x: Tensor) -> Tensor:
-        x_MK = x.reshape(-1, x.shape[-1])
+        # row-major, as the FP8 GEMM takes its left operand: a block's first tokens are a
+        # transposed view, and elementwise work before this (a norm, compiled) keeps that
+        x_MK = x.reshape(-1, x.shape[-1]).contiguous()
         if self.static:
             scale = self.input_scale
             x_fp8 = scaled_e4m3(x_MK, scale)
