@@ -191,3 +191,26 @@ def test_the_layer_norm_is_torchs_compiled_or_not(dtype):
     # the far row: both lose what float32 cannot hold of a mean 300 standard deviations out
     worst = (got[0].float() - want[0].float()).abs().max().item()
     assert worst < (1e-3 if dtype == torch.float32 else 0.1), worst
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_fp8_linear_compiled_takes_tokens_held_transposed(static):
+    """A DiT's first block gets its tokens as a transposed view of the patch embedding, and
+    a compiled norm before the layer keeps those strides: the FP8 GEMM takes its left
+    operand only row-major ("mat_a must be row_major"), so the layer hands it rows, and
+    the compiled norm returns rows as torch's LayerNorm does. On the H200 the compiled FP8
+    path failed on FlashHead's first block until both did."""
+    from pipeline.models.layers import LayerNorm
+    from pipeline.precision import Fp8Linear
+
+    torch.manual_seed(0)
+    norm = LayerNorm(64, eps=1e-6).to(torch.bfloat16)
+    fp8 = Fp8Linear(
+        torch.nn.Linear(64, 96).to(torch.bfloat16), torch.tensor(4.0) if static else None
+    )
+    x_BLD = torch.randn(1, 64, 32, dtype=torch.bfloat16).transpose(1, 2)  # (B, L, D), D strided
+    with torch.no_grad():
+        assert torch.compile(lambda x: norm(x))(x_BLD).is_contiguous()
+        got = torch.compile(lambda x: fp8(norm(x)))(x_BLD)
+        want = fp8(norm(x_BLD.contiguous()))
+    torch.testing.assert_close(got.float(), want.float(), rtol=0.05, atol=0.05)
