@@ -300,6 +300,28 @@ def test_fp8_attention_quantises_in_the_block_and_keeps_the_frames_close(
     assert all(b.self_attn.fp8_inputs for b in auto.models.dit.audio_blocks())
 
 
+@pytest.mark.slow  # two tiny engines compiled on the CPU
+@pytest.mark.parametrize("outputs", [False, True])
+def test_compiled_fp8_pro_makes_the_eager_fp8_frames(release, outputs):
+    """`--compile --precision fp8` as on the GPU (the FP8 GEMM emulated by the CPU's own
+    kernels, which take their operands as strictly as the GPU's): the compiled blocks make
+    the eager FP8 engine's frames, within a grey level. The first block's tokens arrive as
+    a transposed view; once the compiled norm kept those strides, the FP8 GEMM refused them
+    on the H200."""
+    from pipeline.precision import apply_fp8
+
+    overrides = {"flashhead.attention": "sdpa", "flashhead.fp8_outputs": outputs}
+    engine = start_engine(engine_options(release, overrides=overrides))[0]
+    assert apply_fp8(engine, "static", emulate=True) == (6 if outputs else 4) * len(
+        engine.models.dit.audio_blocks()
+    )
+    eager = _frames(engine, 1.5)
+    engine.compile()
+    compiled = _frames(engine, 1.5)
+    diff = np.abs(eager.astype(int) - compiled.astype(int))
+    assert diff.max() <= 1, (diff.mean(), diff.max())
+
+
 def test_fp8_attention_gives_each_stream_of_a_batch_what_it_gets_alone(
     release, emulated_fp8_kernel
 ):
