@@ -277,9 +277,12 @@ class PlayoutControl:
     def plan(self, rate: float = 1.0) -> PlayoutBudget:
         steady = max(self.timing.steady_seconds, self._step_seconds())
         first, first_frames = self.timing.first_seconds, self.timing.first_frames(steady)
-        if self.clock.t0 is not None:  # started: its step 0 is behind it, every step ahead
-            first = steady  # is a later one (a re-plan grows by their needs only)
-            first_frames = first_frames and (first_frames[1], first_frames[1])
+        if self.clock.t0 is not None:
+            # started: its step 0 is behind it and every step ahead is a later one, so a
+            # re-plan grows the delay by what those need only
+            first = steady
+            if first_frames is not None:
+                first_frames = (first_frames[1], first_frames[1])
         margin = self._margin_s + self.timing.spread * steady
         return plan_playout(
             self.timing.step,

@@ -430,33 +430,41 @@ async def test_a_server_planning_for_two_calls_gives_the_first_the_shared_delay_
     assert abs(alone["playout_delay_ms"] - second["playout_delay_ms"]) < 200, (alone, second)
 
 
+def stub_playout(timing, step_seconds: float, send=None, ingest=None, session_id: str = ""):
+    """A `PlayoutControl` on its own: a frame queue of which only the lead is read, metrics
+    that take what they are given, `send` and `ingest` (the peer, the timeline) as given or
+    dropped, the engine's step measured at `step_seconds`."""
+    from types import SimpleNamespace
+
+    from realtime.playout import PlayoutControl
+
+    return PlayoutControl(
+        timing,
+        SimpleNamespace(lead=0),
+        SimpleNamespace(playout_delay=SimpleNamespace(observe=lambda s: None)),
+        send or (lambda text: None),
+        ingest or (lambda pcm, arrived: None),
+        lambda: step_seconds,
+        margin_s=0.05,
+        session_id=session_id,
+    )
+
+
 def test_a_call_retimed_before_its_first_frame_starts_at_the_shared_delay():
     """A second call joins after a call's delay was planned but before its first frame:
     nothing is shown yet, so its first frame comes later by what the shared step needs, and
     the call starts at that delay instead of growing to it at a pause (dropping frames late
     until then)."""
     import time
-    from types import SimpleNamespace
 
-    from realtime.playout import EngineTiming, PlayoutControl
+    from realtime.playout import EngineTiming
 
     engine = ScriptedEngine(rtf=0.4)
     first, steady = engine.step_seconds["first"], engine.step_seconds["steady"]
     alone = EngineTiming(engine.stream_step, first, steady)
     shared = EngineTiming(engine.stream_step, 2 * steady, 2 * steady)
 
-    def control() -> PlayoutControl:
-        return PlayoutControl(
-            alone,
-            SimpleNamespace(lead=0),
-            SimpleNamespace(playout_delay=SimpleNamespace(observe=lambda s: None)),
-            lambda text: None,
-            lambda pcm, arrived: None,
-            lambda: steady,
-            margin_s=0.05,
-        )
-
-    started_alone, joined = control(), control()
+    started_alone, joined = stub_playout(alone, steady), stub_playout(alone, steady)
     for playout in (started_alone, joined):
         playout.first_audio = time.monotonic()  # the first frames ready at once: t0 as planned
         playout.decide_start(playout.first_audio)
@@ -476,22 +484,13 @@ def test_a_started_call_re_plans_on_its_later_steps_only():
     is behind it once it has started: a re-plan grows the delay to what its later steps
     need, however long a first step would take, while a call not yet started plans on both."""
     import time
-    from types import SimpleNamespace
 
-    from realtime.playout import EngineTiming, PlayoutControl
+    from realtime.playout import EngineTiming
 
     engine = ScriptedEngine(rtf=0.4)
     steady = engine.step_seconds["steady"]
     slow_first = EngineTiming(engine.stream_step, 3.0, steady, 0.0, 2.5, 0.6 * steady)
-    playout = PlayoutControl(
-        slow_first,
-        SimpleNamespace(lead=0),
-        SimpleNamespace(playout_delay=SimpleNamespace(observe=lambda s: None)),
-        lambda text: None,
-        lambda pcm, arrived: None,
-        lambda: steady,
-        margin_s=0.05,
-    )
+    playout = stub_playout(slow_first, steady)
     unstarted = playout.plan().delay
     playout.first_audio = time.monotonic()
     playout.decide_start(playout.first_audio)
@@ -511,24 +510,16 @@ def test_a_started_call_retimed_to_a_longer_shared_step_grows_its_delay_when_qui
     step changes nothing."""
     import json
     import time
-    from types import SimpleNamespace
 
-    from realtime.playout import EngineTiming, PlayoutControl
+    from realtime.playout import EngineTiming
 
     engine = ScriptedEngine(rtf=0.4)
     first, steady = engine.step_seconds["first"], engine.step_seconds["steady"]
     alone = EngineTiming(engine.stream_step, first, steady)
     shared = EngineTiming(engine.stream_step, 2 * steady, 2 * steady)
     sent, inserted = [], []
-    playout = PlayoutControl(
-        alone,
-        SimpleNamespace(lead=0),  # the frame queue: only its lead is read
-        SimpleNamespace(playout_delay=SimpleNamespace(observe=lambda s: None)),
-        sent.append,
-        lambda pcm, arrived: inserted.append(pcm.size),
-        lambda: steady,
-        margin_s=0.05,
-        session_id="call-1",
+    playout = stub_playout(
+        alone, steady, sent.append, lambda pcm, arrived: inserted.append(pcm.size), "call-1"
     )
     caplog.set_level("INFO", logger="realtime.playout")
     playout.first_audio = time.monotonic()
@@ -553,15 +544,7 @@ def test_a_started_call_retimed_to_a_longer_shared_step_grows_its_delay_when_qui
     assert len(said) == 3, said  # the longer step, the target, the growth: an operator's trail
     assert "grown to" in said[-1]
     # an agent's call, planned for audio pushed 10x faster than real time, keeps its delay
-    agent = PlayoutControl(
-        alone,
-        SimpleNamespace(lead=0),
-        SimpleNamespace(playout_delay=SimpleNamespace(observe=lambda s: None)),
-        sent.append,
-        lambda pcm, arrived: 0,
-        lambda: steady,
-        margin_s=0.05,
-    )
+    agent = stub_playout(alone, steady, sent.append, lambda pcm, arrived: 0)
     agent.first_audio = now = time.monotonic()
     agent.probe(np.zeros(48_000, np.int16), now + 2 * PROBE_S, now)  # 1 s of audio at once
     agent.start()
