@@ -33,6 +33,10 @@ def test_one_changed_pixel_fails_tier_one_and_the_band(baseline):
     assert not report.passed and report.tier is None
     assert report.identical_frames == len(frames) - 1
     assert "frame 7" in report.message
+    # each frame's PSNR in order: the changed one alone below the cap
+    assert len(report.psnr_frames) == len(frames)
+    assert [i for i, x in enumerate(report.psnr_frames) if x < gate.PSNR_CAP] == [7]
+    assert gate.precision_tier(report, 30.0).psnr_frames == report.psnr_frames
 
 
 def test_small_reassociation_like_change_passes_tier_two(baseline):
@@ -73,3 +77,23 @@ def test_gate_command_records_then_passes(tmp_path):
     assert main(args + ["--json", str(report)]) == 0
     assert json.loads(report.read_text())["tier"] == 1
     assert json.loads((d / "baseline.json").read_text())["frames"] == 15
+
+
+def test_reassociation_reaches_a_linear_run_on_another_thread():
+    """An engine may run its steps on a thread of its own (FlashHead's step batcher): the
+    reassociated order reaches it there too, or the band is the baseline itself (100 dB)."""
+    import threading
+
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(4, 64, generator=g), torch.randn(8, 64, generator=g)
+    seen: list[torch.Tensor] = []
+    with gate.reassociated():
+        thread = threading.Thread(target=lambda: seen.append(F.linear(x, w)))
+        thread.start()
+        thread.join()
+    halves = F.linear(x[:, :32], w[:, :32]) + F.linear(x[:, 32:], w[:, 32:])
+    assert torch.equal(seen[0], halves)
+    assert F.linear is torch._C._nn.linear  # put back as it was
