@@ -86,7 +86,9 @@ speed)  # MODELS="flashhead-pro flashhead-lite", FLAGS_LIST a ;-separated list o
 gate)  # the quality gate on Pro: the eager bf16 stream recorded twice (its own run-to-run
   # band), then each run compiled against it. GATE_RUNS: ;-separated runs, each a precision
   # and its settings ("fp8-fast flashhead.attention=fp8;default": `default` is bf16, the
-  # reassociation tier); unset, GATE_PRECISION (fp8-fast) with each GATE_SETS variant (- none)
+  # reassociation tier); unset, GATE_PRECISION (fp8-fast) with each GATE_SETS variant (- none).
+  # GATE_EAGER=1: the runs eager (seconds each, against ~4 min of compiling): which part of
+  # a precision costs the frames; the compiled run still decides what ships
   [ -d "$work/float32/release" ] || python3 -m pipeline.flashhead.random_release "$work/float32" --shape full
   w="--model flashhead-pro --weights $work/float32/release --wav2vec $work/float32/wav2vec --device cuda"
   # shellcheck disable=SC2086
@@ -106,10 +108,11 @@ gate)  # the quality gate on Pro: the eager bf16 stream recorded twice (its own 
     read -ra words <<< "$run"
     [ ${#words[@]} -gt 0 ] || continue
     precision=${words[0]}; sets=(); tag=_${precision//-/_}
+    compile=(--compile); [ "${GATE_EAGER:-0}" = 1 ] && { compile=(); tag+=_eager; }
     for kv in "${words[@]:1}"; do sets+=(--set "$kv"); tag+=_${kv//[^A-Za-z0-9]/_}; done
     # shellcheck disable=SC2086
     timeout 300 python3 -m facecast gate $w --baseline "$work/gate" --precision "$precision" \
-      --compile "${sets[@]}" --json "$out/gate$tag.json" 2>"$logs/gate$tag.log" | tail -1
+      "${compile[@]}" "${sets[@]}" --json "$out/gate$tag.json" 2>"$logs/gate$tag.log" | tail -1
     [ -f "$out/gate$tag.json" ] || { echo "FAILED gate"; tail -3 "$logs/gate$tag.log"; }
     echo "  (the run: $run)"
   done
