@@ -46,13 +46,13 @@ class FlashHeadConfig:
     # quantised in the block's compiled graph, one scale each for each call in a batch, so
     # that batched calls keep the frames each gets alone; where the kernel cannot run, the
     # exact path, said once in the log) or auto (fp8 where the linears run in FP8 and the
-    # kernel can run here, else sdpa). With fp8_outputs, on the H200: Pro 57.9 fps against
-    # 54.3 at fp8-fast. sdpa until `facecast gate` has passed fp8 on the H200, then auto
-    # (bench/RESULTS.md, issue 30)
+    # kernel can run here, else sdpa). With fp8_outputs, on the H200: Pro 61.4 fps, but
+    # `facecast gate` rejected the pair there (27.2 dB lowest, floor 30): sdpa until the
+    # part that costs the frames is found and a gate passes (bench/RESULTS.md, issue 30)
     attention: str = "sdpa"
     # --precision fp8 on each block's two attention output projections as well (inside the
     # block's compiled graph, their inputs' quantisation fuses into the reshape before them;
-    # bf16 they were 15.3 ms of a Pro step on the H200). Off until gated, as `attention`
+    # bf16 they were 15.3 ms of a Pro step on the H200). Off: not yet gated on its own
     fp8_outputs: bool = False
 
     @property
