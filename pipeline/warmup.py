@@ -103,6 +103,10 @@ def run_together(batcher, streams: list) -> float:
     return time.perf_counter() - t
 
 
+# Fresh streams whose step 0 is timed at warm-up (the median is planned on)
+FIRST_STEP_SAMPLES = 3
+
+
 def warm_session(engine, seed: int, timed: bool) -> dict[str, float]:
     """A session of `warmup_steps` steps of a tone. Untimed, all its audio at once; timed,
     each step's audio just before it runs. Returns {"first": step 0, "steady": the median
@@ -118,13 +122,15 @@ def warm_session(engine, seed: int, timed: bool) -> dict[str, float]:
     spf = MODEL_SAMPLES_PER_FRAME
     frames = engine.stream_step(steps - 1).audio_frames
     audio = (0.1 * np.sin(np.arange(frames * spf) * 0.07)).astype(np.float32)
-    seconds, first_frames, pieces = _time_steps(engine, seed, audio, steps if timed else 1, timed)
+    seconds, first_frames, pieces = _time_steps(
+        engine, seed, audio, steps if timed else 1, timed, finish=True
+    )
     step0, step0_frames = [seconds[0]], [first_frames[0]]
-    for i in range(1, FIRST_STEP_SAMPLES if timed else 1):
-        more = _time_steps(engine, seed + i, audio, 1, timed=True)
-        step0.append(more[0][0])
-        step0_frames.append(more[1][0])
-        pieces = max(pieces, more[2])
+    for i in range(1, FIRST_STEP_SAMPLES if timed else 1):  # step 0 alone: no end step
+        more_seconds, more_first, more_pieces = _time_steps(engine, seed + i, audio, 1, True)
+        step0.append(more_seconds[0])
+        step0_frames.append(more_first[0])
+        pieces = max(pieces, more_pieces)
     if engine.device.type == "cuda":
         torch.cuda.synchronize(engine.device)
     out = {"first": statistics.median(step0), "steady": _median_after_first(seconds)}
@@ -134,16 +140,13 @@ def warm_session(engine, seed: int, timed: bool) -> dict[str, float]:
     return out
 
 
-# Fresh streams whose step 0 is timed at warm-up (the median is planned on)
-FIRST_STEP_SAMPLES = 3
-
-
 def _time_steps(
-    engine, seed: int, audio: np.ndarray, steps: int, timed: bool
+    engine, seed: int, audio: np.ndarray, steps: int, timed: bool, finish: bool = False
 ) -> tuple[list[float], list[float], int]:
     """A new stream of the warm-up reference through `steps` steps: each step's seconds,
     the seconds to its first piece, and the most pieces a step gave. Untimed, all the
-    audio goes in at once (its steps run to the audio's end)."""
+    audio goes in at once (its steps run to the audio's end). `finish`: the stream's end
+    step too, before it closes."""
     spf = MODEL_SAMPLES_PER_FRAME
     session = engine.new_stream(engine.warmup_reference(), seed=seed)
     seconds, first_frames, pieces = [], [], 0
@@ -157,7 +160,7 @@ def _time_steps(
             pieces = max(pieces, n + 1)
         seconds.append(time.perf_counter() - t)
         first_frames.append(seconds[-1] if first is None else first)
-    if steps > 1 or not timed:
+    if finish:
         session.finish()
     session.close()
     return seconds, first_frames, pieces

@@ -87,3 +87,17 @@ def aws(monkeypatch):
     clear_client_cache()
     monkeypatch.undo()
     mock.stop()
+
+
+@pytest.fixture
+def fakewan():
+    """The throwaway family (`tests/support/fakewan`) registered for one test, and only it."""
+    from support.fakewan import FAKEWAN
+
+    from pipeline import families
+
+    families.register(FAKEWAN)
+    try:
+        yield FAKEWAN
+    finally:
+        families.unregister(FAKEWAN.stack)

@@ -6,22 +6,13 @@ import time
 
 import av
 import pytest
-from support.fakewan import FAKEWAN, PRESET, FakeWanConfig
+from support.fakewan import PRESET, FakeWanConfig
 from support.realtime import tone_wav
 
 from facecast.cli import main
 from pipeline import families
 from pipeline.config import load_config
 from pipeline.errors import ConfigError
-
-
-@pytest.fixture
-def fakewan():
-    families.register(FAKEWAN)
-    try:
-        yield FAKEWAN
-    finally:
-        families.unregister(FAKEWAN.stack)
 
 
 def test_a_registered_family_renders_through_the_command(fakewan, tmp_path):

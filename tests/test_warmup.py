@@ -2,22 +2,11 @@
 
 import time
 
-import pytest
-from support.fakewan import FAKEWAN, PRESET
+from support.fakewan import PRESET
 from support.fakewan.engine import FakeWanEngine, FakeWanStream
 
-from pipeline import families
 from pipeline.config import load_config
 from pipeline.warmup import FIRST_STEP_SAMPLES, warm_session
-
-
-@pytest.fixture
-def fakewan():
-    families.register(FAKEWAN)
-    try:
-        yield FAKEWAN
-    finally:
-        families.unregister(FAKEWAN.stack)
 
 
 def test_one_slow_first_step_does_not_set_every_calls_first_frame(fakewan, monkeypatch):
