@@ -870,6 +870,32 @@ def test_a_second_stream_of_the_same_photo_reuses_its_reference_latents(release)
     assert [s for s in encodes if s[2] == engine.cfg.flashhead.chunk_frames]
 
 
+def test_compiling_encodes_a_kept_reference_again_through_the_compiled_encoder(release):
+    """FP8's calibration encodes the warm-up picture before `compile`: the latents kept
+    then came from the eager encoder, and reusing them kept the warm-up from ever
+    compiling the reference encode (the first new picture paid 3.5 s in its call on the
+    H200). After `compile` a picture seen before is encoded again."""
+    engine, _ = start_engine(engine_options(release))
+    vae = engine.models.vae
+    encodes: list[tuple] = []
+    encode = vae.encode
+
+    def counting(video, *args, **kwargs):
+        encodes.append(tuple(video.shape))
+        return encode(video, *args, **kwargs)
+
+    vae.encode = counting
+    photo = np.full((48, 40, 3), 90, np.uint8)
+    chunk = engine.cfg.flashhead.chunk_frames
+    engine.new_stream(photo, seed=1).close()
+    engine.new_stream(photo, seed=2).close()
+    assert [s[2] for s in encodes].count(chunk) == 1  # kept for the second stream
+    engine.compile()
+    encodes.clear()
+    engine.new_stream(photo, seed=3).close()
+    assert [s[2] for s in encodes].count(chunk) == 1
+
+
 def test_the_sessions_bench_runs_streams_together_as_one_batch_each(release):
     """`facecast bench --sessions N`: N streams at once, their steps batched by the engine,
     each with all its frames; the aggregate is what they made together over the run."""

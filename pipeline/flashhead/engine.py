@@ -215,6 +215,12 @@ class FlashHeadEngine(EngineBase):
         blocks = self.models.dit.audio_blocks()
         for block in blocks:
             block.forward = torch.compile(block.forward, mode=mode)  # type: ignore[method-assign]
+        # Latents kept from before (FP8's calibration session encodes the warm-up picture)
+        # came from the eager encoder: kept, the warm-up's streams would reuse them and never
+        # compile the 33-frame reference encode, which the first new picture then paid for
+        # in its call (3.5 s of the H200 bench's first step).
+        with self._reference_lock:
+            self._reference_latents.clear()
         if self.device.type == "cuda":
             vae = self.models.vae
             self.match_colors = torch.compile(match_colors, mode=mode, dynamic=False)
