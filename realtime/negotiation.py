@@ -62,6 +62,7 @@ async def _negotiate(service: Service, request: OfferRequest, require_video: boo
             engine,
             engine.own_process,
             sessions=service.sessions_to_plan_for(len(service.sessions) + service.reserved),
+            sharing=len(service.sessions) + service.reserved,
         ),
         service.engine_lock_for_sessions,
     )

@@ -160,10 +160,14 @@ class EngineTiming:
     first_frames_steady: float | None = None  # a later step
 
     @classmethod
-    def of(cls, engine, own_process: bool = False, sessions: int = 1) -> EngineTiming:
+    def of(
+        cls, engine, own_process: bool = False, sessions: int = 1, sharing: int | None = None
+    ) -> EngineTiming:
         """From a started engine (`Engine.warmup` measured the step times alone, and an
         engine that batches its sessions' steps, a batch of each size: "steady_x<n>").
-        A session opened beside others plans on the step of a batch of them all. Serving
+        A session planned beside others (`sessions` of them) plans on the step of a batch of
+        them all; its first step waits for the others' only where `sharing` calls (this one
+        among them; `sessions` unless told) share the engine already. Serving
         is slower, most on a CPU, where the media loop (H.264, Opus, VAD) shares the cores
         with the engine; the plan starts from that and follows the measured steps after."""
         times = engine.step_seconds or {"first": 0.0, "steady": 0.0}
@@ -180,7 +184,12 @@ class EngineTiming:
             # Planned as the shared step's length instead, a call joining a Pro call (the
             # H200's times, scripted) began its step 1 late by what the wait exceeded that,
             # and the worker skipped frames it would then have made on time.
-            others = times.get(f"steady_x{n - 1}", alone_steady) if n > 2 else alone_steady
+            # Planned for more calls than share the engine now (`--plan-sessions`), it waits
+            # only for those there: alone, for nobody (planned for all, an agent alone on a
+            # Pro server planned for two was due its first frame ~1.0 s after its first
+            # audio, where ~0.53 s was enough).
+            m = min(n, sessions if sharing is None else sharing) - 1  # the others now
+            others = 0.0 if m < 1 else times.get(f"steady_x{m}", alone_steady)
             first += others
             # A shared step's first frames come as much later as the step is longer: a call
             # whose step waits for the others' (they did not line up into one batch) shows

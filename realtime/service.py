@@ -195,8 +195,10 @@ class Service:
         engine = self.engine
         if engine is None:
             return
-        sessions = self.sessions_to_plan_for(len(self.sessions))
-        timing = EngineTiming.of(engine, engine.own_process, sessions=sessions)
+        live = len(self.sessions)
+        timing = EngineTiming.of(
+            engine, engine.own_process, sessions=self.sessions_to_plan_for(live), sharing=live
+        )
         for session in self.sessions.values():
             session.playout.retime(timing)
 

@@ -268,6 +268,44 @@ def test_a_session_opened_beside_others_plans_on_their_batched_step():
     assert EngineTiming.of(plain, sessions=3).first_seconds == EngineTiming.of(plain).first_seconds
 
 
+def test_a_call_planned_for_more_than_are_there_waits_only_for_those_there():
+    """`--plan-sessions`: a call planned for a batch of several plans its later steps on
+    that batch, but its first step waits only for the calls sharing the engine when it
+    opens: alone, for nobody, so an agent's first frame is as early as on a server planned
+    for one (planned for all, an agent alone on a Pro server planned for two was due its
+    first frame ~1.0 s after its first audio, where ~0.53 s was enough)."""
+    from types import SimpleNamespace
+
+    from realtime.playout import EngineTiming, plan_playout
+
+    engine = ScriptedEngine(rtf=0.5, first=28, chunk=28)  # the schedule only
+    times = {"first": 0.44, "steady": 0.46, "steady_x2": 0.93, "steady_x3": 1.37,
+             "first_frames": 0.30, "steady_first_frames": 0.32}  # fmt: skip
+    served = SimpleNamespace(step_seconds=times, stream_step=engine.stream_step,
+                             device=SimpleNamespace(type="scripted"))  # fmt: skip
+    alone = EngineTiming.of(served)
+    planned_alone = EngineTiming.of(served, sessions=2, sharing=1)
+    beside_one = EngineTiming.of(served, sessions=2, sharing=2)
+    three_with_two = EngineTiming.of(served, sessions=3, sharing=2)
+    assert planned_alone.steady_seconds == beside_one.steady_seconds == pytest.approx(0.93)
+    assert planned_alone.first_seconds == pytest.approx(0.44)
+    assert planned_alone.first_frames_first == pytest.approx(0.30)
+    assert beside_one.first_frames_first == pytest.approx(0.30 + 0.46)
+    assert three_with_two.first_seconds == pytest.approx(0.44 + 0.46)  # one other, alone
+    assert three_with_two.steady_seconds == pytest.approx(1.37)
+    assert EngineTiming.of(served, sessions=3).first_seconds == pytest.approx(0.44 + 0.93)
+
+    def first_frame(timing: EngineTiming) -> float:  # an agent's push, 5x real time
+        return plan_playout(
+            timing.step, timing.first_seconds, timing.steady_seconds, rate=5.0,
+            first_frames=timing.first_frames(timing.steady_seconds),
+        ).first_frame  # fmt: skip
+
+    assert first_frame(planned_alone) < 0.6
+    assert first_frame(planned_alone) == pytest.approx(first_frame(alone), abs=0.05)
+    assert first_frame(beside_one) > first_frame(planned_alone) + 0.4
+
+
 def test_a_call_beside_another_plans_its_first_pieces_after_the_others_work():
     """FlashHead sends a step's frames in pieces, its first piece 0.33 s into a 0.55-s step
     (the H200's figures). Beside a second call its step waits for the other's, so its first
