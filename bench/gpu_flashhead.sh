@@ -176,8 +176,8 @@ soak)  # two live Pro calls for SOAK_S (600) seconds, longer than one command ma
   # (serve_bench's modes, in turn; "live*2" unless set): "push live*2" first times an
   # agent's push as the first call after start-up.
   case ${2:-start} in
-  start)
-    python3 -m pipeline.flashhead.random_release "$work/float32" --shape full >/dev/null 2>&1
+  start)  # the weights an earlier call on this machine made (gate, speed) serve again
+    [ -d "$work/float32/release" ] || python3 -m pipeline.flashhead.random_release "$work/float32" --shape full >/dev/null 2>&1
     args="--serve-arg=--model=flashhead-pro --serve-arg=--weights=$work/float32/release"
     args+=" --serve-arg=--wav2vec=$work/float32/wav2vec --serve-arg=--reference=pipeline/assets/reference.png"
     args+=" --serve-arg=--set=flashhead.frame_reference=false --serve-arg=--compile"
