@@ -158,6 +158,10 @@ class EngineTiming:
     # from a step's start to its first frames, for an engine that sends them in pieces
     first_frames_first: float | None = None  # step 0
     first_frames_steady: float | None = None  # a later step
+    # A later step as the calls sharing the engine when this one opened run it, where that
+    # is shorter than the planned `steady_seconds` (`--plan-sessions`): the generation
+    # worker's first estimate of its steps, until it has measured its own.
+    steady_now: float | None = None
 
     @classmethod
     def of(
@@ -176,6 +180,7 @@ class EngineTiming:
         first, steady = times["first"], times["steady"]
         early_first, early_steady = times.get("first_frames"), times.get("steady_first_frames")
         batched = [n for n in range(2, sessions + 1) if f"steady_x{n}" in times]
+        steady_now = None
         if batched:  # its steps will run in a batch of them all: each as long as the batch
             n = max(batched)
             alone_steady, steady = steady, times[f"steady_x{n}"]
@@ -191,6 +196,8 @@ class EngineTiming:
             m = min(n, sessions if sharing is None else sharing) - 1  # the others now
             others = 0.0 if m < 1 else times.get(f"steady_x{m}", alone_steady)
             first += others
+            if m + 1 < n:
+                steady_now = alone_steady if m < 1 else times.get(f"steady_x{m + 1}", steady)
             # A shared step's first frames come as much later as the step is longer: a call
             # whose step waits for the others' (they did not line up into one batch) shows
             # its first piece only after their work, and in a batch the others' DiT and
@@ -208,6 +215,7 @@ class EngineTiming:
             STEP_SPREAD.get(kind, 0.0),
             None if early_first is None else early_first * slow,
             None if early_steady is None else early_steady * slow,
+            None if steady_now is None else steady_now * slow,
         )
 
     def first_frames(self, steady_seconds: float) -> tuple[float, float] | None:

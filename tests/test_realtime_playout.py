@@ -294,6 +294,10 @@ def test_a_call_planned_for_more_than_are_there_waits_only_for_those_there():
     assert three_with_two.first_seconds == pytest.approx(0.44 + 0.46)  # one other, alone
     assert three_with_two.steady_seconds == pytest.approx(1.37)
     assert EngineTiming.of(served, sessions=3).first_seconds == pytest.approx(0.44 + 0.93)
+    # the worker's first estimate of its steps: the batch of those there, until more come
+    assert planned_alone.steady_now == pytest.approx(0.46)
+    assert three_with_two.steady_now == pytest.approx(0.93)
+    assert beside_one.steady_now is None and alone.steady_now is None
 
     def first_frame(timing: EngineTiming) -> float:  # an agent's push, 5x real time
         return plan_playout(
@@ -396,6 +400,27 @@ async def test_two_calls_opened_at_once_both_plan_on_the_shared_step_and_stay_fr
     for call in stats:
         assert call["frames_sent"] > 200 and call["frames_missed"] == 0, call
         assert call["frames_fresh"] >= 0.99 * call["frames_sent"], call
+
+
+@pytest.mark.slow  # a served call for seconds
+@pytest.mark.timeout(90)
+@REAL_TIME_ON_A_SHARED_CPU
+async def test_an_agent_alone_on_a_server_planned_for_two_is_early_and_skips_nothing():
+    """`--plan-sessions 2` with Pro's steps as the H200 timed them (alone 0.49 s, its first
+    4 frames 0.31 s in; two together 0.97 s): an agent alone pushes its answer at 5x. Its
+    first step runs alone, so its first frame comes as early as on a server planned for one
+    (~0.58 s), and its worker, expecting steps of its own until others join, skips nothing
+    (expecting the shared step, it skipped 4 of 93 frames it would have made in time)."""
+    engine = ScriptedBatchingEngine(
+        {1: 0.49, 2: 0.97}, first_seconds=0.45, chunk=28, piece_share=0.63
+    )
+    _, stats, _, _ = await serve_scripted(
+        engine, seconds=6.0, speed=5.0, max_sessions=2, plan_sessions=2
+    )
+    said = {k: v for k, v in stats.items() if k.startswith(("frames", "playout", "ttff"))}
+    assert stats["frames_skipped"] == 0 and stats["frames_missed"] == 0, said
+    assert stats["frames_sent"] > 100 and stats["frames_fresh"] >= 0.98 * stats["frames_sent"], said
+    assert stats["ttff_ms"] < 750, said
 
 
 async def a_second_call_joins(
