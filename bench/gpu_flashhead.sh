@@ -20,7 +20,9 @@
 set -uo pipefail
 mode=${1:?parity|decode|speed|gate|serve|sessions|soak}
 wheels=.whl; case $mode in serve|sessions|soak) wheels=.whlserve ;; esac
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels/*.whl
+# soak collect carries nothing (the machine keeps /tmp/site from soak start, not the wheels)
+[ "$mode ${2:-}" = "soak collect" ] \
+  || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels/*.whl
 # the pure-Python part of the bundle travels zipped where the tree is near its 64 MiB
 [ -f $wheels/pure.zip ] && python3 -m zipfile -e $wheels/pure.zip /tmp/pure
 export PYTHONPATH=/tmp/site:/tmp/pure:$PWD/$wheels/pure:$PWD PYTHONUNBUFFERED=1
@@ -171,7 +173,9 @@ sessions)  # the product bench (batched steps, capacity), then serve: an agent a
 soak)  # two live Pro calls for SOAK_S (600) seconds, longer than one command may run: call
   # `soak start` (returns once the server and clients run, detached with setsid), then within
   # the 30 s the machine stays warm, `soak collect` (waits for them, copies the results).
-  # Both carry .whlserve. The calls' GPU memory, read every 10 s, says whether it stays flat.
+  # start carries .whlserve (without its cuDNN frontend wheel, which FlashHead's default
+  # attention does not use, while the tree and the whole bundle pass 64 MiB), collect nothing.
+  # The calls' GPU memory, read every 10 s, says whether it stays flat.
   # PRECISION (fp8, or fp8-fast), BATCH, SETS and SERVE_FLAGS as for sessions; SOAK_MODES
   # (serve_bench's modes, in turn; "live*2" unless set): "push live*2" first times an
   # agent's push as the first call after start-up.
