@@ -215,6 +215,16 @@ soak)  # two live Pro calls for SOAK_S (600) seconds, longer than one command ma
     done_ || echo "not done yet: run 'soak collect' again within 30 s"
     cp "$work"/soak.json "$work"/soak.md "$work"/soak.log "$work"/soak_serve.log "$out/" 2>/dev/null
     cat "$work/soak.log"
+    # the set under way, at its calls' last 10-s samples (kept should the budget end it)
+    python3 - "$work/soak.json" <<'EOF' 2>/dev/null
+import json, sys
+for c in json.load(open(sys.argv[1])).get("in_progress") or []:
+    s = c and c["server"]
+    if s:
+        print("under way: %s call %d of %d at %s s: fresh %s (%s/%s), ttff %s ms" % (
+            c["mode"], c["call"] + 1, c["concurrent"], c["elapsed_s"], s.get("fresh_share"),
+            s.get("frames_fresh"), s.get("frames_sent"), s.get("ttff_ms")))
+EOF
     ;;
   esac
   ;;

@@ -18,12 +18,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import functools
 import json
 import os
 import re
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -54,11 +57,19 @@ def metric_values(text: str) -> dict[str, float]:
 
 
 async def one_call(
-    url: str, pcm, mode: str, seconds: float, speed: float, delay: float = 0.0
+    url: str,
+    pcm,
+    mode: str,
+    seconds: float,
+    speed: float,
+    delay: float = 0.0,
+    progress: Callable[[dict], None] | None = None,
 ) -> tuple[dict, FacecastClient | None]:
     """One call as the server saw it, and its client, whose own measurements (`call_stats`)
     are read after every call held together has ended: reading them takes seconds of this
-    loop for a long call, which would stall the other calls' clients meanwhile."""
+    loop for a long call, which would stall the other calls' clients meanwhile. Every
+    MEMORY_EVERY_S it hands `progress` the server's counters so far, so that a run cut short
+    keeps what the call had shown until then."""
     await asyncio.sleep(delay)  # calls held together start a little apart, as people do
     source = PcmSource(pcm, speed=speed if mode == "push" else 1.0, loop=mode == "live")
     length = seconds if mode == "live" else pcm.size / OUTPUT_RATE / speed + 3.0
@@ -72,11 +83,20 @@ async def one_call(
             return {"mode": mode, "seconds": length, "speed": source.speed, "refused": str(e)}, None
         # the engine's GPU memory through the call, every MEMORY_EVERY_S: flat, or a leak
         allocated, readings = [], max(1, round(length / MEMORY_EVERY_S))
+        started = time.monotonic()
         for _ in range(readings):
             await asyncio.sleep(length / readings)
             now = metric_values(await (await http.get(f"{url}/metrics")).text())
             if now.get("facecast_gpu_memory_allocated_bytes"):  # 0: a CPU, no reading
                 allocated.append(now["facecast_gpu_memory_allocated_bytes"])
+            if progress is not None:
+                listed = (await (await http.get(f"{url}/sessions")).json())["sessions"]
+                progress({
+                    "mode": mode,
+                    "elapsed_s": round(time.monotonic() - started, 1),
+                    "server": next((s for s in listed if s["id"] == client.session_id), {}),
+                    "gpu_memory_allocated_bytes": list(allocated),
+                })  # fmt: skip
         sessions = (await (await http.get(f"{url}/sessions")).json())["sessions"]
         after = metric_values(await (await http.get(f"{url}/metrics")).text())
         await client.close()
@@ -110,7 +130,8 @@ async def measure(args: argparse.Namespace, cmd: list[str], port: int, script: s
     """Start the server `cmd` starts on `port`, make the calls `args` asks for, and report
     them with the exact command (`script` and its arguments). The JSON (`args.json`) is
     written after every set of calls made together, marked incomplete until the last: a run
-    cut short (a device command's time limit) keeps every set it measured."""
+    cut short (a device command's time limit) keeps every set it measured, and the set under
+    way's counters at its calls' last samples (`in_progress`)."""
     url = f"http://127.0.0.1:{port}"
     res: dict = {
         "meta": {
@@ -133,14 +154,27 @@ async def measure(args: argparse.Namespace, cmd: list[str], port: int, script: s
         health = await wait_until_ready(url, args.startup_timeout, server)
         res.update(startup_seconds=health.get("startup_seconds"), health=health)
         pcm = read_pcm(args.wav)
+
+        def note(i: int, sample: dict) -> None:
+            calls = res["in_progress"]
+            calls[i] = {**sample, "concurrent": len(calls), "call": i}
+            write_json(args.json, res)
+
         for mode, n in map(mode_and_calls, args.mode):
             before = await engine_batches(url)
+            # the set's calls so far, written as they come: a soak cut short by the
+            # device's budget lost two calls' 8 minutes of fresh shares without them
+            res["in_progress"] = [None] * n
             together = await asyncio.gather(
                 *(
-                    one_call(url, pcm, mode, args.seconds, args.push_speed, i * args.stagger)
+                    one_call(
+                        url, pcm, mode, args.seconds, args.push_speed, i * args.stagger,
+                        progress=functools.partial(note, i),
+                    )
                     for i in range(n)
                 )
-            )
+            )  # fmt: skip
+            del res["in_progress"]
             batching = batches_between(before, await engine_batches(url))
             for i, (call, client) in enumerate(together):
                 if client is not None:
