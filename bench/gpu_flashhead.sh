@@ -33,6 +33,15 @@ mkdir -p "$work" "$work/logs"
 logs=$work/logs
 nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader
 
+clocks_start() {  # the GPU's clocks and power every 0.5 s into $1 (bench/gpu_clocks.py)
+  setsid nohup python3 bench/gpu_clocks.py record "$1" >/dev/null 2>&1 </dev/null &
+}
+clocks_stop() {  # $1 as for clocks_start: stop the sampler (it became nvidia-smi), print
+  # what the busy samples say
+  pkill -f "nvidia-smi --query-gpu=timestamp" 2>/dev/null
+  cp "$1" "$out/" 2>/dev/null && echo "GPU: $(python3 bench/gpu_clocks.py summary "$1")"
+}
+
 reference() {  # the authors' code, in its own environment
   [ -d /tmp/refsite ] || python3 -m pip install -q --no-index --no-deps --no-compile \
     --target /tmp/refsite .whlref/*.whl
@@ -76,9 +85,11 @@ speed)  # MODELS="flashhead-pro flashhead-lite", FLAGS_LIST a ;-separated list o
     w+=" --device cuda --seconds ${SECONDS_BENCH:-30}"
     for flags in "${flag_sets[@]}"; do
       name=$model$(echo "$flags" | tr -d ' -' | tr '=.' '__')
+      clocks_start "$work/clocks_$name.csv"
       # shellcheck disable=SC2086
       timeout 420 python3 -m facecast bench $w $flags --json "$out/$name.json" 2>"$logs/$name.log" \
         || { echo "FAILED $model $flags"; tail -5 "$logs/$name.log"; }
+      clocks_stop "$work/clocks_$name.csv"
     done
   done
   # PROFILE=1: then Pro's steady step, PRECISION (fp8 unless set)
@@ -192,6 +203,7 @@ soak)  # two live Pro calls for SOAK_S (600) seconds, longer than one command ma
     for flag in ${SERVE_FLAGS:-}; do args+=" --serve-arg=$flag"; done
     for m in ${SOAK_MODES:-live*2}; do args+=" --mode $m"; done
     rm -f "$work/soak.json"
+    clocks_start "$work/clocks_soak.csv"
     # shellcheck disable=SC2086
     setsid nohup python3 bench/serve_bench.py --config flashhead-pro --device cuda $args \
       --seconds "${SOAK_S:-600}" --wav pipeline/assets/sample_speech.wav \
@@ -214,6 +226,8 @@ soak)  # two live Pro calls for SOAK_S (600) seconds, longer than one command ma
     for _ in $(seq 1 110); do done_ && break; sleep 5; done
     done_ || echo "not done yet: run 'soak collect' again within 30 s"
     cp "$work"/soak.json "$work"/soak.md "$work"/soak.log "$work"/soak_serve.log "$out/" 2>/dev/null
+    if done_; then clocks_stop "$work/clocks_soak.csv"
+    else cp "$work/clocks_soak.csv" "$out/" 2>/dev/null; fi
     cat "$work/soak.log"
     # the set under way, at its calls' last 10-s samples (kept should the budget end it)
     python3 - "$work/soak.json" <<'EOF' 2>/dev/null

@@ -336,6 +336,10 @@ def cmd_gate(args: argparse.Namespace) -> int:
     opts = engine_options(args, warmup=False, sdpa_pick=False)
     opts.compile, opts.precision = False, "default"
     engine, _ = start_engine(opts)
+    if args.precision != "default" and not args.record:
+        from pipeline.precision import require_fp8
+
+        require_fp8(engine.device)  # before minutes of recording, not after
     if args.record or not gate.has_baseline(args.baseline):
         meta = gate.record_baseline(engine, args.baseline, args.seconds, args.seed)
         print(

@@ -199,6 +199,14 @@ def calibrate_input_amax(engine, linears: list[nn.Linear]) -> dict[nn.Module, Te
     return amax
 
 
+def require_fp8(device: torch.device) -> None:
+    """ConfigError unless `device` has FP8 tensor cores."""
+    from pipeline.errors import ConfigError
+
+    if not fp8_supported(device):
+        raise ConfigError("--precision fp8 needs an FP8 GPU (compute capability 8.9 or 9.0+)")
+
+
 def apply_fp8(
     engine, scaling: str = "static", emulate: bool = False, fast_accum: bool = False
 ) -> int:
@@ -211,8 +219,8 @@ def apply_fp8(
 
     if scaling not in SCALINGS:
         raise ConfigError(f"FP8 scaling {scaling!r} is not one of {', '.join(SCALINGS)}")
-    if not emulate and not fp8_supported(engine.device):
-        raise ConfigError("--precision fp8 needs an FP8 GPU (compute capability 8.9 or 9.0+)")
+    if not emulate:
+        require_fp8(engine.device)
     if engine.offloader is not None:
         raise ConfigError("--precision fp8 does not combine with --offload yet")
     layers = fp8_layers(engine, scaling)

@@ -39,6 +39,20 @@ def test_one_changed_pixel_fails_tier_one_and_the_band(baseline):
     assert gate.precision_tier(report, 30.0).psnr_frames == report.psnr_frames
 
 
+def test_each_frame_of_the_band_is_kept_beside_the_candidates(baseline):
+    # a stream that feeds its frames back can amplify rounding chunk by chunk: the band's
+    # frames, beside the candidate's, tell that from a change's own loss
+    d, meta = baseline
+    band = meta["band_psnr_frames"]
+    assert len(band) == meta["frames"] and min(band) == pytest.approx(
+        meta["band_psnr_min"], abs=0.01
+    )
+    base = np.load(d / "frames.npy")
+    report = gate.compare(meta, base, base)
+    assert report.band_psnr_frames == band
+    assert gate.precision_tier(report, 30.0).band_psnr_frames == band
+
+
 def test_small_reassociation_like_change_passes_tier_two(baseline):
     d, meta = baseline
     base = np.load(d / "frames.npy")
@@ -77,6 +91,14 @@ def test_gate_command_records_then_passes(tmp_path):
     assert main(args + ["--json", str(report)]) == 0
     assert json.loads(report.read_text())["tier"] == 1
     assert json.loads((d / "baseline.json").read_text())["frames"] == 15
+
+
+def test_gate_refuses_fp8_on_a_device_without_it_before_recording(tmp_path, capsys):
+    d = tmp_path / "base"
+    args = ["gate", "--config", "tiny", "--baseline", str(d), "--device", "cpu"]
+    assert main(args + ["--precision", "fp8"]) == 2
+    assert "needs an FP8 GPU" in capsys.readouterr().err
+    assert not d.exists()  # no minutes spent recording a baseline it cannot use
 
 
 def test_reassociation_reaches_a_linear_run_on_another_thread():

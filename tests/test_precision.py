@@ -82,6 +82,13 @@ def test_precision_tier_passes_on_its_own_floor():
     assert not precision_tier(report, 35.0).passed
 
 
+def test_precision_tier_says_how_much_more_error_than_reordering_alone():
+    # 6.02 dB below the band is twice the RMS error of bf16's own reassociation
+    report = GateReport(False, None, 3, 0, 25.66, 30.0, 31.68, 31.18, "rejected", [25.66] * 3)
+    tier = precision_tier(report, 30.0)
+    assert not tier.passed and "2.00x its error" in tier.message
+
+
 @pytest.mark.slow
 def test_an_engine_with_emulated_fp8_streams_close_to_its_own_precision():
     """What bench/fp8_quality.py measures: calibration over the warm-up session records
