@@ -249,6 +249,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from pipeline.diffusion.bench_report import summary_line, write_results
 
     _diffusion_only(args, "bench", "use python bench/photo_bench.py")
+    if args.paced and (args.model is None or args.sessions > 1):
+        raise FacecastError("--paced times one real model's stream (--model, one session)")
     if args.model is not None or args.sessions > 1:
         # a real model's stream, or several sessions at once, timed as a server runs them
         import json
@@ -261,7 +263,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             res = stream_bench.bench_sessions(stream_opts, args.seconds, args.sessions, command)
             line = stream_bench.sessions_summary(res)
         else:
-            res = stream_bench.bench_stream(stream_opts, args.seconds, command)
+            res = stream_bench.bench_stream(stream_opts, args.seconds, command, args.paced)
             line = stream_bench.stream_summary(res)
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -308,6 +310,8 @@ def bench_command(args: argparse.Namespace) -> str:
     parts.append(f"--seconds {args.seconds:g}")
     if getattr(args, "sessions", 1) > 1:
         parts.append(f"--sessions {args.sessions}")
+    if getattr(args, "paced", False):
+        parts.append("--paced")
     for name in ("attention", "memory_cap_gb", "offload_budget_gb", "json"):
         if getattr(args, name) is not None:
             parts.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
@@ -463,6 +467,12 @@ def build_parser(with_serve_options: bool = True) -> argparse.ArgumentParser:
         metavar="N",
         help="N sessions at once, each on its own thread as serve runs them (batched where "
         "the engine batches): the engine's aggregate fps and each session's",
+    )
+    bench.add_argument(
+        "--paced",
+        action="store_true",
+        help="each step when its audio would come from a live microphone, as a served live "
+        "call's steps run (default: back to back, as an agent's push)",
     )
     bench.add_argument("--json", help="write the full results here (bench/results/*.json)")
     bench.add_argument("--markdown", help="append a table to this file (bench/RESULTS.md)")

@@ -2,7 +2,11 @@
 
 The engine starts as every command starts it (`pipeline.startup`); one stream of the
 benchmark's test card is fed `seconds` of speech-like audio step by step, each step's audio
-just before it runs, so a step's wall time is what a live session waits for. Reported:
+just before it runs, so a step's wall time is what a live session waits for. Back to back by
+default, as an agent pushing speech faster than real time has them run; `paced`, each step
+starts when its audio would have come from a live microphone, as a served live call's do (the
+GPU then idles between steps, and on the H200 served steps have run 5-8 % faster than steps
+back to back: `bench/RESULTS.md`, issue 30). Reported:
 generation fps and real-time factor, step times (first, p50, p90, max), seconds per stage
 per step, GPU memory at every step (flat over the run, or not) and the start-up.
 
@@ -25,12 +29,12 @@ from typing import Any
 import torch
 
 from pipeline.bench import git_commit, percentile, speech_like_audio, test_card
-from pipeline.clock import FPS, MODEL_SAMPLES_PER_FRAME
+from pipeline.clock import FPS, MODEL_RATE, MODEL_SAMPLES_PER_FRAME
 from pipeline.startup import EngineOptions, start_engine
 from pipeline.stream import ready_pieces, samples_wanted
 
 
-def bench_stream(opts: EngineOptions, seconds: float, command: str) -> dict:
+def bench_stream(opts: EngineOptions, seconds: float, command: str, paced: bool = False) -> dict:
     engine, report = _started(opts)
     cfg, device = engine.cfg, engine.device
     cuda = device.type == "cuda"
@@ -40,14 +44,20 @@ def bench_stream(opts: EngineOptions, seconds: float, command: str) -> dict:
     stream: Any = engine.new_stream(test_card(v.height, v.width), seed=0)
     step_s: list[float] = []
     first_s: list[float] = []  # from a step's start to its first frames
+    started: list[float] = []  # paced: each step's start, from the first audio sample's
     step_frames: list[int] = []
     memory: list[int] = []
     first_stages: dict[str, float] = {}
     k = 0
+    began = None  # paced: when the audio's first sample came, as a microphone's would
     while stream.timeline.total < len(audio):
         # the next step's audio, and the one after's for a stream that starts it beside this
         # one (LiveAvatar): a server's backlog when the engine is behind real time
         need = min(len(audio), stream.timeline.total + samples_wanted(stream))
+        if paced:  # step 0 at once; each later one when its last sample would have come
+            now = time.perf_counter()
+            began = now - need / MODEL_RATE if began is None else began
+            time.sleep(max(0.0, began + need / MODEL_RATE - now))
         stream.push_audio(audio[stream.timeline.total : need])
         t = time.perf_counter()
         made, first = 0, 0.0
@@ -56,6 +66,8 @@ def bench_stream(opts: EngineOptions, seconds: float, command: str) -> dict:
             made += len(batch.frames)
         if made:  # the audio's end can fall short of a step's lookahead: no step ran then
             step_s.append(time.perf_counter() - t)
+            if began is not None:
+                started.append(t - began)
             first_s.append(first)
             step_frames.append(made)
             memory.append(torch.cuda.memory_allocated(device) if cuda else 0)
@@ -73,7 +85,7 @@ def bench_stream(opts: EngineOptions, seconds: float, command: str) -> dict:
     half = len(memory) // 2
     res = {
         "command": command,
-        "meta": _meta(cfg, device, opts, seconds),
+        "meta": {**_meta(cfg, device, opts, seconds), "paced": paced},
         "startup": report.to_dict(),
         # the warm-up's steps: alone, and batches of n streams ("steady_x<n>")
         "warmup_step_seconds": engine.step_seconds,
@@ -98,6 +110,8 @@ def bench_stream(opts: EngineOptions, seconds: float, command: str) -> dict:
         },
         "steps": step_s,
     }
+    if paced:
+        res["steps_started_s"] = started
     return res
 
 
@@ -205,9 +219,10 @@ def stream_summary(res: dict) -> str:
     warm = res.get("warmup_step_seconds") or {}
     batched = " ".join(f"{k[7:]}={v:.3f}s" for k, v in warm.items() if k.startswith("steady_x"))
     peak = f"{m['peak_bytes'] / 1e9:.2f} GB" if m["peak_bytes"] else "-"
+    paced = ", steps paced as a live call's" if res["meta"].get("paced") else ""
     return (
         f"{res['meta']['config']} compile={res['meta']['compile']} "
-        f"precision={res['meta']['precision']}: {s['fps']:.1f} fps (RTF "
+        f"precision={res['meta']['precision']}{paced}: {s['fps']:.1f} fps (RTF "
         f"{s['real_time_factor']:.3f}), step p50 {s['step_p50']:.3f}s p90 {s['step_p90']:.3f}s "
         f"first {s['step_first']:.3f}s for {s['frames_per_step']} frames; first frames after "
         f"{s['first_frames_first']:.3f}s (step 0), {s['first_frames_p50']:.3f}s (p50); "

@@ -51,3 +51,9 @@ def test_bench_command_writes_json_and_its_own_markdown_section(tmp_path):
     assert "other helper's table" in text and "time to first frame" in text
     append_markdown(md, "second block\n")
     assert md.read_text().count("facecast-bench:begin") == 1 and "second block" in md.read_text()
+
+
+def test_paced_bench_wants_one_real_model_stream(capsys):
+    args = ["bench", "--config", "tiny", "--seconds", "1", "--device", "cpu", "--paced"]
+    assert main(args) == 2
+    assert "--paced times one real model's stream" in capsys.readouterr().err

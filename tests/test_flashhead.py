@@ -908,3 +908,19 @@ def test_the_sessions_bench_runs_streams_together_as_one_batch_each(release):
     wall = max(r["seconds"] for r in per)
     assert res["aggregate_fps"] == pytest.approx(sum(r["frames"] for r in per) / wall)
     assert "3 sessions (batched)" in sessions_summary(res)
+
+
+def test_the_paced_bench_starts_each_step_when_a_microphone_would_have_its_audio(release):
+    """`facecast bench --paced`: step 0 at once, each later one no sooner than its audio's
+    last sample would come in real time (a served live call's steps, the GPU idle between)."""
+    from pipeline.clock import FPS
+    from pipeline.stream_bench import bench_stream, stream_summary
+
+    opts = engine_options(release, model="flashhead-lite")
+    res = bench_stream(opts, 3.5, "bench", paced=True)
+    starts, chunk = res["steps_started_s"], res["steady"]["frames_per_step"] / FPS
+    assert res["meta"]["paced"] and len(starts) == len(res["steps"]) >= 3
+    # each step's audio is a chunk more than the last one's: it comes a chunk later
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert all(gap >= chunk - 0.01 for gap in gaps), (gaps, chunk)
+    assert "steps paced as a live call's" in stream_summary(res)

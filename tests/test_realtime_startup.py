@@ -28,7 +28,7 @@ def flags_of(parser, command: str) -> set[str]:
 def test_serve_takes_every_engine_flag_bench_has():
     parser = build_parser()
     engine_flags = flags_of(parser, "bench") - {
-        "--seconds", "--sessions", "--json", "--markdown", "--no-warmup", "--isolated-reps",
+        "--seconds", "--sessions", "--paced", "--json", "--markdown", "--no-warmup", "--isolated-reps",
         "--set", "--command-line", "-h", "--help",
     }  # fmt: skip
     assert {"--compile", "--offload", "--prefetch", "--memory-cap-gb", "--attention"} <= (
