@@ -1,6 +1,6 @@
 """The GPU's clocks and power while a benchmark runs, from `nvidia-smi`.
 
-A served call's steps, spaced by its audio, have run 7 % faster than the same engine's steps
+A served call's steps, spaced by its audio, have run 1-8 % faster than the same engine's steps
 run back to back (the warm-up, `facecast bench`, an agent's push). Sampling the SM clock, power
 and the driver's clock-event reasons beside a run tells a clock held down by power or heat
 from work that differs.

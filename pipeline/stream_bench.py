@@ -5,7 +5,7 @@ benchmark's test card is fed `seconds` of speech-like audio step by step, each s
 just before it runs, so a step's wall time is what a live session waits for. Back to back by
 default, as an agent pushing speech faster than real time has them run; `paced`, each step
 starts when its audio would have come from a live microphone, as a served live call's do (the
-GPU then idles between steps, and on the H200 served steps have run 5-8 % faster than steps
+GPU then idles between steps, and on the H200 served steps have run 1-8 % faster than steps
 back to back: `bench/RESULTS.md`, issue 30). Reported:
 generation fps and real-time factor, step times (first, p50, p90, max), seconds per stage
 per step, GPU memory at every step (flat over the run, or not) and the start-up.
