@@ -17,6 +17,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections import Counter
 
 FIELDS = "timestamp,utilization.gpu,clocks.sm,clocks.mem,power.draw,temperature.gpu"
 # the driver's names for why clocks are below their maximum, newest first
@@ -63,11 +64,9 @@ def summary(path: str) -> str:
         return [x for r in busy if (x := _number(r[at[name]])) is not None]
 
     clock, power, temp = column("clocks.sm"), column("power.draw"), column("temperature.gpu")
-    reasons: dict[str, int] = {}
-    for r in busy:
-        if len(r) > len(names):
-            reasons[r[len(names)]] = reasons.get(r[len(names)], 0) + 1
-    seen = ", ".join(f"{code} in {n}" for code, n in sorted(reasons.items(), key=lambda x: -x[1]))
+    # the reasons column follows FIELDS where the driver answered it (`fields`)
+    reasons = Counter(r[len(names)] for r in busy if len(r) > len(names))
+    seen = ", ".join(f"{code} in {n}" for code, n in reasons.most_common())
     return (
         f"{len(busy)} of {len(rows)} samples busy (utilisation >= {BUSY_PERCENT} %): SM clock "
         f"p50 {statistics.median(clock):.0f} MHz (min {min(clock):.0f}, max {max(clock):.0f}), "
