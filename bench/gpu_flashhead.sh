@@ -101,13 +101,15 @@ gate)  # the quality gate on Pro: the eager bf16 stream recorded twice (its own 
   # and its settings ("fp8-fast flashhead.attention=fp8;default": `default` is bf16, the
   # reassociation tier); unset, GATE_PRECISION (fp8-fast) with each GATE_SETS variant (- none).
   # GATE_EAGER=1: the runs eager (seconds each, against ~4 min of compiling): which part of
-  # a precision costs the frames; the compiled run still decides what ships
+  # a precision costs the frames; the compiled run still decides what ships. GATE_RECORD=0:
+  # check against the baseline the last call recorded (the machine still warm)
   [ -d "$work/float32/release" ] || python3 -m pipeline.flashhead.random_release "$work/float32" --shape full
   w="--model flashhead-pro --weights $work/float32/release --wav2vec $work/float32/wav2vec --device cuda"
   # shellcheck disable=SC2086
-  timeout 240 python3 -m facecast gate $w --baseline "$work/gate" --record \
-    --seconds "${GATE_SECONDS:-4}" 2>"$logs/gate_record.log" | tail -1 \
+  [ "${GATE_RECORD:-1}" = 0 ] || timeout 240 python3 -m facecast gate $w --baseline "$work/gate" \
+    --record --seconds "${GATE_SECONDS:-4}" 2>"$logs/gate_record.log" | tail -1 \
     || { echo "FAILED gate record"; tail -20 "$logs/gate_record.log"; }
+  [ "${GATE_RECORD:-1}" = 0 ] || cp "$work/gate/baseline.json" "$out/gate_baseline.json"
   if [ -z "${GATE_RUNS:-}" ]; then
     IFS=';' read -ra variants <<< "${GATE_SETS:--}"
     GATE_RUNS=""

@@ -6,13 +6,24 @@ a baseline recorded in DIR:
 
 - recording (DIR has no baseline yet, or --record): the unchanged build renders twice and
   the two runs must hash identical, frame by frame (dual baseline: a nondeterministic
-  baseline makes every later comparison meaningless, so the gate refuses it); a third run
-  differs only in reduction order (every linear layer's sum over its input dimension split
-  in two halves, accumulated in fp32) and sets the tier-2 band: its PSNR against the
-  baseline is what reassociation alone costs.
-- checking: tier 1 passes on byte-identical frame hashes; otherwise tier 2 passes when the
-  candidate's lowest per-frame PSNR is at least the band's lowest minus `tolerance_db`.
+  baseline makes every later comparison meaningless, so the gate refuses it); two more runs
+  differ only in reduction order (every linear layer's sum over its input dimension split
+  in halves, then in thirds, accumulated in fp32) and set the tier-2 band: their PSNR
+  against the baseline is what reassociation alone costs, two samples of that noise.
+- checking: tier 1 passes on byte-identical frame hashes; otherwise tier 2 passes when
+  1. the candidate's error over the whole render (the PSNR of its mean squared error, all
+     frames pooled) is at least the band's minus `tolerance_db`, and
+  2. its lowest frame is at least the band's lowest minus the larger of `tolerance_db` and
+     the band's spread: how far the two reorderings disagree on any one frame.
   A faster change that falls below the band is rejected.
+
+Why two samples and a pooled error: a stream that feeds its frames back as motion amplifies
+rounding at each chunk's seam, so which frame is worst, and by how much, moves from one
+sample of the same noise to another. On FlashHead Pro (H100, 2026-12-05) the compiled bf16
+build, a pure reordering, sat 0.3 dB above one reassociation on average and pooled, yet its
+worst frame fell 1.0 dB under that run's worst: one frame of one sample cannot bound the
+noise, and the gate rejected a build that only reorders sums. The pooled error is steady
+from sample to sample; the spread lets the worst frame move by what the noise itself moves.
 
 Files in DIR: baseline.json (hashes, band, what was rendered) and frames.npy (uint8).
 """
@@ -23,7 +34,7 @@ import hashlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +46,9 @@ from pipeline.errors import FacecastError
 
 PSNR_CAP = 100.0  # dB; identical frames (MSE 0) count as this
 DEFAULT_TOLERANCE_DB = 0.5
+# each linear's sum over its input split in this many parts: two reorderings, two samples of
+# the band's noise (DESIGN.md: "two bf16 reassociations of the same model")
+REORDERINGS = (2, 3)
 
 
 @dataclass
@@ -51,8 +65,15 @@ class GateReport:
     # each frame's PSNR against the baseline, in order: whether a loss grows from chunk to
     # chunk (a stream feeds its own frames back as motion) or stays put
     psnr_frames: list[float] = field(default_factory=list)
-    # the reassociated run's, frame by frame: where this stream's own rounding noise sits
+    # the band's, frame by frame (the lower of the two reorderings'): where this stream's
+    # own rounding noise sits
     band_psnr_frames: list[float] = field(default_factory=list)
+    # all frames pooled: the PSNR of the mean squared error over the whole render, the
+    # candidate's and the band's (None: a baseline recorded before the band was pooled)
+    psnr_pooled: float | None = None
+    band_psnr_pooled: float | None = None
+    # how far the lowest frame may fall under the band's lowest (criterion 2)
+    worst_allowance_db: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -87,21 +108,37 @@ def psnr_per_frame(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.minimum(psnr, PSNR_CAP)
 
 
+def psnr_pooled(a: np.ndarray, b: np.ndarray) -> float:
+    """The PSNR of the mean squared error over every frame at once (identical: PSNR_CAP)."""
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return PSNR_CAP if mse == 0 else min(PSNR_CAP, 10 * float(np.log10(255.0**2 / mse)))
+
+
+def band_spread(first: np.ndarray, second: np.ndarray) -> float:
+    """How far two samples of the band disagree on one frame, at most (dB): frames either
+    run rendered identically (PSNR_CAP) say nothing of the noise and are left out."""
+    noisy = (first < PSNR_CAP) & (second < PSNR_CAP)
+    return float(np.abs(first - second)[noisy].max()) if noisy.any() else 0.0
+
+
 @contextmanager
-def reassociated() -> Iterator[None]:
-    """Inside, every F.linear is computed as two half-K products summed in fp32: the same
-    math in another reduction order (what a different GEMM tiling or split-K does). In
-    every thread: an engine may run its steps on a thread of its own (FlashHead's step
-    batcher), which a torch function mode, being per thread, never reached (its band came
-    out byte-identical: 100 dB)."""
+def reassociated(parts: int = 2) -> Iterator[None]:
+    """Inside, every F.linear is computed as `parts` products over slices of K summed in
+    fp32: the same math in another reduction order (what a different GEMM tiling or split-K
+    does). In every thread: an engine may run its steps on a thread of its own (FlashHead's
+    step batcher), which a torch function mode, being per thread, never reached (its band
+    came out byte-identical: 100 dB)."""
     linear = F.linear
 
     def split(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
         k = w.shape[1]
-        if k < 2:
+        if k < parts:
             return linear(x, w, b)
-        h = k // 2
-        y = linear(x[..., :h], w[:, :h]).float() + linear(x[..., h:], w[:, h:]).float()
+        edges = [k * i // parts for i in range(parts + 1)]
+        y = sum(
+            linear(x[..., lo:hi], w[:, lo:hi]).float()
+            for lo, hi in zip(edges[:-1], edges[1:], strict=True)
+        )
         if b is not None:
             y = y + b.float()
         return y.to(x.dtype)
@@ -114,7 +151,7 @@ def reassociated() -> Iterator[None]:
 
 
 def record_baseline(engine, directory: str | Path, seconds: float = 2.0, seed: int = 0) -> dict:
-    """Two identical runs (or FacecastError), one reassociated run for the band; saved."""
+    """Two identical runs (or FacecastError), two reassociated ones for the band; saved."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     a = render_fixed(engine, seconds, seed)
@@ -126,9 +163,14 @@ def record_baseline(engine, directory: str | Path, seconds: float = 2.0, seed: i
             f"dual baseline failed: two runs of the same build differ in {bad} of {len(ha)} "
             "frames, so no delta can be trusted; make the baseline deterministic first"
         )
-    with _eager(), reassociated():  # compiled graphs would not see the split
-        c = render_fixed(engine, seconds, seed)
-    band = psnr_per_frame(a, c)
+    samples, pooled = [], []
+    for parts in REORDERINGS:
+        with _eager(), reassociated(parts):  # compiled graphs would not see the split
+            c = render_fixed(engine, seconds, seed)
+        samples.append(psnr_per_frame(a, c))
+        pooled.append(psnr_pooled(a, c))
+    first, second = samples
+    band = np.minimum(first, second)  # frame by frame, the noisier sample's
     meta = {
         "config": engine.cfg.name,
         "seconds": seconds,
@@ -139,6 +181,9 @@ def record_baseline(engine, directory: str | Path, seconds: float = 2.0, seed: i
         "band_psnr_mean": float(band.mean()),
         "band_identical_frames": int((band >= PSNR_CAP).sum()),
         "band_psnr_frames": [round(float(x), 2) for x in band],
+        "band_psnr_pooled": min(pooled),
+        "band_spread_db": band_spread(first, second),
+        "band_samples_psnr_frames": [[round(float(x), 2) for x in p] for p in samples],
         "attention": engine.cfg.runtime.attention,
         "dtype": engine.cfg.runtime.dtype,
         "device": str(engine.device),
@@ -168,8 +213,13 @@ def compare(
     hashes = frame_hashes(frames)
     identical = sum(x == y for x, y in zip(hashes, baseline_meta["hashes"], strict=False))
     psnr = psnr_per_frame(baseline_frames, frames)
+    pooled = psnr_pooled(baseline_frames, frames)
     band = baseline_meta["band_psnr_min"]
-    threshold = band - tolerance_db
+    # a baseline recorded before the band had two samples: its worst frame, one sample's,
+    # with the tolerance alone, and no pooled criterion (`--record` again for both)
+    band_pooled = baseline_meta.get("band_psnr_pooled")
+    allowance = max(tolerance_db, baseline_meta.get("band_spread_db", 0.0))
+    threshold = band - allowance
     common = dict(
         frames=len(frames),
         identical_frames=identical,
@@ -179,23 +229,39 @@ def compare(
         threshold_db=threshold,
         psnr_frames=[round(float(x), 2) for x in psnr],
         band_psnr_frames=baseline_meta.get("band_psnr_frames", []),
+        psnr_pooled=pooled,
+        band_psnr_pooled=band_pooled,
+        worst_allowance_db=allowance,
     )
     if hashes == baseline_meta["hashes"]:
         return GateReport(True, 1, message="tier 1: every frame byte-identical", **common)
+    worst = int(np.argmin(psnr))
+    pooled_line = (
+        "" if band_pooled is None else f"pooled {pooled:.2f} dB (band {band_pooled:.2f}), "
+    )
+    worst_line = f"lowest frame {worst} at {psnr[worst]:.2f} dB (band {band:.2f} - {allowance:.2f})"
+    if band_pooled is not None and pooled < band_pooled - tolerance_db:
+        return GateReport(
+            False,
+            None,
+            message=f"rejected: the error over all frames, pooled {pooled:.2f} dB, is below the "
+            f"band {band_pooled:.2f} - {tolerance_db} dB; {worst_line}",
+            **common,
+        )
     if psnr.min() >= threshold:
         return GateReport(
             True,
             2,
-            message=f"tier 2: lowest PSNR {psnr.min():.2f} dB >= band {band:.2f} - "
-            f"{tolerance_db} dB ({identical}/{len(frames)} frames identical)",
+            message=f"tier 2: {pooled_line}{worst_line}; {identical}/{len(frames)} frames "
+            "identical",
             **common,
         )
-    worst = int(np.argmin(psnr))
     return GateReport(
         False,
         None,
-        message=f"rejected: frame {worst} at {psnr[worst]:.2f} dB is below the band "
-        f"{band:.2f} - {tolerance_db} dB",
+        message=f"rejected: frame {worst} at {psnr[worst]:.2f} dB is below the band {band:.2f} - "
+        f"{allowance:.2f} dB ({pooled_line}the band's two reorderings disagree by at most "
+        f"{baseline_meta.get('band_spread_db', 0.0):.2f} dB on a frame)",
         **common,
     )
 
@@ -215,23 +281,21 @@ def check(engine, directory: str | Path, tolerance_db: float = DEFAULT_TOLERANCE
 
 def precision_tier(report: GateReport, floor_db: float) -> GateReport:
     """The tier of a lower precision (FP8): it cannot meet the bf16 reassociation band, so
-    it passes on its own floor, and the report says how far below the band it sits."""
+    it passes on its own floor (its lowest frame), and the report says how far below the
+    band it sits."""
     passed = report.psnr_min >= floor_db
     verdict = "precision tier: pass" if passed else "precision tier: rejected"
     # PSNR is log RMS error: the worst frame's error as a multiple of reassociation's worst
     ratio = 10 ** ((report.band_psnr_min - report.psnr_min) / 20)
-    return GateReport(
-        passed,
-        3 if passed else None,
-        report.frames,
-        report.identical_frames,
-        report.psnr_min,
-        report.psnr_mean,
-        report.band_psnr_min,
-        floor_db,
+    pooled = ""
+    if report.psnr_pooled is not None and report.band_psnr_pooled is not None:
+        pooled = f"; pooled {report.psnr_pooled:.2f} dB, the band {report.band_psnr_pooled:.2f}"
+    return replace(
+        report,
+        passed=passed,
+        tier=3 if passed else None,
+        threshold_db=floor_db,
         message=f"{verdict}: lowest PSNR {report.psnr_min:.2f} dB, mean {report.psnr_mean:.2f} "
         f"dB against the bf16 baseline (floor {floor_db:.1f} dB; the bf16 reassociation band "
-        f"is {report.band_psnr_min:.2f} dB: {ratio:.2f}x its error)",
-        psnr_frames=report.psnr_frames,
-        band_psnr_frames=report.band_psnr_frames,
+        f"is {report.band_psnr_min:.2f} dB: {ratio:.2f}x its error{pooled})",
     )
