@@ -281,21 +281,40 @@ def check(engine, directory: str | Path, tolerance_db: float = DEFAULT_TOLERANCE
 
 def precision_tier(report: GateReport, floor_db: float) -> GateReport:
     """The tier of a lower precision (FP8): it cannot meet the bf16 reassociation band, so
-    it passes on its own floor (its lowest frame), and the report says how far below the
-    band it sits."""
-    passed = report.psnr_min >= floor_db
+    it passes on its own floor: its error over all frames (pooled) at least `floor_db`, and
+    its lowest frame at least `floor_db` too, or, where bf16's own reorderings already put a
+    frame under the floor, at least the band's lowest less its spread. The report says how
+    far below the band it sits.
+
+    A stream that amplifies rounding at its seams can leave bf16 itself under the floor: on
+    FlashHead Pro (H100, 2026-12-05) one reordering of bf16's sums put a seam frame at
+    28.3 dB, so a floor on the lowest frame alone rejected bf16 as surely as FP8; the pooled
+    error still tells them apart (bf16's reorderings 37.2 dB, FP8 34.5)."""
+    allowance = report.worst_allowance_db or DEFAULT_TOLERANCE_DB
+    worst_floor = min(floor_db, report.band_psnr_min - allowance)
+    pooled = report.psnr_pooled
+    passed = report.psnr_min >= worst_floor and (pooled is None or pooled >= floor_db)
     verdict = "precision tier: pass" if passed else "precision tier: rejected"
-    # PSNR is log RMS error: the worst frame's error as a multiple of reassociation's worst
-    ratio = 10 ** ((report.band_psnr_min - report.psnr_min) / 20)
-    pooled = ""
-    if report.psnr_pooled is not None and report.band_psnr_pooled is not None:
-        pooled = f"; pooled {report.psnr_pooled:.2f} dB, the band {report.band_psnr_pooled:.2f}"
+    # PSNR is log RMS error: the error as a multiple of reassociation's, pooled where the
+    # baseline has the band pooled, else the worst frames'
+    if pooled is not None and report.band_psnr_pooled is not None:
+        ratio = 10 ** ((report.band_psnr_pooled - pooled) / 20)
+        band = report.band_psnr_pooled
+        against = f"pooled {pooled:.2f} dB (floor {floor_db:.1f}; the band {band:.2f}: "
+    else:
+        ratio = 10 ** ((report.band_psnr_min - report.psnr_min) / 20)
+        against = f"against the band's lowest {report.band_psnr_min:.2f} dB ("
+    lowest = f"lowest frame {report.psnr_min:.2f} dB (floor {worst_floor:.2f}"
+    if worst_floor < floor_db:
+        lowest += (
+            f": the band's lowest {report.band_psnr_min:.2f} less {allowance:.2f}, bf16's own "
+            f"reordering already under {floor_db:.1f}"
+        )
     return replace(
         report,
         passed=passed,
         tier=3 if passed else None,
-        threshold_db=floor_db,
-        message=f"{verdict}: lowest PSNR {report.psnr_min:.2f} dB, mean {report.psnr_mean:.2f} "
-        f"dB against the bf16 baseline (floor {floor_db:.1f} dB; the bf16 reassociation band "
-        f"is {report.band_psnr_min:.2f} dB: {ratio:.2f}x its error{pooled})",
+        threshold_db=worst_floor,
+        message=f"{verdict}: {against}{ratio:.2f}x its error), {lowest}), mean "
+        f"{report.psnr_mean:.2f} dB, against the bf16 baseline",
     )
