@@ -89,6 +89,32 @@ def test_precision_tier_says_how_much_more_error_than_reordering_alone():
     assert not tier.passed and "2.00x its error" in tier.message
 
 
+def _report(worst: float, pooled: float, band_worst: float, band_pooled: float, spread: float):
+    return GateReport(
+        False, None, 75, 0, worst, pooled + 1, band_worst, band_worst - spread, "rejected",
+        psnr_pooled=pooled, band_psnr_pooled=band_pooled, worst_allowance_db=spread,
+    )  # fmt: skip
+
+
+def test_precision_tier_where_bf16_itself_falls_under_the_floor_judges_by_the_band():
+    # FlashHead Pro on an H100 (2026-12-05): one reordering of bf16's sums put a seam frame
+    # at 28.3 dB; FP8's lowest frame was as low, its error over all frames 1.37x bf16's
+    fp8 = precision_tier(_report(28.16, 34.46, 28.33, 37.19, 4.29), 30.0)
+    assert fp8.passed and fp8.tier == 3
+    assert fp8.threshold_db == pytest.approx(28.33 - 4.29)
+    assert "1.37x its error" in fp8.message and "already under 30.0" in fp8.message
+    # its error over all frames is still held to the floor
+    assert not precision_tier(_report(28.16, 29.5, 28.33, 37.19, 4.29), 30.0).passed
+    # and a frame far under what bf16's own reorderings reach is caught
+    assert not precision_tier(_report(23.0, 34.46, 28.33, 37.19, 4.29), 30.0).passed
+
+
+def test_precision_tier_keeps_its_floor_on_the_lowest_frame_where_bf16_meets_it():
+    # LiveAvatar's band sits at 45 dB: its lowest frame must reach the floor itself
+    assert not precision_tier(_report(29.5, 36.0, 45.1, 46.0, 0.8), 30.0).passed
+    assert precision_tier(_report(32.6, 36.0, 45.1, 46.0, 0.8), 30.0).passed
+
+
 @pytest.mark.slow
 def test_an_engine_with_emulated_fp8_streams_close_to_its_own_precision():
     """What bench/fp8_quality.py measures: calibration over the warm-up session records
