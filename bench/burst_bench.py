@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.bench import git_commit  # noqa: E402
 
 TOKENS, WIDTH, HIDDEN = 9216, 1536, 6144  # a FlashHead Pro block's MLP, one chunk
+PROBE = 40  # products timed once to size a burst
 
 
 def products(kind: str, device: torch.device):
@@ -74,8 +75,8 @@ def main() -> int:
     for kind in ("bf16", "fp8"):
         fn = products(kind, device)
         for _ in range(3):  # kernels chosen, clocks up
-            burst(fn, 20)
-        count = max(1, round(args.burst_s / (burst(fn, 50) / 50)))
+            burst(fn, PROBE)
+        count = max(1, round(args.burst_s / (burst(fn, PROBE) / PROBE)))
         flops = 2 * TOKENS * WIDTH * HIDDEN * count
         rows = {}
         for gap in gaps:
