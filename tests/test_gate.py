@@ -121,6 +121,7 @@ def test_a_baseline_with_one_band_sample_judges_the_worst_frame_alone():
     old = {"hashes": gate.frame_hashes(base), "band_psnr_min": 33.2}
     report = gate.compare(old, base, frames)
     assert report.passed and report.band_psnr_pooled is None
+    assert "--record again" in report.message
     assert report.worst_allowance_db == gate.DEFAULT_TOLERANCE_DB
 
 
