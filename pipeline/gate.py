@@ -20,10 +20,11 @@ a baseline recorded in DIR:
 Why two samples and a pooled error: a stream that feeds its frames back as motion amplifies
 rounding at each chunk's seam, so which frame is worst, and by how much, moves from one
 sample of the same noise to another. On FlashHead Pro (H100, 2026-12-05) the compiled bf16
-build, a pure reordering, sat 0.3 dB above one reassociation on average and pooled, yet its
-worst frame fell 1.0 dB under that run's worst: one frame of one sample cannot bound the
-noise, and the gate rejected a build that only reorders sums. The pooled error is steady
-from sample to sample; the spread lets the worst frame move by what the noise itself moves.
+build, a pure reordering, was 0.2-0.3 dB closer to the baseline than one reassociation,
+mean and pooled, yet its worst frame fell 1.0 dB under that run's worst, and the gate of
+one sample rejected it; the second reordering put a seam frame at 28.3 dB where the first
+had it at 32.6. The pooled error is steady from sample to sample (37.3 and 37.2 dB there);
+the spread lets the worst frame move by what the noise itself moves.
 
 Files in DIR: baseline.json (hashes, band, what was rendered) and frames.npy (uint8).
 """
