@@ -136,10 +136,13 @@ def reassociated(parts: int = 2) -> Iterator[None]:
         if k < parts:
             return linear(x, w, b)
         edges = [k * i // parts for i in range(parts + 1)]
-        y = sum(
+        parts_out = [
             linear(x[..., lo:hi], w[:, lo:hi]).float()
             for lo, hi in zip(edges[:-1], edges[1:], strict=True)
-        )
+        ]
+        y = parts_out[0]
+        for part in parts_out[1:]:
+            y = y + part
         if b is not None:
             y = y + b.float()
         return y.to(x.dtype)
