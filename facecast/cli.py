@@ -498,7 +498,11 @@ def build_parser(with_serve_options: bool = True) -> argparse.ArgumentParser:
         "frame at least (more where the band's two reorderings disagree more)",
     )
     gate.add_argument(
-        "--fp8-floor-db", type=float, default=30.0, help="--precision fp8: lowest PSNR allowed"
+        "--fp8-floor-db",
+        type=float,
+        default=30.0,
+        help="--precision fp8: the lowest PSNR allowed, pooled over all frames, and for the "
+        "lowest frame unless bf16's own reorderings already fall under it",
     )
     gate.add_argument("--json", help="write the report here")
     gate.set_defaults(func=cmd_gate)

@@ -298,7 +298,9 @@ def precision_tier(report: GateReport, floor_db: float) -> GateReport:
     FlashHead Pro (H100, 2026-12-05) one reordering of bf16's sums put a seam frame at
     28.3 dB, so a floor on the lowest frame alone rejected bf16 as surely as FP8; the pooled
     error still tells them apart (bf16's reorderings 37.2 dB, FP8 34.5)."""
-    allowance = report.worst_allowance_db or DEFAULT_TOLERANCE_DB
+    allowance = report.worst_allowance_db
+    if allowance is None:  # a report made without `compare` (no band spread known)
+        allowance = DEFAULT_TOLERANCE_DB
     worst_floor = min(floor_db, report.band_psnr_min - allowance)
     pooled = report.psnr_pooled
     passed = report.psnr_min >= worst_floor and (pooled is None or pooled >= floor_db)
