@@ -65,6 +65,7 @@ async def _negotiate(service: Service, request: OfferRequest, require_video: boo
             sharing=len(service.sessions) + service.reserved,
         ),
         service.engine_lock_for_sessions,
+        service.cycle,
     )
     try:
         check_codecs(offer.sdp)
@@ -90,7 +91,6 @@ async def _negotiate(service: Service, request: OfferRequest, require_video: boo
         raise BadRequest(f"cannot negotiate the offer: {reason_of(exc)}") from exc
     session.offer_options = {"kvs_stream": request.kvs_stream}
     service.sessions[session.id] = session
-    service.retime_sessions()
     service.metrics.sessions_total.inc()
     service.metrics.active_sessions.set(len(service.sessions))
     for factory in service.sink_factories:

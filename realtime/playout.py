@@ -26,7 +26,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -35,10 +35,12 @@ from pipeline.clock import FPS, FRAME_SECONDS, OUTPUT_RATE
 from pipeline.schedule import StreamStep
 from realtime.buffers import FrameQueue, PlayoutClock
 from realtime.events import message
+from realtime.stagger import DELAY_WEIGHT, Option
 
 if TYPE_CHECKING:
     from realtime.control import Interrupt
     from realtime.metrics import RealtimeMetrics
+    from realtime.stagger import StepCycle
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +114,7 @@ def plan_playout(
     start_s: float = 0.0,
     preroll_step_s: float = FRAME_SECONDS,
     first_frames: tuple[float, float] | None = None,
+    preroll_s: float | None = None,
 ) -> PlayoutBudget:
     """The budget for a schedule (`step(k)`, e.g. `Engine.stream_step`), measured step times
     and an input at `rate` (1: a microphone) whose first audio is held until `start_s`.
@@ -121,7 +124,9 @@ def plan_playout(
     live bound; pushed audio needs none. A slow engine is planned over two steps: beyond
     that the worker's skips keep the slack the second step had (`realtime.generation`).
     `first_frames`: when a step's first frames exist, for an engine that sends them early
-    (`required_delay`): the first chunk of a call is then planned for its earliest frame."""
+    (`required_delay`): the first chunk of a call is then planned for its earliest frame.
+    `preroll_s`: a microphone's pre-roll as chosen elsewhere (`realtime.stagger` places the
+    call's steps with it), instead of the one that makes the first frame soonest."""
     keeps_up = steady_seconds < step(1).frames / FPS
     steps = [step(k) for k in range(HORIZON_STEPS if keeps_up else 2)]
 
@@ -143,6 +148,8 @@ def plan_playout(
     soonest = bound(live)  # the first frame when the engine works through pre-roll only
     # in whole steps of what the session can insert (frames, VAD windows)
     preroll = math.floor(max(0.0, live - soonest) / preroll_step_s + 1e-9) * preroll_step_s
+    if preroll_s is not None:
+        preroll = preroll_s
     first = bound(preroll)
     return PlayoutBudget(max(live, first + preroll), first, preroll, keeps_up)
 
@@ -218,6 +225,23 @@ class EngineTiming:
             None if steady_now is None else steady_now * slow,
         )
 
+    def waiting(self, steady_wait: float, first_wait: float = 0.0) -> EngineTiming:
+        """This plan for a call whose later steps wait `steady_wait` for other calls' and
+        whose first step waits `first_wait` (`realtime.stagger`): each step, and its first
+        frames, later by as much."""
+
+        def later(seconds: float | None, wait: float) -> float | None:
+            return None if seconds is None else seconds + wait
+
+        return replace(
+            self,
+            first_seconds=self.first_seconds + first_wait,
+            steady_seconds=self.steady_seconds + steady_wait,
+            first_frames_first=later(self.first_frames_first, first_wait),
+            first_frames_steady=later(self.first_frames_steady, steady_wait),
+            steady_now=None,
+        )
+
     def first_frames(self, steady_seconds: float) -> tuple[float, float] | None:
         """(step 0, a later step) seconds to their first frames, a later step's shifted by
         what it took beyond the plan (a wait for the GPU delays its first frames as much)."""
@@ -263,10 +287,14 @@ class PlayoutControl:
         fixed_delay_s: float | None = None,
         interrupt_tail_s: float = 0.48,
         session_id: str = "",
+        cycle: StepCycle | None = None,
+        engine_shift: Callable[[], float] = lambda: 0.0,
     ) -> None:
         """`send` tells the peer (the control channel), `ingest` puts silence and held audio
         on the timeline (the audio-in part), `step_seconds` is the engine's step as measured
-        in this session (the engine feed)."""
+        in this session (the engine feed). `cycle`: the engine's calls, among which this one
+        places its steps (`realtime.stagger`); `engine_shift`: seconds of timeline the engine
+        never heard (skipped, or cut by an interrupt), by which its steps come later."""
         self.clock = PlayoutClock()
         self.session_id = session_id  # for the log's lines on the delay
         self.timing = timing
@@ -290,19 +318,34 @@ class PlayoutControl:
         self.inserted_s = 0.0  # silence inserted: the pre-roll and later growth
         self.grown_s = 0.0  # of which growth after the start
         self.pushed = False  # planned for audio faster than real time (an agent's)
+        self._cycle = cycle
+        self._engine_shift = engine_shift
+        if cycle is not None:
+            cycle.add(self)
 
-    def plan(self, rate: float = 1.0) -> PlayoutBudget:
-        steady = max(self.timing.steady_seconds, self._step_seconds())
-        first, first_frames = self.timing.first_seconds, self.timing.first_frames(steady)
+    def plan(
+        self,
+        rate: float = 1.0,
+        timing: EngineTiming | None = None,
+        preroll_s: float | None = None,
+    ) -> PlayoutBudget:
+        """The budget on the engine's steps as planned (`timing`, default the call's own)
+        or, once the call has started, as measured where that is longer; a microphone's
+        pre-roll as `plan_playout` chooses it, or `preroll_s`."""
+        timing = timing or self.timing
+        steady = timing.steady_seconds
+        if self.clock.t0 is not None:  # before, the engine's step is the plan's estimate
+            steady = max(steady, self._step_seconds())
+        first, first_frames = timing.first_seconds, timing.first_frames(steady)
         if self.clock.t0 is not None:
             # started: its step 0 is behind it and every step ahead is a later one, so a
             # re-plan grows the delay by what those need only
             first = steady
             if first_frames is not None:
                 first_frames = (first_frames[1], first_frames[1])
-        margin = self._margin_s + self.timing.spread * steady
+        margin = self._margin_s + timing.spread * steady
         return plan_playout(
-            self.timing.step,
+            timing.step,
             first,
             steady,
             rate,
@@ -310,7 +353,49 @@ class PlayoutControl:
             start_s=PROBE_S,
             preroll_step_s=INSERT_STEP / OUTPUT_RATE,
             first_frames=first_frames,
+            preroll_s=preroll_s,
         )
+
+    def steps_due(self) -> float | None:
+        """When one of its later steps comes due (monotonic; every chunk before and after
+        too), for a call fed at real time once planned: timeline second t of its input
+        arrived at `first_audio + t - inserted` (the pre-roll and growth are on the
+        timeline, not from the peer), and a step is due when the audio it needs is there."""
+        if self.planned is None or self.pushed or self.first_audio is None:
+            return None
+        need = self.steady_step.audio_frames / FPS + self._engine_shift()
+        return self.first_audio - self.inserted_s + need
+
+    def _place(self, first_audio: float) -> float | None:
+        """A microphone's call about to start: among the pre-rolls it can take (less than
+        the soonest first frame's, its first frame later; more, its delay longer), the one
+        that puts its steps where the engine is free of the other calls' (`StepCycle.join`).
+        Sets its plan; returns the pre-roll (None: as `plan_playout` chooses it)."""
+        cycle = self._cycle
+        assert cycle is not None
+        quantum = INSERT_STEP / OUTPUT_RATE
+        alone = cycle.alone
+        base = self.plan(1.0, alone)
+        places = math.ceil(cycle.period / quantum - 1e-9)
+        fewer = [
+            base.preroll - j * quantum for j in range(places) if j * quantum <= base.preroll + 1e-9
+        ]
+        prerolls = fewer + [base.preroll + j * quantum for j in range(1, places - len(fewer) + 1)]
+        now = time.monotonic()
+        step0 = self.timing.step(0).audio_frames / FPS
+        options = []
+        for preroll in prerolls:
+            budget = self.plan(1.0, alone, preroll)
+            cost = (
+                budget.first_frame - base.first_frame + DELAY_WEIGHT * (budget.delay - base.delay)
+            )
+            due = first_audio - preroll + self.steady_step.audio_frames / FPS
+            first_due = max(now, first_audio + step0 - preroll)
+            options.append(Option(due, max(0.0, cost), first_due))
+        index, timing = cycle.join(self, options)
+        if timing is not None:
+            self.timing = timing
+        return None if index is None else prerolls[index]
 
     def probe(
         self,
@@ -331,8 +416,13 @@ class PlayoutControl:
         held = sum(p.size for p, _, _ in self._held) / OUTPUT_RATE
         rate = held / max(PROBE_S, time.monotonic() - first_audio)
         self.pushed = pushed = rate > 1.5  # an agent's audio, faster than real time
-        self.budget = budget = self.plan(min(rate, 10.0) if pushed else 1.0)
-        fixed = self._fixed_delay_s
+        fixed, cycle = self._fixed_delay_s, self._cycle
+        preroll = None
+        if cycle is not None and pushed:
+            cycle.share()  # its steps come back to back: the others can only share them
+        elif cycle is not None and fixed is None:
+            preroll = self._place(first_audio)
+        self.budget = budget = self.plan(min(rate, 10.0) if pushed else 1.0, preroll_s=preroll)
         if fixed is not None:  # a set delay, all of it between first audio and first frame
             budget = PlayoutBudget(fixed, fixed, 0.0, budget.keeps_up)
         self.planned = budget.first_frame
@@ -420,6 +510,7 @@ class PlayoutControl:
         missing = target - current
         if missing > 0.02:
             samples = math.ceil(missing * OUTPUT_RATE / INSERT_STEP) * INSERT_STEP
+            samples += INSERT_STEP * self._place_growth(samples)
             self.inserted_s += samples / OUTPUT_RATE
             self.grown_s += samples / OUTPUT_RATE
             self._ingest(np.zeros(samples, np.int16), None)
@@ -435,6 +526,19 @@ class PlayoutControl:
                 target,
             )
         self._target = None
+
+    def _place_growth(self, samples: int) -> int:
+        """How many INSERT_STEPs more than `samples` to insert, so that the call's steps
+        (earlier by what it inserts) fall where the engine is free of the others'."""
+        due = self.steps_due()
+        if self._cycle is None or due is None:
+            return 0
+        amounts = [
+            (samples + j * INSERT_STEP) / OUTPUT_RATE
+            for j in range(math.ceil(self._cycle.period * OUTPUT_RATE / INSERT_STEP - 1e-9))
+        ]
+        options = [Option(due - a, DELAY_WEIGHT * (a - amounts[0])) for a in amounts]
+        return self._cycle.grow(self, options)
 
     def _send_delay_grown(self, at: int, samples: int, delay: float) -> None:
         """Peers that align the returned audio with what they sent need each insertion."""
@@ -465,6 +569,8 @@ class PlayoutControl:
     async def close(self) -> None:
         """The session closed: drop the other parts' callbacks (a reference cycle through
         them would keep the closed call in memory until a full garbage collection)."""
+        if self._cycle is not None:
+            self._cycle.remove(self)
         self._ingest = lambda pcm48, arrived: None
         self._send = lambda text: None
         steady = self._step_seconds()

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from aiortc import RTCIceServer
 
+from pipeline.clock import FPS
 from pipeline.startup import EngineOptions, freeze_long_lived_objects
 from pipeline.stream import AvatarStream, Reference, StreamingEngine
 from realtime.engine_host import HostedEngine, InProcessEngine, host_engine
@@ -31,6 +32,7 @@ from realtime.security import SecurityConfig
 from realtime.session import PeerSession
 from realtime.session_config import SessionConfig
 from realtime.sinks import SinkFactory
+from realtime.stagger import StepCycle
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,7 @@ class Service:
         self.startup_began = time.monotonic()
         self.sink_factories = list(sink_factories)
         self.metrics = RealtimeMetrics()
+        self.cycle: StepCycle | None = None  # the calls' places in the engine's steps
         if engine is not None:
             self._mark_ready(InProcessEngine(engine))
         self.sessions: dict[str, PeerSession] = {}
@@ -133,6 +136,7 @@ class Service:
         self.startup_seconds = seconds
         self.metrics.startup_seconds.set(seconds)
         self.metrics.ready.set(1)
+        self.cycle = self._step_cycle(engine)
         self.engine = engine
         freeze_long_lived_objects()  # no full collection walks the model mid-call
 
@@ -186,21 +190,24 @@ class Service:
             return engine.new_stream(reference, seed=seed)
         return engine.new_stream(reference, seed=seed, prompt=prompt)
 
-    def retime_sessions(self) -> None:
-        """A call joined: the engine's steps are now shared by more calls, so each takes as
-        long as a batch of them all. Every live call plans its playout on that step (a longer
-        delay: its first frame later if none is shown yet, else reached at its peer's next
-        pause); a call planned alone would otherwise wait for the others' steps with the
-        delay of a step of its own, and drop frames late."""
-        engine = self.engine
-        if engine is None:
-            return
-        live = len(self.sessions)
-        timing = EngineTiming.of(
-            engine, engine.own_process, sessions=self.sessions_to_plan_for(live), sharing=live
-        )
-        for session in self.sessions.values():
-            session.playout.retime(timing)
+    def _step_cycle(self, engine: HostedEngine) -> StepCycle:
+        """Where the calls' steps fall in the engine's cycle (`realtime.stagger`). A call
+        placed apart from the others plans on a step of its own and what it waits for
+        theirs; where they line up (an agent's pushed audio), every call plans on the step
+        of a batch of all of them, a longer delay (its first frame later if none is shown
+        yet, else reached at its peer's next pause)."""
+        own = engine.own_process
+
+        def shared(calls: int) -> EngineTiming:
+            planned = self.sessions_to_plan_for(calls)
+            return EngineTiming.of(engine, own, sessions=planned, sharing=calls)
+
+        plan = self.config.plan_sessions
+        floor = None
+        if plan is not None and plan > 1:
+            floor = EngineTiming.of(engine, own, sessions=plan, sharing=1)
+        period = engine.stream_step(1).frames / FPS
+        return StepCycle(period, EngineTiming.of(engine, own), shared, floor)
 
     async def on_session_closed(self, session: PeerSession) -> None:
         if self.sessions.pop(session.id, None) is not None:

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 from aiortc import RTCDataChannel, RTCPeerConnection
 from aiortc.mediastreams import MediaStreamTrack
 
-from pipeline.clock import FPS
+from pipeline.clock import FPS, MODEL_RATE
 from pipeline.stream import AvatarStream
 from realtime.audio_in import AudioIn
 from realtime.buffers import FrameQueue, PlaybackTimeline
@@ -52,6 +52,7 @@ from realtime.generation import GenerationWorker
 from realtime.metrics import RealtimeMetrics
 from realtime.playout import EngineTiming, PlayoutBudget, PlayoutControl
 from realtime.session_config import SessionConfig
+from realtime.stagger import StepCycle
 from realtime.tracks import (
     AvatarAudioTrack,
     AvatarVideoTrack,
@@ -89,7 +90,10 @@ class PeerSession:
         vad: VoiceActivityDetector,
         timing: EngineTiming,
         engine_lock: threading.Lock | None = None,
+        cycle: StepCycle | None = None,
     ) -> None:
+        """`cycle`: the calls sharing the engine, among which this one places its steps
+        (`realtime.stagger`; None: it plans on `timing` alone)."""
         self.id = session_id
         self.pc = pc
         self.video_size = video_size  # (width, height)
@@ -131,6 +135,8 @@ class PeerSession:
             fixed_delay_s=config.playout_delay_s,
             interrupt_tail_s=config.interrupt_tail_s,
             session_id=session_id,
+            cycle=cycle,
+            engine_shift=lambda: feed.worker.skipped / MODEL_RATE,
         )
         feed = self.feed = EngineFeed(
             session_id,

@@ -379,6 +379,8 @@ async def test_three_calls_on_a_batching_engine_at_lites_speed_are_all_fresh():
 # FlashHead Pro's steps as the H200 timed them (a 28-frame step alone 0.52 s, a batch of two
 # 1.056 s): two calls need 94 % of the GPU, and a call's step waits for the other's.
 PRO_ON_THE_H200 = {1: 0.52, 2: 1.056}
+# and its `fp8-fast` build's, with its first step (`bench_pro_fp8fast_same_run_as_authors_h200`)
+PRO_FP8_ON_THE_H200, PRO_FP8_FIRST_ON_THE_H200 = {1: 0.524, 2: 1.033}, 0.478
 
 
 @pytest.mark.slow  # two served calls for seconds
@@ -424,14 +426,19 @@ async def test_an_agent_alone_on_a_server_planned_for_two_is_early_and_skips_not
 
 
 async def a_second_call_joins(
-    piece_share: float | None = None, **server
-) -> tuple[list[dict], list[dict], list[dict]]:
-    """Two calls on a server with Pro's H200 step times (`piece_share`: its steps' frames in
-    pieces, the first that share of a step into it), the second joining 3 s after the first:
-    the first's `delay_grown` events before the join and by the end, and both calls' stats
-    (the first's stats before the join first)."""
+    piece_share: float | None = None, second_speed: float = 1.0, **server
+) -> tuple[list[dict], list[dict], list[dict], float]:
+    """Two calls on a server with Pro's fp8-fast H200 step times (`piece_share`: its steps' frames in
+    pieces, the first that share of a step into it), the second joining 3 s after the first
+    (a microphone, or an agent pushing at `second_speed`): the first's `delay_grown` events
+    before the join and by the end, both calls' stats (the first's before the join first),
+    and how far apart in the 1.12-s chunk their steps come due (seconds, the second after
+    the first; None where either has no place: an agent's)."""
     engine = ScriptedBatchingEngine(
-        PRO_ON_THE_H200, first_seconds=0.75, chunk=28, piece_share=piece_share
+        PRO_FP8_ON_THE_H200,
+        first_seconds=PRO_FP8_FIRST_ON_THE_H200,
+        chunk=28,
+        piece_share=piece_share,
     )
     async with running_server(engine=engine, max_sessions=2, **server) as (url, app):
         first = FacecastClient(url, PcmSource(loudness_track(20, seed=0)))
@@ -439,10 +446,13 @@ async def a_second_call_joins(
         await asyncio.sleep(3)
         grown_alone = [e for e in first.events if e["type"] == "delay_grown"]
         alone = app[SERVICE].sessions[first.session_id].stats()
-        second = FacecastClient(url, PcmSource(loudness_track(20, seed=1)))
+        track = PcmSource(loudness_track(20, seed=1), speed=second_speed)
+        second = FacecastClient(url, track)
         await second.connect()
         await asyncio.sleep(10)
-        stats = [app[SERVICE].sessions[c.session_id].stats() for c in (first, second)]
+        live = [app[SERVICE].sessions[c.session_id] for c in (first, second)]
+        stats = [call.stats() for call in live]
+        dues = [call.playout.steps_due() for call in live]
         grown = [e for e in first.events if e["type"] == "delay_grown"]
         for client in (first, second):
             await client.close()
@@ -450,17 +460,37 @@ async def a_second_call_joins(
         said = {k: v for k, v in call.items() if k.startswith(("frames", "playout"))}
         assert call["frames_sent"] > 200 and call["frames_missed"] == 0, (n, said)
         assert call["frames_fresh"] >= 0.99 * call["frames_sent"], (n, said, grown)
-    return grown_alone, grown, [alone, *stats]
+    apart = None if None in dues else (dues[1] - dues[0]) % (28 / 25)
+    return grown_alone, grown, [alone, *stats], apart
 
 
 @pytest.mark.slow  # two served calls for seconds
 @pytest.mark.timeout(90)
 @REAL_TIME_ON_A_SHARED_CPU
-async def test_a_call_planned_alone_grows_its_delay_when_a_second_call_joins():
-    """A call alone plans on a step of its own; once a second joins, its steps wait for the
-    other's, so it raises its delay to the shared step at its peer's next pause (here at
-    once: a tone is no speech) and tells the peer; both stay fresh."""
-    grown_alone, grown, (_, first, _) = await a_second_call_joins()
+async def test_a_second_live_call_takes_its_steps_half_a_chunk_away_and_neither_waits():
+    """A call alone plans on a step of its own. A second microphone joins and takes less
+    pre-roll, so that its steps come due about half a chunk from the first's: each runs
+    while the other waits for its audio (Pro's 0.52-s steps, twice, fit the 1.12-s chunk).
+    So neither plans on the step of both: the first never grows its delay, the second
+    starts at about the first's (on the H200, planned on the shared step, both had 2.1 s
+    of speech-to-lips where one alone had 1.6), and both stay fresh."""
+    grown_alone, grown, (alone, first, second), apart = await a_second_call_joins()
+    assert grown == grown_alone, grown  # the pre-roll only
+    assert first["playout_delay_now_ms"] == first["playout_delay_ms"], first
+    assert abs(second["playout_delay_ms"] - alone["playout_delay_ms"]) < 250, (alone, second)
+    assert apart is not None and abs(apart - 0.56) <= 0.16, apart  # half a chunk, give or take
+
+
+@pytest.mark.slow  # two served calls for seconds
+@pytest.mark.timeout(90)
+@REAL_TIME_ON_A_SHARED_CPU
+async def test_a_call_planned_alone_grows_its_delay_when_an_agent_joins():
+    """An agent pushes its answer 5x faster than real time: its steps run back to back and
+    no place in the chunk keeps clear of them. The call already there raises its delay to
+    the step both share at its peer's next pause (here at once: a tone is no speech) and
+    tells the peer; both stay fresh."""
+    grown_alone, grown, (_, first, _), apart = await a_second_call_joins(second_speed=5.0)
+    assert apart is None
     assert len(grown) > len(grown_alone), grown  # the pre-roll, then the growth after the join
     assert grown[-1]["delay_ms"] > grown_alone[-1]["delay_ms"] + 300, grown
     assert first["playout_delay_now_ms"] > first["playout_delay_ms"], first
@@ -469,14 +499,15 @@ async def test_a_call_planned_alone_grows_its_delay_when_a_second_call_joins():
 @pytest.mark.slow  # two served calls for seconds
 @pytest.mark.timeout(90)
 @REAL_TIME_ON_A_SHARED_CPU
-async def test_a_call_sending_frames_in_pieces_grows_by_the_wait_when_a_second_joins():
+async def test_a_call_sending_frames_in_pieces_keeps_its_delay_when_a_second_call_joins():
     """Pro's steps send their first 4 frames 0.31 s into a 0.52-s step, as on the H200. A
-    call alone plans on that first piece; beside a second call its steps wait for the
-    other's, so the piece comes a step later, and the call's delay grows by about that
-    (on the H200, re-planned without the wait, it grew 30 ms and lost 11 % of its frames).
-    Both calls stay fresh."""
-    grown_alone, grown, _ = await a_second_call_joins(piece_share=0.6)
-    assert grown[-1]["delay_ms"] > grown_alone[-1]["delay_ms"] + 400, grown
+    call alone plans on that first piece. Had a second call's steps come due with its own,
+    the piece would come a step later (on the H200, re-planned without that wait, a call
+    lost 11 % of its frames); placed half a chunk away, they never do: the first call keeps
+    its delay and both stay fresh."""
+    grown_alone, grown, _, apart = await a_second_call_joins(piece_share=0.6)
+    assert grown == grown_alone, grown
+    assert apart is not None and abs(apart - 0.56) <= 0.16, apart  # half a chunk, give or take
 
 
 @pytest.mark.slow  # two served calls for seconds
@@ -487,7 +518,7 @@ async def test_a_server_planning_for_two_calls_gives_the_first_the_shared_delay_
     second joins it has nothing to grow: no `delay_grown` after its pre-roll, its delay as
     it started, the second's the same, and both calls fresh, with no pause needed (a tone
     has none)."""
-    _, grown, (alone, first, second) = await a_second_call_joins(plan_sessions=2)
+    _, grown, (alone, first, second), _ = await a_second_call_joins(plan_sessions=2)
     assert len(grown) == 1, grown  # the pre-roll only
     assert first["playout_delay_now_ms"] == first["playout_delay_ms"], first
     assert abs(alone["playout_delay_ms"] - second["playout_delay_ms"]) < 200, (alone, second)
