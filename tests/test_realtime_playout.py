@@ -524,10 +524,12 @@ async def test_a_server_planning_for_two_calls_gives_the_first_the_shared_delay_
     assert abs(alone["playout_delay_ms"] - second["playout_delay_ms"]) < 200, (alone, second)
 
 
-def stub_playout(timing, step_seconds: float, send=None, ingest=None, session_id: str = ""):
+def stub_playout(
+    timing, step_seconds: float, send=None, ingest=None, session_id: str = "", cycle=None
+):
     """A `PlayoutControl` on its own: a frame queue of which only the lead is read, metrics
     that take what they are given, `send` and `ingest` (the peer, the timeline) as given or
-    dropped, the engine's step measured at `step_seconds`."""
+    dropped, the engine's step measured at `step_seconds`, among the calls of `cycle`."""
     from types import SimpleNamespace
 
     from realtime.playout import PlayoutControl
@@ -541,6 +543,7 @@ def stub_playout(timing, step_seconds: float, send=None, ingest=None, session_id
         lambda: step_seconds,
         margin_s=0.05,
         session_id=session_id,
+        cycle=cycle,
     )
 
 
@@ -646,3 +649,49 @@ def test_a_started_call_retimed_to_a_longer_shared_step_grows_its_delay_when_qui
     agent.retime(shared)
     agent.grow(0, agent.clock.t0 - agent.delay_s, quiet=True)
     assert agent.grown_s == 0
+
+
+def test_a_microphone_joining_a_started_call_gives_up_pre_roll_to_take_turns_with_it():
+    """Pro's steps (0.52 s in a 1.12-s chunk): the joining call takes less pre-roll, so that
+    its steps come due about half a chunk from the other's, and plans on a step of its own
+    (and what it waits, if anything), not on the step of both: its delay is about the
+    first's. Growing later, it inserts what keeps that place."""
+    import time
+
+    from realtime.playout import EngineTiming
+    from realtime.stagger import StepCycle
+
+    engine = ScriptedEngine(rtf=0.52 * 25 / 28, first=28, chunk=28)
+    alone = EngineTiming(engine.stream_step, 0.48, 0.52)
+    shared = EngineTiming(engine.stream_step, 0.48 + 0.52, 1.04)
+    cycle = StepCycle(28 / 25, alone, lambda calls: shared)
+    first = stub_playout(alone, 0.52, session_id="first", cycle=cycle)
+    first.first_audio = time.monotonic() - 5.3  # its steps due at any place in the chunk
+    first.decide_start(first.first_audio)
+    first.start()
+    joined = stub_playout(shared, 0.52, session_id="joined", cycle=cycle)  # as negotiated
+    joined.first_audio = time.monotonic()
+    joined.decide_start(joined.first_audio)
+    assert first.timing is alone  # nothing of the joining call's is in its way
+
+    def apart() -> float:
+        due, theirs = joined.steps_due(), first.steps_due()
+        assert due is not None and theirs is not None
+        return (due - theirs) % (28 / 25)
+
+    assert abs(apart() - 0.56) <= 0.16, apart()
+    assert joined.timing.steady_seconds <= 0.52 + 0.1
+    assert joined.budget is not None and first.budget is not None
+    assert joined.preroll_s <= first.preroll_s  # it gave up pre-roll, never added delay
+    assert joined.budget.delay == pytest.approx(first.budget.delay, abs=0.2)
+    shared_delay = plan_playout(engine.stream_step, 1.0, 1.04, margin_s=0.05).delay
+    assert joined.budget.delay < shared_delay - 0.4
+    # a re-plan on longer steps: the silence it inserts keeps it clear of the other's steps
+    joined.start()
+    assert joined.delay_s is not None
+    place = apart()
+    joined.retime(EngineTiming(engine.stream_step, 0.48, 0.75))
+    joined.grow(0, joined.clock.t0 - joined.delay_s, quiet=True)
+    assert joined.grown_s > 0
+    assert abs(apart() - 0.56) <= 0.16, (place, joined.grown_s, apart())
+    assert first.timing is alone
