@@ -93,8 +93,9 @@ class Call:
 
 
 def timings():
-    from realtime.playout import EngineTiming
     from support.realtime import ScriptedEngine
+
+    from realtime.playout import EngineTiming
 
     engine = ScriptedEngine(rtf=STEP * 25 / 28, first=28, chunk=28)
     alone = EngineTiming(engine.stream_step, FIRST, STEP)
