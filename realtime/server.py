@@ -292,10 +292,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--plan-sessions",
         type=int,
         default=None,
-        help="plan every call's playout delay as if N calls shared the engine: on a GPU kept "
-        "full of N calls, each call has from its start the delay it needs then, and a call "
-        "drops no frames when another joins (default: the calls live at the time; a call "
-        "alone has the shortest delay and raises it at a pause when another joins)",
+        help="plan every call's playout delay as if N calls' steps lined up on the engine: "
+        "each call has from its start the delay it needs then, and drops no frames when an "
+        "agent joins (default: the calls live at the time; microphones' calls take turns, "
+        "each planned on a step of its own, and a call raises its delay at a pause only where "
+        "calls cannot take turns)",
     )
     parser.add_argument(
         "--token",

@@ -367,6 +367,9 @@ class PeerSession:
             "playout_delay_now_ms": ms(None if delay is None else delay + playout.grown_s),
             "preroll_ms": ms(playout.preroll_s),
             "step_seconds": round(self.feed.step_seconds, 4),
+            # the step its delay is planned on: its own and its wait for the others' where
+            # it takes turns with them (`realtime.stagger`), else the step of all of them
+            "planned_step_ms": ms(playout.timing.steady_seconds),
             "first_step_ms": ms(self.feed.first_step_s),
             **self.control.speech.describe(),
         }

@@ -195,16 +195,17 @@ class StepCycle:
         return timing
 
     def join(self, member: Member, options: list[Option]) -> tuple[int | None, EngineTiming | None]:
-        """A call fed at real time is about to start: the option it takes (None: no place
-        to choose), and its plan (None: keep the one it has, which counted every call
-        sharing the engine). The others are re-planned on what they will wait beside it."""
+        """A call fed at real time is about to start: the option it takes (None: any), and
+        its plan (None: keep the one it has, which counted every call sharing the engine as
+        lined up with it). The others are re-planned on what they will wait beside it."""
         others = [m for m in self._members.values() if m is not member]
         if any(m.pushed for m in others):
             self.share()  # an agent's steps come back to back: no place keeps clear of them
             return None, None
+        # Calls that have yet to start will take their places around this one's.
         placed = [(m, due) for m in others if (due := m.steps_due()) is not None]
-        if not placed:  # alone, or beside calls that have yet to start: its place is its own
-            return None, None
+        if not placed:
+            return None, self.waiting(0.0)
         choice = choose(
             [due for _, due in placed],
             self.alone.steady_seconds,
@@ -227,8 +228,6 @@ class StepCycle:
             max(choice.others, default=0.0),
             choice.others_now,
         )
-        if len(placed) < len(others):  # some have yet to start: plan as their batch too
-            return choice.index, None
         return choice.index, self.waiting(choice.wait, choice.first_wait)
 
     def grow(self, member: Member, options: list[Option]) -> int:

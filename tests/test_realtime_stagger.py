@@ -117,14 +117,19 @@ def test_a_call_joining_one_that_started_plans_on_its_own_step():
     assert there.timings == [alone]  # it waits for nobody either
 
 
-def test_beside_a_call_yet_to_start_a_joining_call_keeps_the_plan_that_counts_it():
+def test_beside_a_call_yet_to_start_a_call_plans_on_its_own_step():
+    """Two calls opened at once: the first to start takes no place in particular and plans
+    on its own step; the second, starting after it, takes its place around the first's."""
     alone, shared = timings()
     cycle = StepCycle(CHUNK, alone, lambda n: shared)
-    there, unstarted, joining = Call("a", 7.0), Call("b", None), Call("c", None)
-    for call in (there, unstarted, joining):
+    first, second = Call("a", None), Call("b", None)
+    for call in (first, second):
         cycle.add(call)
-    index, timing = cycle.join(joining, [Option(7.3 - j * 0.16) for j in range(7)])
-    assert index is not None and timing is None
+    assert cycle.join(first, [Option(7.3 - j * 0.16) for j in range(7)]) == (None, alone)
+    first.due = 7.3
+    index, timing = cycle.join(second, [Option(9.0 - j * 0.16) for j in range(7)])
+    assert index is not None and timing is not None
+    assert abs((9.0 - index * 0.16 - 7.3) % CHUNK - CHUNK / 2) <= 0.16
 
 
 def test_beside_an_agent_every_call_plans_on_the_shared_step():
