@@ -289,12 +289,14 @@ class PlayoutControl:
         session_id: str = "",
         cycle: StepCycle | None = None,
         engine_shift: Callable[[], float] = lambda: 0.0,
+        agent_speech: Callable[[], bool] = lambda: False,
     ) -> None:
         """`send` tells the peer (the control channel), `ingest` puts silence and held audio
         on the timeline (the audio-in part), `step_seconds` is the engine's step as measured
         in this session (the engine feed). `cycle`: the engine's calls, among which this one
         places its steps (`realtime.stagger`); `engine_shift`: seconds of timeline the engine
-        never heard (skipped, or cut by an interrupt), by which its steps come later."""
+        never heard (skipped, or cut by an interrupt), by which its steps come later;
+        `agent_speech`: the peer speaks through utterances (pushed faster than real time)."""
         self.clock = PlayoutClock()
         self.session_id = session_id  # for the log's lines on the delay
         self.timing = timing
@@ -320,6 +322,8 @@ class PlayoutControl:
         self.pushed = False  # planned for audio faster than real time (an agent's)
         self._cycle = cycle
         self._engine_shift = engine_shift
+        self._agent_speech = agent_speech
+        self._shared_told = False  # the other calls were told its steps come in bursts
         if cycle is not None:
             cycle.add(self)
 
@@ -361,10 +365,17 @@ class PlayoutControl:
         too), for a call fed at real time once planned: timeline second t of its input
         arrived at `first_audio + t - inserted` (the pre-roll and growth are on the
         timeline, not from the peer), and a step is due when the audio it needs is there."""
-        if self.planned is None or self.pushed or self.first_audio is None:
+        if self.planned is None or self.bursts or self.first_audio is None:
             return None
         need = self.steady_step.audio_frames / FPS + self._engine_shift()
         return self.first_audio - self.inserted_s + need
+
+    @property
+    def bursts(self) -> bool:
+        """Its steps come back to back while an agent's answer arrives faster than real
+        time (pushed from the start, or through utterances): no place in the engine's cycle
+        is its own, nor keeps clear of it."""
+        return self.pushed or self._agent_speech()
 
     def _place(self, first_audio: float) -> float | None:
         """A microphone's call about to start: among the pre-rolls it can take (less than
@@ -419,6 +430,7 @@ class PlayoutControl:
         fixed, cycle = self._fixed_delay_s, self._cycle
         preroll = None
         if cycle is not None and pushed:
+            self._shared_told = True
             cycle.share()  # its steps come back to back: the others can only share them
         elif cycle is not None and fixed is None:
             preroll = self._place(first_audio)
@@ -557,6 +569,9 @@ class PlayoutControl:
         if self.planned is None and self.first_audio is not None:
             if time.monotonic() - self.first_audio >= PROBE_S:
                 self.decide_start(self.first_audio)
+        if self._cycle is not None and not self._shared_told and self.bursts:
+            self._shared_told = True  # an agent began to speak through utterances
+            self._cycle.share()
 
     def interrupt(self, cut: Interrupt) -> None:
         """The frame due now, and how much of the flushed speech may still be shown."""
@@ -571,6 +586,7 @@ class PlayoutControl:
         them would keep the closed call in memory until a full garbage collection)."""
         if self._cycle is not None:
             self._cycle.remove(self)
+        self._agent_speech = lambda: False
         self._ingest = lambda pcm48, arrived: None
         self._send = lambda text: None
         steady = self._step_seconds()

@@ -137,6 +137,7 @@ class PeerSession:
             session_id=session_id,
             cycle=cycle,
             engine_shift=lambda: feed.worker.skipped / MODEL_RATE,
+            agent_speech=lambda: control.speech.active,
         )
         feed = self.feed = EngineFeed(
             session_id,

@@ -148,7 +148,10 @@ class Member(Protocol):
     """A call sharing the engine (`realtime.playout.PlayoutControl`)."""
 
     session_id: str
-    pushed: bool  # planned for audio faster than real time (an agent's)
+
+    @property
+    def bursts(self) -> bool:
+        """Its steps come back to back (an agent's answer, faster than real time)."""
 
     def steps_due(self) -> float | None:
         """When one of its later steps comes due (monotonic), once it is planned and fed
@@ -199,7 +202,7 @@ class StepCycle:
         its plan (None: keep the one it has, which counted every call sharing the engine as
         lined up with it). The others are re-planned on what they will wait beside it."""
         others = [m for m in self._members.values() if m is not member]
-        if any(m.pushed for m in others):
+        if any(m.bursts for m in others):
             self.share()  # an agent's steps come back to back: no place keeps clear of them
             return None, None
         # Calls that have yet to start will take their places around this one's.
@@ -235,7 +238,7 @@ class StepCycle:
         each amount) keeps every call's wait least; the others are re-planned on theirs."""
         others = [m for m in self._members.values() if m is not member]
         placed = [(m, due) for m in others if (due := m.steps_due()) is not None]
-        if member.pushed or not placed or any(m.pushed for m in others):
+        if member.bursts or not placed or any(m.bursts for m in others):
             return 0
         step = self.alone.steady_seconds
         choice = choose([due for _, due in placed], step, step, options, self.period)

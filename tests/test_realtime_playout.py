@@ -532,11 +532,18 @@ async def test_a_server_planning_for_two_calls_gives_the_first_the_shared_delay_
 
 
 def stub_playout(
-    timing, step_seconds: float, send=None, ingest=None, session_id: str = "", cycle=None
+    timing,
+    step_seconds: float,
+    send=None,
+    ingest=None,
+    session_id: str = "",
+    cycle=None,
+    agent_speech=lambda: False,
 ):
     """A `PlayoutControl` on its own: a frame queue of which only the lead is read, metrics
     that take what they are given, `send` and `ingest` (the peer, the timeline) as given or
-    dropped, the engine's step measured at `step_seconds`, among the calls of `cycle`."""
+    dropped, the engine's step measured at `step_seconds`, among the calls of `cycle`, its
+    peer speaking through utterances where `agent_speech()`."""
     from types import SimpleNamespace
 
     from realtime.playout import PlayoutControl
@@ -551,6 +558,7 @@ def stub_playout(
         margin_s=0.05,
         session_id=session_id,
         cycle=cycle,
+        agent_speech=agent_speech,
     )
 
 
@@ -702,3 +710,36 @@ def test_a_microphone_joining_a_started_call_gives_up_pre_roll_to_take_turns_wit
     assert joined.grown_s > 0
     assert abs(apart() - 0.56) <= 0.16, (place, joined.grown_s, apart())
     assert first.timing == alone
+
+
+def test_a_call_whose_peer_begins_to_speak_through_utterances_makes_the_others_share_its_steps():
+    """An agent's call started as a microphone's (real time, its steps in a place of their
+    own) and then sends its answers as utterances, faster than real time: its steps come
+    back to back, so the call beside it is re-planned on the step both share, once."""
+    import time
+
+    from realtime.playout import EngineTiming
+    from realtime.stagger import StepCycle
+
+    engine = ScriptedEngine(rtf=0.52 * 25 / 28, first=28, chunk=28)
+    alone = EngineTiming(engine.stream_step, 0.48, 0.52)
+    shared = EngineTiming(engine.stream_step, 0.48 + 0.52, 1.04)
+    cycle = StepCycle(28 / 25, alone, lambda calls: shared)
+    utterances = [False]
+    calls = [
+        stub_playout(alone, 0.52, session_id="mic", cycle=cycle),
+        stub_playout(alone, 0.52, session_id="agent", cycle=cycle,
+                     agent_speech=lambda: utterances[0]),
+    ]  # fmt: skip
+    for call in calls:
+        call.first_audio = time.monotonic()
+        call.decide_start(call.first_audio)
+        call.start()
+    calls[1].tick()
+    assert calls[0].timing == alone and calls[1].steps_due() is not None
+    utterances[0] = True
+    calls[1].tick()
+    assert calls[0].timing == shared and calls[1].steps_due() is None
+    calls[0].timing = alone
+    calls[1].tick()  # said once
+    assert calls[0].timing == alone

@@ -81,8 +81,8 @@ def test_a_joining_calls_first_step_is_placed_clear_of_the_others_steps():
 class Call:
     """A member of the cycle: where its steps come due, and the plans it was given."""
 
-    def __init__(self, session_id: str, due: float | None, pushed: bool = False) -> None:
-        self.session_id, self.due, self.pushed = session_id, due, pushed
+    def __init__(self, session_id: str, due: float | None, bursts: bool = False) -> None:
+        self.session_id, self.due, self.bursts = session_id, due, bursts
         self.timings: list = []
 
     def steps_due(self) -> float | None:
@@ -135,7 +135,7 @@ def test_beside_a_call_yet_to_start_a_call_plans_on_its_own_step():
 def test_beside_an_agent_every_call_plans_on_the_shared_step():
     alone, shared = timings()
     cycle = StepCycle(CHUNK, alone, lambda n: shared)
-    there, agent, joining = Call("a", 7.0), Call("b", None, pushed=True), Call("c", None)
+    there, agent, joining = Call("a", 7.0), Call("b", None, bursts=True), Call("c", None)
     for call in (there, agent, joining):
         cycle.add(call)
     assert cycle.join(joining, [Option(7.3 - j * 0.16) for j in range(7)]) == (None, None)
