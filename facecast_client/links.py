@@ -79,8 +79,8 @@ class LocalLink:
 
         from aiortc import RTCPeerConnection
 
+        from realtime.engine_timing import EngineTiming
         from realtime.metrics import RealtimeMetrics
-        from realtime.playout import EngineTiming
         from realtime.reference import load_reference
         from realtime.session import PeerSession
         from realtime.session_config import SessionConfig

@@ -35,6 +35,8 @@ Modules, by job:
   clock), `audio_in` (decode, resample, VAD feed), `vad`, `engine_feed` (the session's
   engine part), `generation` (its worker thread: what audio a step gets, a backlog
   skipped), `playout` (the delay from the latency budget, its control loop),
+  `engine_timing` (what a call plans on of its engine's steps), `stagger` (where live
+  calls' steps fall in the engine's cycle: they take turns),
   `tracks` (paced A/V, sinks, speech-to-lips), `control` (events out, the interrupt
   message), `events` (event messages, playback), `utterance` (an agent's pushed speech),
   `connection` (the peer connection, freed at close), `sinks` (per-session sink

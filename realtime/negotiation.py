@@ -13,9 +13,9 @@ import secrets
 
 from aiortc import RTCConfiguration, RTCPeerConnection
 
+from realtime.engine_timing import EngineTiming
 from realtime.errors import BadRequest, ServerFull
 from realtime.offer import OfferRequest, check_answer, check_codecs, reason_of
-from realtime.playout import EngineTiming
 from realtime.service import Service
 from realtime.session import PeerSession
 from realtime.session_config import SessionConfig

@@ -22,11 +22,11 @@ from pipeline.clock import FPS
 from pipeline.startup import EngineOptions, freeze_long_lived_objects
 from pipeline.stream import AvatarStream, Reference, StreamingEngine
 from realtime.engine_host import HostedEngine, InProcessEngine, host_engine
+from realtime.engine_timing import EngineTiming
 from realtime.errors import EngineStarting, SessionNotFound
 from realtime.kvs import KvsOptions
 from realtime.metrics import RealtimeMetrics
 from realtime.photos import PhotoStore
-from realtime.playout import EngineTiming
 from realtime.reference import load_reference
 from realtime.security import SecurityConfig
 from realtime.session import PeerSession

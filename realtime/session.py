@@ -46,11 +46,12 @@ from realtime.buffers import FrameQueue, PlaybackTimeline
 from realtime.connection import PeerLink
 from realtime.control import ControlChannel, Interrupt
 from realtime.engine_feed import EngineFeed
+from realtime.engine_timing import EngineTiming
 from realtime.errors import RealtimeError, SessionClosed
 from realtime.events import message, parse_client_message
 from realtime.generation import GenerationWorker
 from realtime.metrics import RealtimeMetrics
-from realtime.playout import EngineTiming, PlayoutBudget, PlayoutControl
+from realtime.playout import PlayoutBudget, PlayoutControl
 from realtime.session_config import SessionConfig
 from realtime.stagger import StepCycle
 from realtime.tracks import (

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from realtime.playout import EngineTiming
+    from realtime.engine_timing import EngineTiming
 
 log = logging.getLogger(__name__)
 

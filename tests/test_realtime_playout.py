@@ -11,6 +11,7 @@ from support.realtime import (
     REAL_TIME_ON_A_SHARED_CPU,
     ScriptedBatchingEngine,
     ScriptedEngine,
+    loudness_track,
     running_server,
 )
 
@@ -20,15 +21,6 @@ from realtime.service import SERVICE
 
 RATE = 48_000
 FRAME = RATE // 25  # timeline samples per video frame
-
-
-def loudness_track(seconds: float, seed: int = 3) -> np.ndarray:
-    """A tone whose loudness changes every 40 ms at random: each frame's audio is its own."""
-    rng = np.random.default_rng(seed)
-    frames = int(seconds * 25)
-    levels = np.repeat(rng.uniform(0.02, 0.3, frames), FRAME)
-    t = np.arange(frames * FRAME) / RATE
-    return (levels * np.sin(2 * np.pi * 300 * t) * 32767).astype(np.int16)
 
 
 class Sink:
@@ -252,7 +244,7 @@ def test_a_session_opened_beside_others_plans_on_their_batched_step():
     measures no batches plans as before."""
     from types import SimpleNamespace
 
-    from realtime.playout import SERVE_SLOWDOWN, EngineTiming
+    from realtime.engine_timing import SERVE_SLOWDOWN, EngineTiming
 
     times = {"first": 0.8, "steady": 0.6, "steady_x2": 1.15, "steady_x3": 1.7}
     gpu = SimpleNamespace(type="cuda")
@@ -276,7 +268,8 @@ def test_a_call_planned_for_more_than_are_there_waits_only_for_those_there():
     first frame ~1.0 s after its first audio, where ~0.53 s was enough)."""
     from types import SimpleNamespace
 
-    from realtime.playout import EngineTiming, plan_playout
+    from realtime.engine_timing import EngineTiming
+    from realtime.playout import plan_playout
 
     engine = ScriptedEngine(rtf=0.5, first=28, chunk=28)  # the schedule only
     times = {"first": 0.44, "steady": 0.46, "steady_x2": 0.93, "steady_x3": 1.37,
@@ -319,7 +312,8 @@ def test_a_call_beside_another_plans_its_first_pieces_after_the_others_work():
     while a call alone plans as before."""
     from types import SimpleNamespace
 
-    from realtime.playout import EngineTiming, plan_playout
+    from realtime.engine_timing import EngineTiming
+    from realtime.playout import plan_playout
 
     engine = ScriptedEngine(rtf=0.5, first=28, chunk=28)  # the schedule only
     times = {"first": 0.50, "steady": 0.55, "steady_x2": 1.10,
@@ -569,7 +563,7 @@ def test_a_call_retimed_before_its_first_frame_starts_at_the_shared_delay():
     until then)."""
     import time
 
-    from realtime.playout import EngineTiming
+    from realtime.engine_timing import EngineTiming
 
     engine = ScriptedEngine(rtf=0.4)
     first, steady = engine.step_seconds["first"], engine.step_seconds["steady"]
@@ -597,7 +591,7 @@ def test_a_started_call_re_plans_on_its_later_steps_only():
     need, however long a first step would take, while a call not yet started plans on both."""
     import time
 
-    from realtime.playout import EngineTiming
+    from realtime.engine_timing import EngineTiming
 
     engine = ScriptedEngine(rtf=0.4)
     steady = engine.step_seconds["steady"]
@@ -623,7 +617,7 @@ def test_a_started_call_retimed_to_a_longer_shared_step_grows_its_delay_when_qui
     import json
     import time
 
-    from realtime.playout import EngineTiming
+    from realtime.engine_timing import EngineTiming
 
     engine = ScriptedEngine(rtf=0.4)
     first, steady = engine.step_seconds["first"], engine.step_seconds["steady"]
@@ -673,7 +667,7 @@ def test_a_microphone_joining_a_started_call_gives_up_pre_roll_to_take_turns_wit
     first's. Growing later, it inserts what keeps that place."""
     import time
 
-    from realtime.playout import EngineTiming
+    from realtime.engine_timing import EngineTiming
     from realtime.stagger import StepCycle
 
     engine = ScriptedEngine(rtf=0.52 * 25 / 28, first=28, chunk=28)
@@ -718,7 +712,7 @@ def test_a_call_whose_peer_begins_to_speak_through_utterances_makes_the_others_s
     back to back, so the call beside it is re-planned on the step both share, once."""
     import time
 
-    from realtime.playout import EngineTiming
+    from realtime.engine_timing import EngineTiming
     from realtime.stagger import StepCycle
 
     engine = ScriptedEngine(rtf=0.52 * 25 / 28, first=28, chunk=28)

@@ -19,8 +19,8 @@ from support.realtime import ScriptedEngine, wait_until
 
 from pipeline.clock import OUTPUT_RATE, OUTPUT_SAMPLES_PER_FRAME
 from realtime.control import Interrupt
+from realtime.engine_timing import EngineTiming
 from realtime.metrics import RealtimeMetrics
-from realtime.playout import EngineTiming
 from realtime.session import PeerSession
 from realtime.session_config import SessionConfig
 from realtime.vad import VoiceActivityDetector

@@ -95,7 +95,7 @@ class Call:
 def timings():
     from support.realtime import ScriptedEngine
 
-    from realtime.playout import EngineTiming
+    from realtime.engine_timing import EngineTiming
 
     engine = ScriptedEngine(rtf=STEP * 25 / 28, first=28, chunk=28)
     alone = EngineTiming(engine.stream_step, FIRST, STEP)

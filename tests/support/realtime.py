@@ -337,6 +337,16 @@ class ScriptedBatchingEngine(ScriptedEngine):
         return list(zip(cuts[:-1], cuts[1:], strict=True))
 
 
+def loudness_track(seconds: float, seed: int = 3) -> np.ndarray:
+    """A tone whose loudness changes every 40 ms at random: each frame's audio is its own
+    (48 kHz int16), and it never pauses."""
+    rng = np.random.default_rng(seed)
+    frames = int(seconds * 25)
+    levels = np.repeat(rng.uniform(0.02, 0.3, frames), RATE // 25)
+    t = np.arange(frames * RATE // 25) / RATE
+    return (levels * np.sin(2 * np.pi * 300 * t) * 32767).astype(np.int16)
+
+
 def loudness_pixel(pcm: np.ndarray) -> int:
     """The pixel value a ScriptedStream frame gets for its audio (float in [-1, 1])."""
     return int(min(255, 700 * float(np.sqrt(np.mean(np.square(pcm, dtype=np.float64))))))
