@@ -34,9 +34,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# A second of every later answer weighs this much more than a second of a first frame: a
-# joining call gives up pre-roll (its first frame later, once) before it adds delay.
-DELAY_WEIGHT = 3.0
+# A second of every later answer's delay weighs this much more than a second of a call's
+# first frame: a joining microphone's call rather shows its first frame up to a chunk later
+# (Pro's 1.12 s), once, than adds one INSERT_STEP (0.16 s) to its speech-to-lips for good.
+DELAY_WEIGHT = 8.0
 # Waits closer than this count as equal: choices then go by cost (a step's time varies
 # by more than this from one step to the next).
 WAIT_RESOLUTION_S = 0.02
