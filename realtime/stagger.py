@@ -12,9 +12,9 @@ A call moves its steps by the silence on its timeline (`realtime.playout`): a jo
 by the pre-roll it starts with (less of it: its first frame later, once), a call whose delay
 grows by how much silence it inserts (more: every later answer later). Both come in whole
 `INSERT_STEP`s, so a call is placed within half of one (80 ms) of where it aims.
-`choose` picks the option that keeps every call's wait least, then the cheapest;
-`StepCycle` knows the engine's calls, places the one that joins or grows, and re-plans the
-others on what they will wait.
+`choose` picks the option where the others wait least, then the call itself, then the
+cheapest; `StepCycle` knows the engine's calls, places the one that joins or grows, and
+re-plans the others on what they will wait.
 
 Only calls fed at real time take a place. An agent pushing its answer faster than real
 time runs its steps back to back, and a call beside it can be planned only on the step
