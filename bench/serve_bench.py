@@ -234,7 +234,7 @@ def summary(config: str, call: dict) -> str:
         f"skipped {s.get('frames_skipped')}, deadlines missed {s.get('frames_missed')}), ttff {s.get('ttff_ms')} ms, "
         f"speech-to-lips p50/p95 {s.get('speech_to_lips_p50_ms')}/"
         f"{s.get('speech_to_lips_p95_ms')} ms, delay {s.get('playout_delay_ms')}→"
-        f"{s.get('playout_delay_now_ms')} ms, gen RTF {call['generation_rtf'] or 0:.3f}, "
+        f"{s.get('playout_delay_now_ms')} ms on a {s.get('planned_step_ms')}-ms step, gen RTF {call['generation_rtf'] or 0:.3f}, "
         f"client fps {c.get('fps')} A/V {c.get('av_offset_ms')} ms gap {c.get('max_gap_ms')} ms "
         f"round trip p50/p95 {c.get('round_trip_p50_ms')}/{c.get('round_trip_p95_ms')} ms, "
         f"GPU {gb / 1e9 if gb else 0:.2f} GB{allocated_label(call)}{batching_label(call)}"
@@ -262,7 +262,7 @@ def markdown(res: dict) -> str:
         f"`{m['command']}`",
         "",
         "| call | fresh share of deadlines (fresh/sent) | dropped · skipped · missed | time to first frame | "
-        "speech-to-lips p50 / p95 | playout delay start → now | generation RTF | "
+        "speech-to-lips p50 / p95 | playout delay start → now, on a step of | generation RTF | "
         "client fps · A/V · max gap | round trip p50 / p95 | GPU peak, allocated first → last |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -281,7 +281,8 @@ def markdown(res: dict) -> str:
             f"{s.get('frames_dropped')} · {s.get('frames_skipped')} · {s.get('frames_missed')} | "
             f"{s.get('ttff_ms')} ms | "
             f"{s.get('speech_to_lips_p50_ms')} / {s.get('speech_to_lips_p95_ms')} ms | "
-            f"{s.get('playout_delay_ms')} → {s.get('playout_delay_now_ms')} ms | "
+            f"{s.get('playout_delay_ms')} → {s.get('playout_delay_now_ms')} ms, "
+            f"{s.get('planned_step_ms')} ms | "
             f"{'–' if rtf is None else f'{rtf:.3f}'} | "
             f"{c.get('fps')} · {c.get('av_offset_ms')} ms · {c.get('max_gap_ms')} ms | "
             f"{c.get('round_trip_p50_ms')} / {c.get('round_trip_p95_ms')} ms | "
