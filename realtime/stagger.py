@@ -217,7 +217,7 @@ class StepCycle:
             options,
             self.period,
         )
-        if math.isinf(choice.wait):  # their steps do not fit the period: they batch
+        if math.isinf(choice.wait) or self._lining_up_is_shorter(choice):
             self.share()
             return None, None
         for (other, _), wait in zip(placed, choice.others, strict=True):
@@ -233,6 +233,16 @@ class StepCycle:
             choice.others_now,
         )
         return choice.index, self.waiting(choice.wait, choice.first_wait)
+
+    def _lining_up_is_shorter(self, choice: Choice) -> bool:
+        """Whether the step of a batch of all the calls is shorter than a step of one's own
+        and the longest wait beside the others: an engine that batches its steps well is
+        better planned so (FlashHead Lite on the H200: three steps batched in 0.26 s, one
+        alone 0.18 s), and its calls line up."""
+        shared = self._shared(len(self._members)).steady_seconds
+        alone = self.alone.steady_seconds
+        longest = alone + max([choice.wait, *choice.others])
+        return alone < shared <= longest
 
     def grow(self, member: Member, options: list[Option]) -> int:
         """A started call inserts silence: which of `options` (its steps moved earlier by
