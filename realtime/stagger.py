@@ -202,13 +202,11 @@ class StepCycle:
         """A call fed at real time is about to start: the option it takes (None: any), and
         its plan (None: keep the one it has, which counted every call sharing the engine as
         lined up with it). The others are re-planned on what they will wait beside it."""
-        others = [m for m in self._members.values() if m is not member]
+        others, placed = self._others(member)
         if any(m.bursts for m in others):
             self.share()  # an agent's steps come back to back: no place keeps clear of them
             return None, None
-        # Calls that have yet to start will take their places around this one's.
-        placed = [(m, due) for m in others if (due := m.steps_due()) is not None]
-        if not placed:
+        if not placed:  # calls that have yet to start will take their places around it
             return None, self.waiting(0.0)
         choice = choose(
             [due for _, due in placed],
@@ -220,8 +218,7 @@ class StepCycle:
         if math.isinf(choice.wait) or self._lining_up_is_shorter(choice):
             self.share()
             return None, None
-        for (other, _), wait in zip(placed, choice.others, strict=True):
-            other.retime(self.waiting(wait))
+        self._retime(placed, choice)
         log.info(
             "session %s: its steps placed in the engine's %.2f-s cycle, waiting %.2f s beside %d"
             " call(s) (their longest wait %.2f s, %.2f s once for its first step)",
@@ -247,17 +244,25 @@ class StepCycle:
     def grow(self, member: Member, options: list[Option]) -> int:
         """A started call inserts silence: which of `options` (its steps moved earlier by
         each amount) keeps every call's wait least; the others are re-planned on theirs."""
-        others = [m for m in self._members.values() if m is not member]
-        placed = [(m, due) for m in others if (due := m.steps_due()) is not None]
+        others, placed = self._others(member)
         if member.bursts or not placed or any(m.bursts for m in others):
             return 0
         step = self.alone.steady_seconds
         choice = choose([due for _, due in placed], step, step, options, self.period)
         if math.isinf(choice.wait):
             return 0
+        self._retime(placed, choice)
+        return choice.index
+
+    def _others(self, member: Member) -> tuple[list[Member], list[tuple[Member, float]]]:
+        """The calls beside `member`, and those of them that have a place: (call, due)."""
+        others = [m for m in self._members.values() if m is not member]
+        return others, [(m, due) for m in others if (due := m.steps_due()) is not None]
+
+    def _retime(self, placed: list[tuple[Member, float]], choice: Choice) -> None:
+        """The placed calls plan on what they will wait beside the one that took `choice`."""
         for (other, _), wait in zip(placed, choice.others, strict=True):
             other.retime(self.waiting(wait))
-        return choice.index
 
     def share(self) -> None:
         """Every call plans on the step all of them share (their steps line up)."""
