@@ -147,7 +147,9 @@ serve)
 sessions)  # the product bench (batched steps, capacity), then serve: an agent alone, then
   # CALLS live calls at once; MODEL=flashhead-lite for Lite; BATCH=3 (batch_streams);
   # SKIP_BENCH=1, PROFILE=1, SERVE_FLAGS, PRECISION (fp8, the default, or fp8-fast), SETS
-  # (config settings for the bench and the server alike, e.g. "flashhead.attention=fp8")
+  # (config settings for the bench and the server alike, e.g. "flashhead.attention=fp8");
+  # MODES (serve_bench's calls, "push live*CALLS" unset); TAG (a suffix that keeps two runs'
+  # files apart on one machine)
   model=${MODEL:-flashhead-pro}
   lite=; [ "$model" = flashhead-lite ] && lite=--lite
   python3 -m pipeline.flashhead.random_release "$work/float32" --shape full $lite >/dev/null 2>&1
@@ -176,11 +178,12 @@ sessions)  # the product bench (batched steps, capacity), then serve: an agent a
   # SERVE_FLAGS: more `facecast serve` flags, e.g. --engine-process (the engine's Python off
   # the media loop's GIL; its sessions' steps still batched)
   for flag in ${SERVE_FLAGS:-}; do args+=" --serve-arg=$flag"; done
+  modes=; for m in ${MODES:-push live*${CALLS:-2}}; do modes+=" --mode $m"; done
   # shellcheck disable=SC2086
   timeout "${SERVE_TIMEOUT:-330}" python3 bench/serve_bench.py --config "$model" --device cuda $args \
-    --seconds "${SECONDS_LIVE:-60}" --mode push --mode "live*${CALLS:-2}" \
-    --wav pipeline/assets/sample_speech.wav --server-log "$out/serve_$model.log" \
-    --json "$out/serve_$model.json" --markdown "$out/serve_$model.md" \
+    --seconds "${SECONDS_LIVE:-60}" $modes \
+    --wav pipeline/assets/sample_speech.wav --server-log "$out/serve_$model${TAG:-}.log" \
+    --json "$out/serve_$model${TAG:-}.json" --markdown "$out/serve_$model${TAG:-}.md" \
     || { echo "serve FAILED"; tail -20 "$out/serve_$model.log"; }
   ;;
 soak)  # two live Pro calls for SOAK_S (600) seconds, longer than one command may run: call
