@@ -96,6 +96,11 @@ class GenerationWorker:
         self._unreported_skips = 0
         self._gen_seconds = step_seconds  # planned wall time of one step, then measured
         self._recent: deque[float] = deque(maxlen=16)  # wall times of recent steps (not N_0)
+        # When each frame of recent steady steps existed, as a share of its step's wall time
+        # (under 1 where a step sends its frames in pieces, `ready_pieces`); the first
+        # step's until a steady one is measured
+        self._made_shares: deque[list[float]] = deque(maxlen=4)
+        self._first_made_shares: list[float] = []
         self._breaks: list[tuple[int, int]] = []  # (engine sample, frames skipped before it)
         self._pad = 0  # zeros to push before the next audio (completes a frame at rebase)
         self._reading_ahead = False  # the last feed's audio is frames a step later than its own
@@ -228,16 +233,34 @@ class GenerationWorker:
         return parts
 
     def frames_ahead_needed(self, reading_ahead: bool | None = None) -> float:
-        """How many frame times after now new audio's first frame must be due for it to
-        exist by then (`_skip_for_slack`): margin + max(G, 2G - (E - carry)), and G more where
-        audio becomes frames a step later (`reading_ahead`; default: as at the last feed)."""
+        """How many frame times after now new audio's first frame must be due for every
+        frame made from it to exist by then (`_skip_for_slack`), G more where audio becomes
+        frames a step later (`reading_ahead`; default: as at the last feed), plus the margin.
+        With a step's frames all at its end that is max(G, 2G - (E - carry)); a step that
+        sends its first frames in pieces has them earlier, and its later frames are due
+        later, so less is needed."""
         g = self._gen_seconds * FPS  # in frame times
         if reading_ahead is None:
             reading_ahead = self._reading_ahead
         later = g if reading_ahead else 0.0
-        return (
-            self._margin_s * FPS + later + max(g, 2 * g - (self._step_frames - self._carry_frames))
-        )
+        e, carry = self._step_frames, self._carry_frames
+        made = [g * share for share in self._made_share()]  # frame j exists made[j] in
+        # the new audio's frames: this step's from frame `carry` on, the next step's first
+        # ones `E - carry` frames after it (with no lookahead, the next step's first frame)
+        this_step = max((made[carry + i] - i for i in range(e - carry)), default=g)
+        next_step = max(g + made[i] - (e - carry) - i for i in range(max(carry, 1)))
+        return self._margin_s * FPS + later + max(this_step, next_step)
+
+    def _made_share(self) -> list[float]:
+        """Per frame of a step, when it existed as a share of the step: the latest of recent
+        steady steps; until one is measured, the first step's (its pieces come at about the
+        same share, where it waited for other calls' steps as a later one will), else 1
+        (the step's end)."""
+        measured = self._made_shares or [self._first_made_shares]
+        return [
+            max((m[j] for m in measured if j < len(m)), default=1.0)
+            for j in range(self._step_frames)
+        ]
 
     def _skip_for_slack(self, surplus: int, reading_ahead: bool) -> None:
         """At a step boundary, with `surplus` samples of backlog beyond the step's need: skip
@@ -274,19 +297,27 @@ class GenerationWorker:
     def _generate(self, stream: AvatarStream) -> None:
         t = time.perf_counter()
         count = 0
+        made: list[float] = []  # when each frame was queued, seconds into the step
         with self._engine_lock:
             for batch in ready_pieces(stream):  # each piece queued as soon as it exists
                 if self.generated == 0 and count == 0:
                     self._call_soon(self._on_first_frames, time.perf_counter() - t)
-                count += self._queue(batch)
+                queued = self._queue(batch)
+                made += [time.perf_counter() - t] * queued
+                count += queued
         seconds = time.perf_counter() - t
         # Breaks before the last generated frame are folded into one.
         while (
             len(self._breaks) > 1 and self._breaks[1][0] <= self.generated * MODEL_SAMPLES_PER_FRAME
         ):
             self._breaks.pop(0)
+        shares = [m / seconds for m in made] if count == self._step_frames else None
         if count and self.generated > count:  # not the short first step
             self._recent.append(seconds)
+            if shares:  # one steady step (not several at once)
+                self._made_shares.append(shares)
+        elif shares:
+            self._first_made_shares = shares
             if len(self._recent) >= 4:
                 ranked = sorted(self._recent)
                 self._gen_seconds = ranked[int(0.9 * (len(ranked) - 1))]

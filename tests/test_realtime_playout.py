@@ -737,3 +737,16 @@ def test_a_call_whose_peer_begins_to_speak_through_utterances_makes_the_others_s
     calls[0].timing = alone
     calls[1].tick()  # said once
     assert calls[0].timing == alone
+
+
+@pytest.mark.slow  # two served calls for seconds
+@pytest.mark.timeout(90)
+@REAL_TIME_ON_A_SHARED_CPU
+async def test_an_agent_beside_a_call_sending_frames_in_pieces_skips_nothing():
+    """Pro's steps send their first 4 frames 0.31 s into a 0.52-s step. An agent pushing at
+    5x joins a live call: its steps wait out the call's, and its backlog is skipped only
+    where frames would be late. Frames in a step's first piece exist before the step ends,
+    so audio they show is not skipped for want of the step's end (skipped, the agent's
+    frames there repeat)."""
+    _, _, (_, first, agent), _ = await a_second_call_joins(piece_share=0.6, second_speed=5.0)
+    assert agent["frames_skipped"] == 0 and first["frames_skipped"] == 0, (first, agent)
