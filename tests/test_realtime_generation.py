@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import numpy as np
+import pytest
 
 from realtime.buffers import FrameQueue, PlayoutClock
 
@@ -183,3 +184,82 @@ async def test_audio_in_real_time_is_made_as_it_comes_without_reading_ahead():
         worker.stop()
         await worker.wait_exited(5)
     assert stream.beside == [False] * 4
+
+
+class PiecesEngineSession:
+    """Steps of 12 frames from 12 frames of audio (no lookahead), each taking 0.2 s; with
+    `pieces`, its first 4 frames leave halfway through the step, as FlashHead Pro's first
+    decode pass does, else all at its end."""
+
+    def __init__(self, pieces: bool) -> None:
+        self.pieces = pieces
+        self.audio = 0
+        self.emitted = 0
+
+    def push_audio(self, samples):
+        self.audio += len(samples)
+
+    def samples_needed(self):
+        return max(0, (self.emitted + 12) * 640 - self.audio)
+
+    def iter_ready(self):
+        from pipeline.stream import FrameBatch
+
+        while self.audio >= (self.emitted + 12) * 640:
+            frames = np.zeros((12, 4, 4, 3), np.uint8)
+            time.sleep(0.1)
+            if self.pieces:
+                yield FrameBatch(self.emitted, frames[:4])
+            time.sleep(0.1)
+            yield (
+                FrameBatch(self.emitted + 4, frames[4:])
+                if self.pieces
+                else FrameBatch(self.emitted, frames)
+            )
+            self.emitted += 12
+
+    def generate_ready(self):
+        return list(self.iter_ready())
+
+    def close(self):
+        pass
+
+
+async def test_a_step_whose_first_frames_leave_early_needs_less_lead_before_skipping():
+    """The skip keeps new audio's frames due after they exist. A step that sends its first
+    4 frames halfway has them at half a step, and its later frames are due later: new audio
+    needs about half a step of lead where a step sending all at its end needs the whole
+    step (skipping more would repeat frames that were in time)."""
+    from pipeline.schedule import StreamStep
+    from realtime.generation import GenerationWorker
+
+    needed = {}
+    for pieces in (False, True):
+        engine, frames = PiecesEngineSession(pieces), FrameQueue(lead_frames=200, capacity=400)
+        worker = GenerationWorker(
+            lambda engine=engine: engine,
+            frames,
+            PlayoutClock(),  # not started: nothing is due, nothing skipped
+            asyncio.get_running_loop(),
+            lambda stats: None,
+            lambda exc: None,
+            "unit",
+            step=StreamStep(1, audio_frames=24, first_frame=12, end_frame=24),
+            step_seconds=0.2,
+            margin_s=0.0,
+        )
+        worker.push(np.zeros(72 * 640, np.float32))  # six steps
+        worker.start()
+        try:
+            for _ in range(100):  # six steps of 0.2 s, however slow the machine
+                if engine.emitted == 72:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            worker.stop()
+            await worker.wait_exited(5)
+        assert engine.emitted == 72 and worker.skipped_frames_total == 0
+        step = worker.step_seconds * 25  # in frame times
+        needed[pieces] = worker.frames_ahead_needed(reading_ahead=False) / step
+    assert needed[False] == pytest.approx(1.0, abs=0.02), needed  # all at the step's end
+    assert 0.45 < needed[True] < 0.75, needed  # its first piece, halfway
