@@ -26,13 +26,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 KEYS = ("frames_sent", "frames_fresh", "frames_missed", "ttff_ms", "playout_delay_ms",
-        "playout_delay_now_ms", "preroll_ms", "planned_step_ms")  # fmt: skip
+        "playout_delay_now_ms", "preroll_ms", "planned_step_ms", "step_seconds",
+        "frames_skipped")  # fmt: skip
 
 
 async def two_calls(args: argparse.Namespace, gap: float, plan_sessions: int | None) -> list:
-    from support.realtime import ScriptedBatchingEngine, loudness_track, running_server
+    from support.realtime import ScriptedBatchingEngine, running_server
 
-    from facecast_client import FacecastClient, PcmSource
+    from facecast_client import FacecastClient
     from realtime.service import SERVICE
 
     engine = ScriptedBatchingEngine(
@@ -42,10 +43,10 @@ async def two_calls(args: argparse.Namespace, gap: float, plan_sessions: int | N
     server = {} if plan_sessions is None else {"plan_sessions": plan_sessions}
     seconds = gap + args.seconds
     async with running_server(engine=engine, max_sessions=2, **server) as (url, app):
-        first = FacecastClient(url, PcmSource(loudness_track(seconds + 5, 0)))
+        first = FacecastClient(url, source(args, seconds + 5, 0))
         await first.connect()
         await asyncio.sleep(gap)
-        second = FacecastClient(url, PcmSource(loudness_track(seconds + 5, 1)))
+        second = FacecastClient(url, source(args, seconds + 5, 1))
         await second.connect()
         await asyncio.sleep(args.seconds)
         calls = []
@@ -55,6 +56,18 @@ async def two_calls(args: argparse.Namespace, gap: float, plan_sessions: int | N
         for client in (first, second):
             await client.close()
     return calls
+
+
+def source(args: argparse.Namespace, seconds: float, seed: int):
+    """A call's microphone: `--wav` looped (speech with pauses, as serve_bench sends), else a
+    tone whose loudness the frames show, which never pauses."""
+    from support.realtime import loudness_track
+
+    from facecast_client import PcmSource, read_pcm
+
+    if args.wav is None:
+        return PcmSource(loudness_track(seconds, seed))
+    return PcmSource(read_pcm(args.wav), loop=True)
 
 
 async def run(args: argparse.Namespace) -> list[dict]:
@@ -78,6 +91,7 @@ def main() -> None:
     p.add_argument("--gap", type=float, action="append",
                    help="seconds between the calls' starts (repeatable; default 3 and 0)")  # fmt: skip
     p.add_argument("--seconds", type=float, default=15.0, help="both calls together")
+    p.add_argument("--wav", type=Path, help="speech each call sends, looped (default: a tone)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     args.gap = args.gap or [3.0, 0.0]
