@@ -190,6 +190,14 @@ class GenerationWorker:
         return self._gen_seconds
 
     @property
+    def measured_step_seconds(self) -> float:
+        """`step_seconds` once this session's own steps measured it, else 0. Until then it
+        is the estimate the worker started from, which may be the step of every call (a
+        call placed in the engine's cycle plans on less): a re-plan on it grew such a call's
+        delay by a chunk at its peer's first pause."""
+        return self._gen_seconds if len(self._recent) >= 4 else 0.0
+
+    @property
     def timeline_pos(self) -> int:
         """16 kHz timeline position of the next sample to give the engine."""
         return self.pushed + self.skipped

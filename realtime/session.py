@@ -131,7 +131,7 @@ class PeerSession:
             metrics,
             control.send,
             ingest=lambda pcm48, arrived: audio_in.ingest(pcm48, arrived),
-            step_seconds=lambda: feed.step_seconds,
+            step_seconds=lambda: feed.worker.measured_step_seconds,
             margin_s=config.playout_margin_s,
             fixed_delay_s=config.playout_delay_s,
             interrupt_tail_s=config.interrupt_tail_s,
