@@ -95,6 +95,7 @@ class GenerationWorker:
         self.skipped_frames_total = 0
         self._unreported_skips = 0
         self._gen_seconds = step_seconds  # planned wall time of one step, then measured
+        self._measured_seconds = 0.0  # measured only (`measured_step_seconds`)
         self._recent: deque[float] = deque(maxlen=16)  # wall times of recent steps (not N_0)
         # When each frame of recent steady steps existed, as a share of its step's wall time
         # (under 1 where a step sends its frames in pieces, `ready_pieces`); the first
@@ -195,7 +196,7 @@ class GenerationWorker:
         is the estimate the worker started from, which may be the step of every call (a
         call placed in the engine's cycle plans on less): a re-plan on it grew such a call's
         delay by a chunk at its peer's first pause."""
-        return self._gen_seconds if len(self._recent) >= 4 else 0.0
+        return self._measured_seconds
 
     @property
     def timeline_pos(self) -> int:
@@ -329,6 +330,9 @@ class GenerationWorker:
             if len(self._recent) >= 4:
                 ranked = sorted(self._recent)
                 self._gen_seconds = ranked[int(0.9 * (len(ranked) - 1))]
+                # one assignment the event loop reads whole: a length and a p90 read apart
+                # could pair four measured steps with the estimate not yet replaced
+                self._measured_seconds = self._gen_seconds
         if count:
             skipped, self._unreported_skips = self._unreported_skips, 0
             self._call_soon(self._on_chunk, ChunkStats(count, seconds, skipped))
