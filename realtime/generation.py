@@ -95,7 +95,7 @@ class GenerationWorker:
         self.skipped_frames_total = 0
         self._unreported_skips = 0
         self._gen_seconds = step_seconds  # planned wall time of one step, then measured
-        self._measured_seconds = 0.0  # measured only (`measured_step_seconds`)
+        self._measured_seconds = 0.0  # the p90 once measured (`measured_step_seconds`)
         self._recent: deque[float] = deque(maxlen=16)  # wall times of recent steps (not N_0)
         # When each frame of recent steady steps existed, as a share of its step's wall time
         # (under 1 where a step sends its frames in pieces, `ready_pieces`); the first
@@ -325,14 +325,12 @@ class GenerationWorker:
             self._recent.append(seconds)
             if shares:  # one steady step (not several at once)
                 self._made_shares.append(shares)
-        elif shares:
-            self._first_made_shares = shares
             if len(self._recent) >= 4:
                 ranked = sorted(self._recent)
                 self._gen_seconds = ranked[int(0.9 * (len(ranked) - 1))]
-                # one assignment the event loop reads whole: a length and a p90 read apart
-                # could pair four measured steps with the estimate not yet replaced
                 self._measured_seconds = self._gen_seconds
+        elif shares:
+            self._first_made_shares = shares
         if count:
             skipped, self._unreported_skips = self._unreported_skips, 0
             self._call_soon(self._on_chunk, ChunkStats(count, seconds, skipped))

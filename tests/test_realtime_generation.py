@@ -259,6 +259,8 @@ async def test_a_step_whose_first_frames_leave_early_needs_less_lead_before_skip
             worker.stop()
             await worker.wait_exited(5)
         assert engine.emitted == 72 and worker.skipped_frames_total == 0
+        # its own steps measured (five after the first), not the estimate it started from
+        assert worker.measured_step_seconds == worker.step_seconds > 0.19
         step = worker.step_seconds * 25  # in frame times
         needed[pieces] = worker.frames_ahead_needed(reading_ahead=False) / step
     assert needed[False] == pytest.approx(1.0, abs=0.02), needed  # all at the step's end
