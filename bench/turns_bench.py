@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 KEYS = ("frames_sent", "frames_fresh", "frames_missed", "ttff_ms", "playout_delay_ms",
         "playout_delay_now_ms", "preroll_ms", "planned_step_ms", "step_seconds",
-        "frames_skipped")  # fmt: skip
+        "frames_skipped", "frames_dropped", "frames_repeated")  # fmt: skip
 
 
 async def two_calls(args: argparse.Namespace, gap: float, plan_sessions: int | None) -> list:
