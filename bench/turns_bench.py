@@ -1,16 +1,18 @@
-"""Two live calls taking turns on an engine with a GPU's step times, on a CPU: their delays.
+"""Live calls taking turns on an engine with a GPU's step times, on a CPU: their delays.
 
     python bench/turns_bench.py --json bench/results/turns_scripted_pro_fp8_h200_times.json
 
 The engine is the tests' scripted one (`tests/support/realtime.py`: its steps sleep for the
-times given, batched as FlashHead batches them), behind the real server, with two real
-aiortc clients sending a tone at real time, the second joining `--gap` seconds after the
-first. Each case runs as the server plans by default (microphones' calls take turns,
-`realtime/stagger.py`) and with `--plan-sessions 2` (every call planned on the step of both,
-as the H200's ten-minute soak ran). Per call: frames sent and fresh, the playout delay (a
+times given, batched as FlashHead batches them), behind the real server, with real aiortc
+clients (two, or `--calls N`) sending a tone or `--wav` speech at real time, each joining
+`--gap` seconds after the one before. Each case runs as the server plans by default
+(microphones' calls take turns, `realtime/stagger.py`) and with `--plan-sessions N` (every
+call planned on the step of all, as the H200's ten-minute soak ran). Per call: frames sent and fresh, the playout delay (a
 microphone's speech-to-lips, by construction) as started and as grown, the pre-roll, and the
 step its plan counted on. The step times default to FlashHead Pro `fp8-fast` on the H200
-(`bench/results/flashhead/bench_pro_fp8fast_same_run_as_authors_h200.json`).
+(`bench/results/flashhead/bench_pro_fp8fast_same_run_as_authors_h200.json`). Lite's four
+calls on its H200 times: `--calls 4 --chunk 24 --step 0.177 --batch2 0.279 --batch 3=0.30
+--batch 4=0.34 --first 0.189 --piece-share 0`.
 """
 
 from __future__ import annotations
@@ -30,32 +32,47 @@ KEYS = ("frames_sent", "frames_fresh", "frames_missed", "ttff_ms", "playout_dela
         "frames_skipped", "frames_dropped", "frames_repeated")  # fmt: skip
 
 
-async def two_calls(args: argparse.Namespace, gap: float, plan_sessions: int | None) -> list:
+async def calls_together(args: argparse.Namespace, gap: float, plan_sessions: int | None) -> list:
+    """`args.calls` calls, each joining `gap` seconds after the one before; each call's stats
+    once the last has run `args.seconds`."""
     from support.realtime import ScriptedBatchingEngine, running_server
 
     from facecast_client import FacecastClient
     from realtime.service import SERVICE
 
     engine = ScriptedBatchingEngine(
-        {1: args.step, 2: args.batch2}, first_seconds=args.first, chunk=28,
+        batch_seconds(args), first_seconds=args.first, chunk=args.chunk,
         piece_share=args.piece_share,
     )  # fmt: skip
     server = {} if plan_sessions is None else {"plan_sessions": plan_sessions}
-    seconds = gap + args.seconds
-    async with running_server(engine=engine, max_sessions=2, **server) as (url, app):
-        first = FacecastClient(url, source(args, seconds + 5, 0))
-        await first.connect()
-        await asyncio.sleep(gap)
-        second = FacecastClient(url, source(args, seconds + 5, 1))
-        await second.connect()
+    seconds = gap * (args.calls - 1) + args.seconds
+    async with running_server(engine=engine, max_sessions=args.calls, **server) as (url, app):
+        clients = []
+        for i in range(args.calls):
+            if i:
+                await asyncio.sleep(gap)
+            clients.append(FacecastClient(url, source(args, seconds + 5, i)))
+            await clients[-1].connect()
         await asyncio.sleep(args.seconds)
         calls = []
-        for client in (first, second):
+        for client in clients:
             stats = app[SERVICE].sessions[client.session_id].stats()
             calls.append({k: stats.get(k) for k in KEYS})
-        for client in (first, second):
+        for client in clients:
             await client.close()
     return calls
+
+
+def batch_seconds(args: argparse.Namespace) -> dict[int, float]:
+    """A batch of n later steps' seconds: `--step`, `--batch2`, then each `--batch N=S`; a
+    size not given takes the next smaller one's time plus a step's (no gain from batching)."""
+    times = {1: args.step, 2: args.batch2}
+    for spec in args.batch:
+        n, _, s = spec.partition("=")
+        times[int(n)] = float(s)
+    for n in range(2, args.calls + 1):
+        times.setdefault(n, times[n - 1] + args.step)
+    return times
 
 
 def source(args: argparse.Namespace, seconds: float, seed: int):
@@ -73,8 +90,8 @@ def source(args: argparse.Namespace, seconds: float, seed: int):
 async def run(args: argparse.Namespace) -> list[dict]:
     rows = []
     for gap in args.gap:
-        for plan in (None, 2):
-            calls = await two_calls(args, gap, plan)
+        for plan in (None, args.calls):
+            calls = await calls_together(args, gap, plan)
             row = {"gap_s": gap, "plan_sessions": plan, "calls": calls}
             print(json.dumps(row), flush=True)
             rows.append(row)
@@ -85,20 +102,25 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--step", type=float, default=0.524, help="a later step alone (s)")
     p.add_argument("--batch2", type=float, default=1.033, help="two later steps batched (s)")
+    p.add_argument("--batch", action="append", default=[], metavar="N=S",
+                   help="N later steps batched take S seconds (repeatable; for --calls 3 or more)")  # fmt: skip
     p.add_argument("--first", type=float, default=0.478, help="a call's first step (s)")
     p.add_argument("--piece-share", type=float, default=0.66,
-                   help="a step's first frames exist this share of it in")  # fmt: skip
+                   help="a step's first frames exist this share of it in (0: all at its end)")  # fmt: skip
     p.add_argument("--gap", type=float, action="append",
                    help="seconds between the calls' starts (repeatable; default 3 and 0)")  # fmt: skip
-    p.add_argument("--seconds", type=float, default=15.0, help="both calls together")
+    p.add_argument("--seconds", type=float, default=15.0, help="all calls together")
+    p.add_argument("--calls", type=int, default=2, help="live calls, each --gap after the last")
+    p.add_argument("--chunk", type=int, default=28, help="frames a step makes (Pro 28, Lite 24)")
     p.add_argument("--wav", type=Path, help="speech each call sends, looped (default: a tone)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     args.gap = args.gap or [3.0, 0.0]
+    args.piece_share = args.piece_share or None
     rows = asyncio.run(run(args))
     if args.json:
         meta = {k: v for k, v in vars(args).items() if k != "json"}
-        args.json.write_text(json.dumps({"args": meta, "runs": rows}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"args": meta, "runs": rows}, indent=1, default=str) + "\n")
 
 
 if __name__ == "__main__":
