@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -90,7 +91,8 @@ def source(args: argparse.Namespace, seconds: float, seed: int):
 async def run(args: argparse.Namespace) -> list[dict]:
     rows = []
     for gap in args.gap:
-        for plan in (None, args.calls):
+        plans = {"turns": None, "all": args.calls}
+        for plan in [plans[name] for name in args.plans.split(",")]:
             calls = await calls_together(args, gap, plan)
             row = {"gap_s": gap, "plan_sessions": plan, "calls": calls}
             print(json.dumps(row), flush=True)
@@ -114,7 +116,19 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=28, help="frames a step makes (Pro 28, Lite 24)")
     p.add_argument("--wav", type=Path, help="speech each call sends, looped (default: a tone)")
     p.add_argument("--json", type=Path)
+    p.add_argument("--plans", default="turns,all", help="turns (the default plan), all "
+                   "(--plan-sessions N), or both, comma-separated")  # fmt: skip
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="log each call's placement, re-plans and growth (stderr)")  # fmt: skip
     args = p.parse_args()
+    if args.verbose:
+        logging.basicConfig(
+            level=logging.WARNING, format="%(relativeCreated)8.0f %(name)s %(message)s"
+        )
+        for name in ("realtime.playout", "realtime.stagger", "realtime.session"):
+            logging.getLogger(name).setLevel(
+                logging.DEBUG if name == "realtime.stagger" else logging.INFO
+            )
     args.gap = args.gap or [3.0, 0.0]
     args.piece_share = args.piece_share or None
     rows = asyncio.run(run(args))

@@ -248,9 +248,20 @@ class StepCycle:
         if member.bursts or not placed or any(m.bursts for m in others):
             return 0
         step = self.alone.steady_seconds
-        choice = choose([due for _, due in placed], step, step, options, self.period)
+        dues = [due for _, due in placed]
+        choice = choose(dues, step, step, options, self.period)
         if math.isinf(choice.wait):
             return 0
+        log.debug(
+            "session %s: growth options %s (due; cost) beside phases %s: chose %d, waits %.3f,"
+            " theirs %s",
+            member.session_id,
+            [(round(o.due % self.period, 3), round(o.cost, 2)) for o in options],
+            [round(d % self.period, 3) for d in dues],
+            choice.index,
+            choice.wait,
+            [round(w, 3) for w in choice.others],
+        )
         self._retime(placed, choice)
         return choice.index
 
