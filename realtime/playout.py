@@ -363,7 +363,9 @@ class PlayoutControl:
         target = self.plan().delay
         current = self._target or (self.delay_s or 0.0) + self.grown_s
         if target > current + 0.02:
-            log.info(
+            # debug: `grow` logs what it inserts, and inserts nothing where the timeline
+            # already holds the target (every pause of a call planned a few ms short)
+            log.debug(
                 "session %s: playout delay %.2f s, to grow to %.2f s at the next pause",
                 self.session_id,
                 current,
