@@ -211,6 +211,7 @@ class PlayoutControl:
         # audio of the probe, with what to tell once it is on the timeline
         self._held: list[tuple[np.ndarray, float, Callable[[int | None], None]]] = []
         self._target: float | None = None  # what the delay grows to while quiet
+        self._announced: float | None = None  # the last target logged at info
         self.inserted_s = 0.0  # silence inserted: the pre-roll and later growth
         self.grown_s = 0.0  # of which growth after the start
         self.pushed = False  # planned for audio faster than real time (an agent's)
@@ -363,15 +364,18 @@ class PlayoutControl:
         target = self.plan().delay
         current = self._target or (self.delay_s or 0.0) + self.grown_s
         if target > current + 0.02:
-            # debug: `grow` logs what it inserts, and inserts nothing where the timeline
-            # already holds the target (every pause of a call planned a few ms short)
-            log.debug(
+            # a target is said once (within 0.02 s): where the timeline already holds it,
+            # `grow` inserts nothing and clears it, and every later pause would say it again
+            said = self._announced is not None and target <= self._announced + 0.02
+            level = logging.DEBUG if said else logging.INFO
+            log.log(
+                level,
                 "session %s: playout delay %.2f s, to grow to %.2f s at the next pause",
                 self.session_id,
                 current,
                 target,
             )
-            self._target = target
+            self._announced = self._target = target
             self.set_lead(target)
 
     def retime(self, timing: EngineTiming) -> None:
