@@ -7,9 +7,10 @@ times given, batched as FlashHead batches them), behind the real server, with re
 clients (two, or `--calls N`) sending a tone or `--wav` speech at real time, each joining
 `--gap` seconds after the one before. Each case runs as the server plans by default
 (microphones' calls take turns, `realtime/stagger.py`) and with `--plan-sessions N` (every
-call planned on the step of all, as the H200's ten-minute soak ran). Per call: frames sent and fresh, the playout delay (a
-microphone's speech-to-lips, by construction) as started and as grown, the pre-roll, and the
-step its plan counted on. The step times default to FlashHead Pro `fp8-fast` on the H200
+call planned on the step of all, as the H200's ten-minute soak ran). Per call: frames sent,
+fresh, skipped, dropped and repeated, the playout delay (a microphone's speech-to-lips, by
+construction) as started and as grown, the pre-roll, the step its plan counted on and the
+step it measured. The step times default to FlashHead Pro `fp8-fast` on the H200
 (`bench/results/flashhead/bench_pro_fp8fast_same_run_as_authors_h200.json`). Lite's four
 calls on its H200 times: `--calls 4 --chunk 24 --step 0.177 --batch2 0.279 --batch 3=0.30
 --batch 4=0.34 --first 0.189 --piece-share 0`.
@@ -105,10 +106,10 @@ def main() -> None:
     p.add_argument("--step", type=float, default=0.524, help="a later step alone (s)")
     p.add_argument("--batch2", type=float, default=1.033, help="two later steps batched (s)")
     p.add_argument("--batch", action="append", default=[], metavar="N=S",
-                   help="N later steps batched take S seconds (repeatable; for --calls 3 or more)")  # fmt: skip
+                   help="N later steps batched take S seconds (repeatable; --calls 3 or more)")  # fmt: skip
     p.add_argument("--first", type=float, default=0.478, help="a call's first step (s)")
     p.add_argument("--piece-share", type=float, default=0.66,
-                   help="a step's first frames exist this share of it in (0: all at its end)")  # fmt: skip
+                   help="its first frames exist this share of a step in (0: at its end)")  # fmt: skip
     p.add_argument("--gap", type=float, action="append",
                    help="seconds between the calls' starts (repeatable; default 3 and 0)")  # fmt: skip
     p.add_argument("--seconds", type=float, default=15.0, help="all calls together")
@@ -125,16 +126,16 @@ def main() -> None:
         logging.basicConfig(
             level=logging.WARNING, format="%(relativeCreated)8.0f %(name)s %(message)s"
         )
-        for name in ("realtime.playout", "realtime.stagger", "realtime.session"):
-            logging.getLogger(name).setLevel(
-                logging.DEBUG if name == "realtime.stagger" else logging.INFO
-            )
+        logging.getLogger("realtime.playout").setLevel(logging.INFO)
+        logging.getLogger("realtime.session").setLevel(logging.INFO)
+        logging.getLogger("realtime.stagger").setLevel(logging.DEBUG)  # growth's options
     args.gap = args.gap or [3.0, 0.0]
     args.piece_share = args.piece_share or None
     rows = asyncio.run(run(args))
     if args.json:
         meta = {k: v for k, v in vars(args).items() if k != "json"}
-        args.json.write_text(json.dumps({"args": meta, "runs": rows}, indent=1, default=str) + "\n")
+        text = json.dumps({"args": meta, "runs": rows}, indent=1, default=str)  # default: --wav
+        args.json.write_text(text + "\n")
 
 
 if __name__ == "__main__":
