@@ -44,7 +44,7 @@ async def calls_together(args: argparse.Namespace, gap: float, plan_sessions: in
 
     engine = ScriptedBatchingEngine(
         batch_seconds(args), first_seconds=args.first, chunk=args.chunk,
-        piece_share=args.piece_share,
+        piece_share=args.piece_share, slowdown=args.served, transfer=args.transfer,
     )  # fmt: skip
     server = {} if plan_sessions is None else {"plan_sessions": plan_sessions}
     seconds = gap * (args.calls - 1) + args.seconds
@@ -110,6 +110,13 @@ def main() -> None:
     p.add_argument("--first", type=float, default=0.478, help="a call's first step (s)")
     p.add_argument("--piece-share", type=float, default=0.66,
                    help="its first frames exist this share of a step in (0: at its end)")  # fmt: skip
+    p.add_argument("--served", type=float, default=1.0,
+                   help="served steps take this many times the times above, which the "
+                   "warm-up reports (the GPU's served steps: 1.4 for Lite's four calls "
+                   "in the engine's process on the H100)")  # fmt: skip
+    p.add_argument("--transfer", type=float, default=0.0,
+                   help="seconds after its batch before a step's frames reach the call, "
+                   "the engine free meanwhile (the engine process's pipe)")  # fmt: skip
     p.add_argument("--gap", type=float, action="append",
                    help="seconds between the calls' starts (repeatable; default 3 and 0)")  # fmt: skip
     p.add_argument("--seconds", type=float, default=15.0, help="all calls together")

@@ -422,7 +422,10 @@ class PlayoutControl:
         missing = target - current
         if missing > 0.02:
             samples = math.ceil(missing * OUTPUT_RATE / INSERT_STEP) * INSERT_STEP
-            samples += INSERT_STEP * self._place_growth(samples)
+            placed = samples + INSERT_STEP * self._place_growth(samples)
+            lined = self._lined_up_growth(target, current)
+            line_up = lined is not None and lined < placed
+            samples = lined if lined is not None and line_up else placed
             self.inserted_s += samples / OUTPUT_RATE
             self.grown_s += samples / OUTPUT_RATE
             self._ingest(np.zeros(samples, np.int16), None)
@@ -430,6 +433,10 @@ class PlayoutControl:
             log.info("session %s: playout delay grown to %.2f s", self.session_id, delay)
             self._metrics.playout_delay.observe(delay)
             self._send_delay_grown(timeline_head, samples, delay)
+            if line_up:
+                assert self._cycle is not None
+                self._target = None  # reached: the re-plan on the shared step finds it so
+                self._cycle.line_up(self)  # the others re-plan, and grow at their pauses
         else:  # debug: a call whose delay already covers its plan says so at every pause
             log.debug(
                 "session %s: playout delay already %.2f s (target %.2f s): nothing inserted",
@@ -451,6 +458,16 @@ class PlayoutControl:
         ]
         options = [Option(due - a, DELAY_WEIGHT * (a - amounts[0])) for a in amounts]
         return self._cycle.grow(self, options)
+
+    def _lined_up_growth(self, target: float, current: float) -> int | None:
+        """Samples to insert were every call to plan on the step they share (where the
+        call's steps fall then matters to nobody's plan): what that plan's delay, or the
+        target if longer, needs. None where the call keeps no place."""
+        cycle = self._cycle
+        if cycle is None or cycle.lined_up or self.bursts or self.steps_due() is None:
+            return None
+        delay = max(target, self.plan(timing=cycle.shared).delay)
+        return math.ceil((delay - current) * OUTPUT_RATE / INSERT_STEP) * INSERT_STEP
 
     def _send_delay_grown(self, at: int, samples: int, delay: float) -> None:
         """Peers that align the returned audio with what they sent need each insertion."""

@@ -19,6 +19,16 @@ re-plans the others on what they will wait.
 Only calls fed at real time take a place. An agent pushing its answer faster than real
 time runs its steps back to back, and a call beside it can be planned only on the step
 they share (as every call was before this module): `StepCycle` then re-plans them all so.
+
+A growth that keeps a call's place may cost it a whole period: a place moves with every
+INSERT_STEP inserted, and where the calls' steps fill most of the cycle only the same place
+is clear. Served steps are longer than the warm-up's (the server's media on the GIL, the
+engine process's pipe: FlashHead Lite's four calls on an H100 measured 0.28-0.36 s against
+0.19 s), so on a GPU every call asks for a few tenths more after its first utterance, and
+each grew by the whole 0.96-s cycle (bench/RESULTS.md, nineteenth session). Where lining
+every call up on the step they share costs the growing call less, the cycle does that
+instead (`line_up`): each call's plan then covers any place, each grows by what that plan
+needs, and calls that join later plan on it too, until fewer than two calls are left.
 """
 
 from __future__ import annotations
@@ -181,6 +191,7 @@ class StepCycle:
         self._shared = shared
         self._floor = floor
         self._members: dict[str, Member] = {}
+        self.lined_up = False  # every call plans on the shared step, whatever its place
 
     def add(self, member: Member) -> None:
         self._members[member.session_id] = member
@@ -188,6 +199,29 @@ class StepCycle:
     def remove(self, member: Member) -> None:
         if self._members.get(member.session_id) is member:
             del self._members[member.session_id]
+        if len(self._members) < 2:  # one call alone has nobody to take turns with
+            self.lined_up = False
+
+    @property
+    def shared(self) -> EngineTiming:
+        """The step of all the calls, lined up (never below the operator's floor)."""
+        timing = self._shared(len(self._members))
+        floor = self._floor
+        if floor is not None and floor.steady_seconds > timing.steady_seconds:
+            return floor
+        return timing
+
+    def line_up(self, member: Member) -> None:
+        """`member` grows cheaper on the shared step than in a place of its own: from now
+        on every call plans on the shared step (`share`), and none keeps a place."""
+        log.info(
+            "session %s: growing in its place would cost it more than every call planning on"
+            " the step they share: %d calls now line up",
+            member.session_id,
+            len(self._members),
+        )
+        self.lined_up = True
+        self.share()
 
     def waiting(self, steady_wait: float, first_wait: float = 0.0) -> EngineTiming:
         """A call's plan when its later steps wait `steady_wait` for the others' and its
@@ -203,8 +237,10 @@ class StepCycle:
         its plan (None: keep the one it has, which counted every call sharing the engine as
         lined up with it). The others are re-planned on what they will wait beside it."""
         others, placed = self._others(member)
-        if any(m.bursts for m in others):
-            self.share()  # an agent's steps come back to back: no place keeps clear of them
+        if self.lined_up or any(m.bursts for m in others):
+            # an agent's steps come back to back (no place keeps clear of them), or the
+            # calls lined up when one grew (`line_up`): the call shares their step
+            self.share()
             return None, None
         if not placed:  # calls that have yet to start will take their places around it
             return None, self.waiting(0.0)
@@ -245,7 +281,7 @@ class StepCycle:
         """A started call inserts silence: which of `options` (its steps moved earlier by
         each amount) keeps every call's wait least; the others are re-planned on theirs."""
         others, placed = self._others(member)
-        if member.bursts or not placed or any(m.bursts for m in others):
+        if self.lined_up or member.bursts or not placed or any(m.bursts for m in others):
             return 0
         step = self.alone.steady_seconds
         dues = [due for _, due in placed]
@@ -277,6 +313,6 @@ class StepCycle:
 
     def share(self) -> None:
         """Every call plans on the step all of them share (their steps line up)."""
-        timing = self._shared(len(self._members))
+        timing = self.shared
         for member in list(self._members.values()):
             member.retime(timing)

@@ -664,7 +664,9 @@ def test_a_microphone_joining_a_started_call_gives_up_pre_roll_to_take_turns_wit
     """Pro's steps (0.52 s in a 1.12-s chunk): the joining call takes less pre-roll, so that
     its steps come due about half a chunk from the other's, and plans on a step of its own
     (and what it waits, if anything), not on the step of both: its delay is about the
-    first's. Growing later, it inserts what keeps that place."""
+    first's. Growing later, keeping that place would cost it a whole chunk (0.52-s steps
+    leave no other place clear), lining both calls up on the step they share about half:
+    they line up."""
     import time
 
     from realtime.engine_timing import EngineTiming
@@ -695,15 +697,15 @@ def test_a_microphone_joining_a_started_call_gives_up_pre_roll_to_take_turns_wit
     assert joined.budget.delay == pytest.approx(first.budget.delay, abs=0.2)
     shared_delay = plan_playout(engine.stream_step, 1.0, 1.04, margin_s=0.05).delay
     assert joined.budget.delay < shared_delay - 0.4
-    # a re-plan on longer steps: the silence it inserts keeps it clear of the other's steps
+    # a re-plan on longer steps: it grows by what the shared step needs, less than a chunk,
+    # and the other call re-plans on that step too (it grows at its own next pause)
     joined.start()
     assert joined.delay_s is not None
-    place = apart()
     joined.retime(EngineTiming(engine.stream_step, 0.48, 0.75))
     joined.grow(0, joined.clock.t0 - joined.delay_s, quiet=True)
-    assert joined.grown_s > 0
-    assert abs(apart() - 0.56) <= 0.16, (place, joined.grown_s, apart())
-    assert first.timing == alone
+    assert 0 < joined.grown_s < 28 / 25 - 0.16
+    assert cycle.lined_up and first.timing == shared and joined.timing == shared
+    assert joined.plan().delay <= joined.delay_s + joined.grown_s + 0.02  # nothing left
 
 
 def test_a_call_whose_peer_begins_to_speak_through_utterances_makes_the_others_share_its_steps():

@@ -169,6 +169,27 @@ def test_a_growing_call_inserts_what_keeps_it_clear_of_the_others():
     assert there.timings == [alone]  # it waits for nobody: its plan stays its own
 
 
+def test_calls_lined_up_by_a_growth_stay_lined_up_until_one_is_left():
+    """Once a growth lined the calls up (`StepCycle.line_up`), every call plans on the
+    shared step and none keeps a place: a joining call shares it, a growing one inserts
+    only what it needs. With one call left there is nobody to take turns with."""
+    alone, shared = timings()
+    cycle = StepCycle(CHUNK, alone, lambda n: shared)
+    there, growing, joining = Call("a", 7.0), Call("b", 7.56), Call("c", None)
+    for call in (there, growing):
+        cycle.add(call)
+    cycle.line_up(growing)
+    assert cycle.lined_up and there.timings == [shared] and growing.timings == [shared]
+    assert cycle.grow(growing, [Option(7.56 - 0.32 - j * 0.16) for j in range(7)]) == 0
+    cycle.add(joining)
+    assert cycle.join(joining, [Option(7.3 - j * 0.16) for j in range(7)]) == (None, None)
+    assert joining.timings == [shared]
+    cycle.remove(joining)
+    assert cycle.lined_up  # two calls are still lined up
+    cycle.remove(growing)
+    assert not cycle.lined_up
+
+
 def test_the_operators_plan_for_several_calls_is_the_least_any_call_plans_on():
     alone, shared = timings()
     cycle = StepCycle(CHUNK, alone, lambda n: shared, floor=shared)

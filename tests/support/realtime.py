@@ -283,11 +283,16 @@ class ScriptedBatchingEngine(ScriptedEngine):
         lookahead: int = 2,
         piece_share: float | None = None,
         first_piece: int = 4,
+        slowdown: float = 1.0,
+        transfer: float = 0.0,
     ):
         """`piece_share`: each batch sends its steps' frames in pieces, as FlashHead Pro
         does: the first `first_piece` frames that share of the batch's time into it, the
         rest 8 at a time, evenly over the rest of it (None: all at the end); its warm-up
-        figures then say so."""
+        figures then say so. `slowdown`: a batch takes that many times its warm-up figure
+        while calls are served (a GPU's steps beside the server's media, on the GIL);
+        `transfer`: seconds after its batch before a step's frames reach its session, the
+        engine free meanwhile (the engine process's pipe)."""
         from pipeline.batching import StepBatcher
         from pipeline.warmup import capacity
 
@@ -296,6 +301,7 @@ class ScriptedBatchingEngine(ScriptedEngine):
         self.batch_seconds = batch_seconds
         self.first_seconds = first_seconds
         self.piece_share, self.first_piece = piece_share, first_piece
+        self.slowdown, self.transfer = slowdown, transfer
         self.step_seconds = {
             "first": first_seconds,
             "steady": batch_seconds[1],
@@ -320,6 +326,7 @@ class ScriptedBatchingEngine(ScriptedEngine):
         self.batch_sizes.append(len(jobs))
         seconds = self.batch_seconds[len(later)] if later else 0.0
         seconds += self.first_seconds if len(later) < len(jobs) else 0.0
+        seconds *= self.slowdown
         if self.piece_share is None:
             time.sleep(seconds)
             yield [True] * len(jobs)
@@ -395,6 +402,7 @@ class ScriptedStream:
             if isinstance(self.engine, ScriptedBatchingEngine):
                 for _ in self.engine.batcher.run((self, self.step)):
                     pass  # the batch's time is spent in the batcher's thread
+                time.sleep(self.engine.transfer)
             else:
                 time.sleep((0.0 if self.ahead else step_s) + nxt)
             out.append(FrameBatch(step.first_frame, self.frames(step, audio)))
