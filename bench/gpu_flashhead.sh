@@ -149,7 +149,8 @@ sessions)  # the product bench (batched steps, capacity), then serve: an agent a
   # SKIP_BENCH=1, PROFILE=1, SERVE_FLAGS, PRECISION (fp8, the default, or fp8-fast), SETS
   # (config settings for the bench and the server alike, e.g. "flashhead.attention=fp8");
   # MODES (serve_bench's calls, "push live*CALLS" unset); TAG (a suffix that keeps two runs'
-  # files apart on one machine)
+  # files apart on one machine); SERVE_TIMEOUT (the whole serve: Pro's cold compile took
+  # 364.5 s on a fresh H100, then the calls: 450 unset; ~75 s start-up on a warm machine)
   model=${MODEL:-flashhead-pro}
   lite=; [ "$model" = flashhead-lite ] && lite=--lite
   python3 -m pipeline.flashhead.random_release "$work/float32" --shape full $lite >/dev/null 2>&1
@@ -180,7 +181,7 @@ sessions)  # the product bench (batched steps, capacity), then serve: an agent a
   for flag in ${SERVE_FLAGS:-}; do args+=" --serve-arg=$flag"; done
   modes=; for m in ${MODES:-push live*${CALLS:-2}}; do modes+=" --mode $m"; done
   # shellcheck disable=SC2086
-  timeout "${SERVE_TIMEOUT:-330}" python3 bench/serve_bench.py --config "$model" --device cuda $args \
+  timeout "${SERVE_TIMEOUT:-450}" python3 bench/serve_bench.py --config "$model" --device cuda $args \
     --seconds "${SECONDS_LIVE:-60}" $modes \
     --wav pipeline/assets/sample_speech.wav --server-log "$out/serve_$model${TAG:-}.log" \
     --json "$out/serve_$model${TAG:-}.json" --markdown "$out/serve_$model${TAG:-}.md" \
