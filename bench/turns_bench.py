@@ -112,11 +112,12 @@ def main() -> None:
                    help="its first frames exist this share of a step in (0: at its end)")  # fmt: skip
     p.add_argument("--served", type=float, default=1.0,
                    help="served steps take this many times the times above, which the "
-                   "warm-up reports (the GPU's served steps: 1.4 for Lite's four calls "
-                   "in the engine's process on the H100)")  # fmt: skip
+                   "warm-up reports (two Pro calls in the server's process on the H100: "
+                   "1.05)")  # fmt: skip
     p.add_argument("--transfer", type=float, default=0.0,
                    help="seconds after its batch before a step's frames reach the call, "
-                   "the engine free meanwhile (the engine process's pipe)")  # fmt: skip
+                   "the engine free meanwhile (the engine process's pipe; 0.10 gives the "
+                   "steps Lite's four calls measured on the H100; with --piece-share 0)")  # fmt: skip
     p.add_argument("--gap", type=float, action="append",
                    help="seconds between the calls' starts (repeatable; default 3 and 0)")  # fmt: skip
     p.add_argument("--seconds", type=float, default=15.0, help="all calls together")

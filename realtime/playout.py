@@ -424,8 +424,8 @@ class PlayoutControl:
             samples = math.ceil(missing * OUTPUT_RATE / INSERT_STEP) * INSERT_STEP
             placed = samples + INSERT_STEP * self._place_growth(samples)
             lined = self._lined_up_growth(target, current)
-            line_up = lined is not None and lined < placed
-            samples = lined if lined is not None and line_up else placed
+            samples = placed if lined is None else min(placed, lined)
+            line_up = samples < placed
             self.inserted_s += samples / OUTPUT_RATE
             self.grown_s += samples / OUTPUT_RATE
             self._ingest(np.zeros(samples, np.int16), None)

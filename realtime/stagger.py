@@ -204,12 +204,8 @@ class StepCycle:
 
     @property
     def shared(self) -> EngineTiming:
-        """The step of all the calls, lined up (never below the operator's floor)."""
-        timing = self._shared(len(self._members))
-        floor = self._floor
-        if floor is not None and floor.steady_seconds > timing.steady_seconds:
-            return floor
-        return timing
+        """The step of all the calls, lined up (never less than the operator's floor)."""
+        return self._at_least_floor(self._shared(len(self._members)))
 
     def line_up(self, member: Member) -> None:
         """`member` grows cheaper on the shared step than in a place of its own: from now
@@ -226,7 +222,9 @@ class StepCycle:
     def waiting(self, steady_wait: float, first_wait: float = 0.0) -> EngineTiming:
         """A call's plan when its later steps wait `steady_wait` for the others' and its
         first `first_wait` (never less than the operator's floor)."""
-        timing = self.alone.waiting(steady_wait, first_wait)
+        return self._at_least_floor(self.alone.waiting(steady_wait, first_wait))
+
+    def _at_least_floor(self, timing: EngineTiming) -> EngineTiming:
         floor = self._floor
         if floor is not None and floor.steady_seconds > timing.steady_seconds:
             return floor

@@ -292,9 +292,12 @@ class ScriptedBatchingEngine(ScriptedEngine):
         figures then say so. `slowdown`: a batch takes that many times its warm-up figure
         while calls are served (a GPU's steps beside the server's media, on the GIL);
         `transfer`: seconds after its batch before a step's frames reach its session, the
-        engine free meanwhile (the engine process's pipe)."""
+        engine free meanwhile (the engine process's pipe), for steps that come whole."""
         from pipeline.batching import StepBatcher
         from pipeline.warmup import capacity
+
+        if transfer and piece_share is not None:
+            raise ValueError("transfer is modelled for steps whose frames come whole")
 
         super().__init__(rtf=batch_seconds[1] * 25 / chunk, first=chunk, chunk=chunk,
                          lookahead=lookahead)  # fmt: skip
