@@ -46,14 +46,15 @@ class FlashHeadConfig:
     # quantised in the block's compiled graph, one scale each for each call in a batch, so
     # that batched calls keep the frames each gets alone; where the kernel cannot run, the
     # exact path, said once in the log) or auto (fp8 where the linears run in FP8 and the
-    # kernel can run here, else sdpa). With fp8_outputs, on the H200: Pro 61.4 fps, but
-    # `facecast gate` rejected the pair there (27.2 dB lowest, floor 30): sdpa until the
-    # part that costs the frames is found and a gate passes (bench/RESULTS.md, issue 30)
-    attention: str = "sdpa"
+    # kernel can run here, else sdpa). auto, since the compiled `fp8-fast` build with FP8
+    # attention and FP8 output projections passed `facecast gate` (pooled 30.22 dB against
+    # bf16, floor 30; FP8 attention alone 31.13) and stepped 5 % faster (H100: 57.8 fps
+    # against 55.1; bench/RESULTS.md, twentieth session)
+    attention: str = "auto"
     # --precision fp8 on each block's two attention output projections as well (inside the
     # block's compiled graph, their inputs' quantisation fuses into the reshape before them;
-    # bf16 they were 15.3 ms of a Pro step on the H200). Off: not yet gated on its own
-    fp8_outputs: bool = False
+    # bf16 they were 15.3 ms of a Pro step on the H200); gated with the FP8 attention above
+    fp8_outputs: bool = True
 
     @property
     def temporal_stride(self) -> int:
