@@ -190,8 +190,8 @@ sessions)  # the product bench (batched steps, capacity), then serve: an agent a
 soak)  # two live Pro calls for SOAK_S (600) seconds, longer than one command may run: call
   # `soak start` (returns once the server and clients run, detached with setsid), then within
   # the 30 s the machine stays warm, `soak collect` (waits for them, copies the results).
-  # start carries .whlserve (without its cuDNN frontend wheel, which FlashHead's default
-  # attention does not use, while the tree and the whole bundle pass 64 MiB), collect nothing.
+  # start carries .whlserve (with cuDNN's graph API, for the default FP8 attention under
+  # fp8 and fp8-fast), collect nothing.
   # The calls' GPU memory, read every 10 s, says whether it stays flat.
   # PRECISION (fp8, or fp8-fast), BATCH, SETS and SERVE_FLAGS as for sessions; SOAK_MODES
   # (serve_bench's modes, in turn; "live*2" unless set): "push live*2" first times an

@@ -10,6 +10,7 @@ the DiT's inputs are re-made here from the same seeds.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -260,14 +261,14 @@ def test_fp8_attention_where_cudnn_cannot_run_is_the_exact_attention_said_once(r
 
 
 def test_fp8_attention_quantises_in_the_block_and_keeps_the_frames_close(
-    release, monkeypatch, emulated_fp8_kernel
+    release, monkeypatch, emulated_fp8_kernel, caplog
 ):
     """Where the kernel runs (emulated), each block hands it q, k and v it quantised itself and
     widens O itself: one kernel call a block a sampling step, the frames within a few grey
     levels of the exact ones (not identical: FP8 rounds). A shape the kernel declines goes
     to the exact SDPA, the frames then identical. `fp8_outputs` takes each block's two
-    attention output projections into --precision fp8 as well; left `auto`, the attention
-    turns to FP8 when the linears do."""
+    attention output projections into --precision fp8 as well; left `auto` (the default),
+    the attention turns to FP8 when the linears do."""
     from pipeline.kernels import fp8_attention as kernels
     from pipeline.models.attention import say_fallback
 
@@ -294,10 +295,22 @@ def test_fp8_attention_quantises_in_the_block_and_keeps_the_frames_close(
     # `auto`: the FP8 attention comes with FP8 linears, not before them
     from pipeline.precision import apply_fp8
 
-    auto = start_engine(engine_options(release, overrides={"flashhead.attention": "auto"}))[0]
+    auto = start_engine(engine_options(release))[0]  # `auto` is the default
     assert not any(b.self_attn.fp8_inputs for b in auto.models.dit.audio_blocks())
-    apply_fp8(auto, "static", emulate=True)
+    with caplog.at_level(logging.INFO, logger="facecast.flashhead"):
+        apply_fp8(auto, "static", emulate=True)
     assert all(b.self_attn.fp8_inputs for b in auto.models.dit.audio_blocks())
+    assert "self-attention: cuDNN's FP8 kernel" in caplog.text
+
+    # where the kernel cannot run, `auto` stays exact and the log says why (the speed it costs)
+    caplog.clear()
+    missing = "cudnn-frontend is not installed (pip install 'nvidia-cudnn-frontend==1.16.0')"
+    monkeypatch.setattr("pipeline.flashhead.engine.fp8_refusal", lambda q: missing)
+    bare = start_engine(engine_options(release))[0]
+    with caplog.at_level(logging.INFO, logger="facecast.flashhead"):
+        apply_fp8(bare, "static", emulate=True)
+    assert not any(b.self_attn.fp8_inputs for b in bare.models.dit.audio_blocks())
+    assert f"self-attention: exact SDPA ({missing})" in caplog.text
 
 
 @pytest.mark.slow  # two tiny engines compiled on the CPU

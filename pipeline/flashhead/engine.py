@@ -23,6 +23,7 @@ H, W pixels.
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -53,6 +54,8 @@ from pipeline.module import DTYPES
 from pipeline.schedule import Chunk, ChunkPlan, StreamStep
 from pipeline.stream import FrameBatch, no_prompt, stage_of
 from pipeline.windowed_stream import HostFrames, WindowedStream, to_uint8_frames
+
+log = logging.getLogger("facecast.flashhead")
 
 REFERENCES_KEPT = 8  # pictures whose latents an engine keeps (~1 MB each for Pro at 512x512)
 
@@ -126,17 +129,21 @@ class FlashHeadEngine(EngineBase):
         where fp8 was asked for by name. At load, and again once `--precision fp8` has
         swapped the linears (`pipeline.precision.apply_fp8`)."""
         asked = self.cfg.flashhead.attention
-        fp8 = asked == "fp8" or (asked == "auto" and self.precision != "default")
-        if fp8:
+        fp8_linears = self.precision != "default"
+        wanted = asked == "fp8" or (asked == "auto" and fp8_linears)
+        refusal = None
+        if wanted:
             dit = self.models.dit.cfg
             q = torch.empty(1, dit.num_heads, 1, dit.head_dim, device=self.device, dtype=self.dtype)
             refusal = fp8_refusal(q)
-            if refusal is not None:
-                fp8 = False
-                if asked == "fp8":
-                    say_fallback("fp8", refusal)
+            if refusal is not None and asked == "fp8":
+                say_fallback("fp8", refusal)
+        fp8 = wanted and refusal is None
         for block in self.models.dit.audio_blocks():
             block.self_attn.fp8_inputs = fp8
+        if wanted:  # `auto` beside FP8 linears says why it stays exact (the speed it costs)
+            why = f" ({refusal})" if refusal is not None and asked == "auto" else ""
+            log.info("self-attention: %s%s", "cuDNN's FP8 kernel" if fp8 else "exact SDPA", why)
 
     def precision_applied(self) -> None:
         self.place_self_attention()  # `auto`: the attention in FP8 beside FP8 linears
