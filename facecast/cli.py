@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pipeline.config import DEFAULT_CONFIG
 from pipeline.errors import FacecastError
+from pipeline.logs import setup_logging
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -124,18 +125,22 @@ def _positive_int(text: str) -> int:
     return value
 
 
+# What `serve` says at its default level: the server's events, and the start-up's progress
+# (a cold compile takes minutes) with the kernels it chose.
+SERVING_LOGGERS = (
+    "realtime",
+    "pipeline.startup",
+    "pipeline.warmup",
+    "facecast.flashhead",
+    "facecast.liveavatar",
+)
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0 (got {text})")
     return value
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-    )
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -400,8 +405,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config = config_from_args(args)
     except ValueError as exc:
         raise FacecastError(str(exc)) from None
-    if args.log_level == "warning":  # serving: say what it is doing (peers, closes)
-        logging.getLogger("realtime").setLevel(logging.INFO)
+    if args.log_level == "warning":  # serving: say what it is doing (start-up, peers, closes)
+        for name in SERVING_LOGGERS:
+            logging.getLogger(name).setLevel(logging.INFO)
     if args.cluster == "ray":
         return serve_fleet(args, config)
     return serve(config, engine_options(args))

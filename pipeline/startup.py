@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -21,6 +22,8 @@ from pipeline.errors import ConfigError
 from pipeline.families import check_model_flags, family_of, real_model
 from pipeline.module import resolve_device
 from pipeline.stream import StartupReport
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pipeline.config import FacecastConfig
@@ -169,12 +172,14 @@ def start_engine(opts: EngineOptions) -> tuple[FamilyEngine, StartupReport]:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     report = StartupReport(load_seconds=time.perf_counter() - t)
+    log.info("start-up: %s loaded on %s in %.1f s", name, device, report.load_seconds)
     if opts.precision in FP8_SCALING:
         from pipeline.precision import apply_fp8
 
         report.prepare["fp8_linears"] = apply_fp8(
             engine, FP8_SCALING[opts.precision], fast_accum=opts.precision in FP8_FAST_ACCUM
         )
+        log.info("start-up: %d linears in FP8 (%s)", report.prepare["fp8_linears"], opts.precision)
     if family.picks_sdpa:  # the project's diffusion stack: kernel picks and its compile
         if opts.warmup:
             report.prepare |= prepare(engine, compile_blocks=opts.compile, sdpa_pick=opts.sdpa_pick)
@@ -186,6 +191,7 @@ def start_engine(opts: EngineOptions) -> tuple[FamilyEngine, StartupReport]:
         if opts.warmup:
             report.prepare["warmup_seconds"] = engine.warmup()
     report.seconds = time.perf_counter() - t
+    log.info("start-up: ready in %.1f s", report.seconds)
     engine.startup = report
     return engine, report
 

@@ -10,6 +10,7 @@ needs to show every shape (6 by default: N_0, N, I, each SR segment, the stream'
 
 from __future__ import annotations
 
+import logging
 import statistics
 import threading
 import time
@@ -20,16 +21,26 @@ import torch
 from pipeline.clock import MODEL_SAMPLES_PER_FRAME
 from pipeline.stream import ready_pieces
 
+log = logging.getLogger(__name__)
+
 
 def warm_up(engine, seed: int = 0) -> float:
     """One throwaway session over every chunk shape, then a timed one, step by step, for
     `engine.step_seconds`; returns (and keeps as `warmup_seconds`) the seconds it took."""
     t = time.perf_counter()
-    engine.run_every_shape(seed)
+    engine.run_every_shape(seed)  # where a cold compile spends its minutes
+    log.info("warm-up: every chunk shape run in %.1f s", time.perf_counter() - t)
     engine.step_seconds = warm_session(engine, seed, timed=True)
+    log.info(
+        "warm-up: a step takes %.3f s first, %.3f s after",
+        engine.step_seconds["first"],
+        engine.step_seconds["steady"],
+    )
     if getattr(engine, "batcher", None) is not None:
         engine.step_seconds.update(warm_batches(engine, seed))
         engine.capacity = capacity(engine.step_seconds, engine.chunk_seconds)
+        batches = {k: round(v, 3) for k, v in engine.step_seconds.items() if "_x" in k}
+        log.info("warm-up: batched steps %s s, capacity %d", batches, engine.capacity)
     engine.warmup_seconds = time.perf_counter() - t
     return engine.warmup_seconds
 

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.logs import log_levels, setup_logging_as
 from pipeline.schedule import ChunkPlan, StreamStep
 from pipeline.startup import EngineOptions
 from pipeline.stream import FrameBatch, Reference, StartupReport, ready_pieces
@@ -53,7 +54,10 @@ class EngineProcess:
         ctx = mp.get_context("spawn")  # CUDA cannot be forked; a clean interpreter anyway
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(
-            target=_serve_engine, args=(child, options), name="facecast-engine", daemon=True
+            target=_serve_engine,
+            args=(child, options, log_levels()),  # its log lines as this process's
+            name="facecast-engine",
+            daemon=True,
         )
         self._proc.start()
         child.close()
@@ -283,11 +287,14 @@ class RemoteStream:
 # ---- the child ---------------------------------------------------------------------------
 
 
-def _serve_engine(conn: Connection, options: EngineOptions) -> None:
+def _serve_engine(conn: Connection, options: EngineOptions, levels: dict[str, int]) -> None:
     """The engine process: start the engine, then answer calls until told to exit. Each
     session's calls run in order on its own thread (`_Lane`), so different sessions' steps
-    wait in the engine together, where a batching engine runs them as one batch."""
+    wait in the engine together, where a batching engine runs them as one batch. It logs
+    as the server does (`levels`), so the server's log shows its start-up's progress."""
     from pipeline.startup import freeze_long_lived_objects, start_engine
+
+    setup_logging_as(levels)
 
     try:
         engine, report = start_engine(options)

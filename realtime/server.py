@@ -401,7 +401,8 @@ def serve(config: ServerConfig, engine_options: EngineOptions) -> int:
     url = f"http://{config.host}:{config.port}/"
 
     async def start(app: web.Application) -> None:
-        print(f"facecast serve: {url} (starting the {engine_options.config} engine)", flush=True)
+        name, _ = engine_options.config_and_overrides()  # --model's, where it names one
+        print(f"facecast serve: {url} (starting the {name} engine)", flush=True)
 
         async def warm() -> None:
             await service.start_engine(engine_options, config.engine_process)

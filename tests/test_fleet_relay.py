@@ -294,6 +294,19 @@ async def test_the_fronts_photo_routes_keep_photos_in_the_registry_and_send_them
     assert not ray.is_initialized()
 
 
+def test_the_fronts_photos_are_checked_for_the_real_model_its_workers_run():
+    """`serve --cluster ray --model flashhead-pro`: the front frames uploads for the model's
+    config (a 512-px square), not for the default preset that --config leaves beside it."""
+    from aiohttp import web
+
+    from realtime.fleet.photos import ENGINE_CONFIG, add_photo_routes
+
+    app = web.Application()
+    add_photo_routes(app, EngineOptions(model="flashhead-pro", weights="W", wav2vec="V"))
+    cfg = app[ENGINE_CONFIG]
+    assert (cfg.name, cfg.video.width, cfg.flashhead.weights) == ("flashhead-pro", 512, "W")
+
+
 async def recvonly_offer() -> str:
     pc = RTCPeerConnection()
     pc.addTransceiver("audio", direction="recvonly")

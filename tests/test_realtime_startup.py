@@ -128,8 +128,11 @@ async def test_healthz_ready_only_after_warmup_and_the_first_call_is_served():
     finally:
         server.terminate()
         out, _ = server.communicate(timeout=30)
-    # serve says where it listens, and when it is ready, at the default log level
+    # serve says where it listens, and when it is ready, at the default log level; and the
+    # start-up's progress, from the engine's own process (a CPU's engine runs in one)
     assert f"facecast serve: {url}/" in out and "ready in" in out, out
+    for line in ("start-up: tiny loaded on cpu", "warm-up: a step takes", "start-up: ready in"):
+        assert line in out, out[-2000:]
 
 
 def test_engine_placement_and_threads_follow_the_measurements():
