@@ -31,8 +31,7 @@ def add_photo_routes(app: web.Application, engine_options: EngineOptions) -> Non
     # The workers load this very config (their EngineOptions are the front's), so a photo
     # the front accepts is framed as their engine needs it.
     # (--model's preset where it names a real model, not the default config beside it)
-    name, overrides = engine_options.config_and_overrides()
-    app[ENGINE_CONFIG] = load_config(name, overrides=overrides)
+    app[ENGINE_CONFIG] = load_config(*engine_options.config_and_overrides())
     app.router.add_post("/photos", _upload)
 
 
