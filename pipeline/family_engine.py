@@ -38,6 +38,9 @@ class FamilyEngine(StreamingEngine, Protocol):
     warmup_seconds: float | None
     capacity: int | None  # sessions at real time, where the warm-up measured it
     startup: StartupReport | None  # set by `pipeline.startup.start_engine`
+    # the kernels it chose where a family chooses at start-up ({"self_attention": "fp8"}),
+    # named in the start-up's report (the bench's JSON says what ran, not what was asked)
+    kernels: dict[str, str]
 
     def warmup_reference(self) -> Reference:
         """An identity its streams accept without any detection."""
@@ -81,6 +84,7 @@ class EngineBase:
         self.step_seconds: dict[str, float] | None = None
         self.capacity: int | None = None
         self.startup: StartupReport | None = None  # once started by `start_engine`
+        self.kernels: dict[str, str] = {}
 
     def warmup_reference(self) -> Reference:
         v = self.cfg.video

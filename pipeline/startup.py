@@ -190,6 +190,7 @@ def start_engine(opts: EngineOptions) -> tuple[FamilyEngine, StartupReport]:
             report.prepare["compiled_blocks"] = engine.compile()
         if opts.warmup:
             report.prepare["warmup_seconds"] = engine.warmup()
+    report.prepare |= engine.kernels
     report.seconds = time.perf_counter() - t
     log.info("start-up: ready in %.1f s", report.seconds)
     engine.startup = report

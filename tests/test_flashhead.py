@@ -295,12 +295,14 @@ def test_fp8_attention_quantises_in_the_block_and_keeps_the_frames_close(
     # `auto`: the FP8 attention comes with FP8 linears, not before them
     from pipeline.precision import apply_fp8
 
-    auto = start_engine(engine_options(release))[0]  # `auto` is the default
+    auto, report = start_engine(engine_options(release))  # `auto` is the default
     assert not any(b.self_attn.fp8_inputs for b in auto.models.dit.audio_blocks())
+    assert report.to_dict()["self_attention"] == "sdpa"  # what ran, in the bench's JSON
     with caplog.at_level(logging.INFO, logger="facecast.flashhead"):
         apply_fp8(auto, "static", emulate=True)
     assert all(b.self_attn.fp8_inputs for b in auto.models.dit.audio_blocks())
     assert "self-attention: cuDNN's FP8 kernel" in caplog.text
+    assert auto.kernels == {"self_attention": "fp8"}
 
     # where the kernel cannot run, `auto` stays exact and the log says why (the speed it costs)
     caplog.clear()

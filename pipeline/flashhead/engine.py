@@ -141,6 +141,7 @@ class FlashHeadEngine(EngineBase):
         fp8 = wanted and refusal is None
         for block in self.models.dit.audio_blocks():
             block.self_attn.fp8_inputs = fp8
+        self.kernels["self_attention"] = "fp8" if fp8 else "sdpa"
         if wanted:  # `auto` beside FP8 linears says why it stays exact (the speed it costs)
             why = f" ({refusal})" if refusal is not None and asked == "auto" else ""
             log.info("self-attention: %s%s", "cuDNN's FP8 kernel" if fp8 else "exact SDPA", why)

@@ -122,6 +122,7 @@ class LiveAvatarEngine(EngineBase):
             # cuDNN's FP8 kernel reading the FP8 cache: the queries quantised where they are made
             layer.self_attn.fp8_queries = attention == "fp8" and self.kv_cache == "fp8"
         cache = "e4m3" if self.kv_cache == "fp8" else str(self.dtype).removeprefix("torch.")
+        self.kernels |= {"self_attention": attention, "kv_cache": cache}
         log.info("self-attention %s over a KV cache in %s", attention, cache)
 
     @classmethod
