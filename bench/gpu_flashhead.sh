@@ -185,7 +185,7 @@ sessions)  # the product bench (batched steps, capacity), then serve: an agent a
     --seconds "${SECONDS_LIVE:-60}" $modes \
     --wav pipeline/assets/sample_speech.wav --server-log "$out/serve_$model${TAG:-}.log" \
     --json "$out/serve_$model${TAG:-}.json" --markdown "$out/serve_$model${TAG:-}.md" \
-    || { echo "serve FAILED"; tail -20 "$out/serve_$model.log"; }
+    || { echo "serve FAILED"; tail -20 "$out/serve_$model${TAG:-}.log"; }
   ;;
 soak)  # two live Pro calls for SOAK_S (600) seconds, longer than one command may run: call
   # `soak start` (returns once the server and clients run, detached with setsid), then within
