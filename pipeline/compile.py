@@ -30,6 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from pipeline.diffusion.config import latent_grid
 from pipeline.models.attention import Attention
 from pipeline.schedule import ChunkPlan
+from pipeline.warmup import Progress
 
 log = logging.getLogger("facecast.compile")
 
@@ -115,7 +116,9 @@ def pick_sdpa_backends(engine) -> dict[tuple[int, ...], dict]:
     return report
 
 
-def prepare(engine, compile_blocks: bool = False, sdpa_pick: bool = True) -> dict:
+def prepare(
+    engine, compile_blocks: bool = False, sdpa_pick: bool = True, progress: Progress | None = None
+) -> dict:
     """Everything start-up does before serving: pick kernels, compile, warm up. Timed."""
     out: dict = {}
     t = time.perf_counter()
@@ -123,6 +126,6 @@ def prepare(engine, compile_blocks: bool = False, sdpa_pick: bool = True) -> dic
         out["sdpa"] = {str(k): v for k, v in pick_sdpa_backends(engine).items()}
     if compile_blocks:
         out["compiled_blocks"] = compile_engine(engine)
-    out["warmup_seconds"] = engine.warmup()
+    out["warmup_seconds"] = engine.warmup(progress=progress)
     out["startup_seconds"] = time.perf_counter() - t
     return out

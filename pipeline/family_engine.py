@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from pipeline.config import FacecastConfig
     from pipeline.placement import Placement
     from pipeline.stream import Reference, StartupReport
+    from pipeline.warmup import Progress
 
 
 class FamilyEngine(StreamingEngine, Protocol):
@@ -46,8 +47,9 @@ class FamilyEngine(StreamingEngine, Protocol):
         """An identity its streams accept without any detection."""
         ...
 
-    def warmup(self, seed: int = 0) -> float:
-        """Every chunk shape once, then a timed session; the seconds it took."""
+    def warmup(self, seed: int = 0, progress: Progress | None = None) -> float:
+        """Every chunk shape once, then a timed session; the seconds it took (`progress`
+        told each part as it begins)."""
         ...
 
     def run_every_shape(self, seed: int = 0) -> None:
@@ -90,10 +92,10 @@ class EngineBase:
         v = self.cfg.video
         return np.full((v.height, v.width, 3), 127, np.uint8)
 
-    def warmup(self, seed: int = 0) -> float:
+    def warmup(self, seed: int = 0, progress: Progress | None = None) -> float:
         from pipeline.warmup import warm_up
 
-        return warm_up(self, seed)
+        return warm_up(self, seed, progress)
 
     def run_every_shape(self, seed: int = 0) -> None:
         from pipeline.warmup import warm_session

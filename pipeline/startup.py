@@ -22,6 +22,7 @@ from pipeline.errors import ConfigError
 from pipeline.families import check_model_flags, family_of, real_model
 from pipeline.module import resolve_device
 from pipeline.stream import StartupReport
+from pipeline.warmup import Progress, no_progress
 
 log = logging.getLogger(__name__)
 
@@ -120,10 +121,14 @@ def load_engine(
     return engine_of(cfg, device, placement)
 
 
-def start_engine(opts: EngineOptions) -> tuple[FamilyEngine, StartupReport]:
+def start_engine(
+    opts: EngineOptions, progress: Progress | None = None
+) -> tuple[FamilyEngine, StartupReport]:
     """Load the engine `opts` describe and make it ready for work; returns (engine, report).
     The same for every family: load; FP8 (before compile: the graphs are traced with it);
-    kernel picks, compile and warm-up where the family has them."""
+    kernel picks, compile and warm-up where the family has them. `progress` is told each
+    part as it begins (a server's /healthz says it while it starts: minutes, compiling)."""
+    say = progress or no_progress
     from pipeline.compile import compile_engine, prepare
     from pipeline.offload import OffloadConfig
     from pipeline.placement import plan_placement
@@ -168,6 +173,7 @@ def start_engine(opts: EngineOptions) -> tuple[FamilyEngine, StartupReport]:
             else opts.offload  # False: resident; None: the plan decides
         )
         placement = plan_placement(cfg, device, offload, memory_cap_bytes=cap)
+    say(f"loading {name}")
     engine = load_engine(cfg, str(device), placement)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -176,20 +182,23 @@ def start_engine(opts: EngineOptions) -> tuple[FamilyEngine, StartupReport]:
     if opts.precision in FP8_SCALING:
         from pipeline.precision import apply_fp8
 
+        say("FP8: calibrating the linears' scales")
         report.prepare["fp8_linears"] = apply_fp8(
             engine, FP8_SCALING[opts.precision], fast_accum=opts.precision in FP8_FAST_ACCUM
         )
         log.info("start-up: %d linears in FP8 (%s)", report.prepare["fp8_linears"], opts.precision)
     if family.picks_sdpa:  # the project's diffusion stack: kernel picks and its compile
         if opts.warmup:
-            report.prepare |= prepare(engine, compile_blocks=opts.compile, sdpa_pick=opts.sdpa_pick)
+            report.prepare |= prepare(
+                engine, compile_blocks=opts.compile, sdpa_pick=opts.sdpa_pick, progress=progress
+            )
         elif opts.compile:
             report.prepare["compiled_blocks"] = compile_engine(engine)
     else:
         if opts.compile:
             report.prepare["compiled_blocks"] = engine.compile()
         if opts.warmup:
-            report.prepare["warmup_seconds"] = engine.warmup()
+            report.prepare["warmup_seconds"] = engine.warmup(progress=progress)
     report.prepare |= engine.kernels
     report.seconds = time.perf_counter() - t
     log.info("start-up: ready in %.1f s", report.seconds)

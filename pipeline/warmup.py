@@ -14,6 +14,7 @@ import logging
 import statistics
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -23,13 +24,23 @@ from pipeline.stream import ready_pieces
 
 log = logging.getLogger(__name__)
 
+Progress = Callable[[str], None]  # told each part of start-up as it begins
 
-def warm_up(engine, seed: int = 0) -> float:
+
+def no_progress(phase: str) -> None:
+    """Where nobody listens for start-up's progress."""
+
+
+def warm_up(engine, seed: int = 0, progress: Progress | None = None) -> float:
     """One throwaway session over every chunk shape, then a timed one, step by step, for
-    `engine.step_seconds`; returns (and keeps as `warmup_seconds`) the seconds it took."""
+    `engine.step_seconds`; returns (and keeps as `warmup_seconds`) the seconds it took.
+    `progress` hears each part as it begins (`pipeline.startup`)."""
+    say = progress or no_progress
     t = time.perf_counter()
-    engine.run_every_shape(seed)  # where a cold compile spends its minutes
+    say("warm-up: every chunk shape once (a cold compile spends its minutes here)")
+    engine.run_every_shape(seed)
     log.info("warm-up: every chunk shape run in %.1f s", time.perf_counter() - t)
+    say("warm-up: timing a session's steps")
     engine.step_seconds = warm_session(engine, seed, timed=True)
     log.info(
         "warm-up: a step takes %.3f s first, %.3f s after",
@@ -37,6 +48,7 @@ def warm_up(engine, seed: int = 0) -> float:
         engine.step_seconds["steady"],
     )
     if getattr(engine, "batcher", None) is not None:
+        say("warm-up: timing batched steps")
         engine.step_seconds.update(warm_batches(engine, seed))
         engine.capacity = capacity(engine.step_seconds, engine.chunk_seconds)
         batches = {k: round(v, 3) for k, v in engine.step_seconds.items() if "_x" in k}

@@ -20,6 +20,7 @@ from pipeline.families import family_named
 from pipeline.schedule import StreamStep
 from pipeline.startup import EngineOptions, start_engine
 from pipeline.stream import AvatarStream, Reference, StartupReport, StreamingEngine
+from pipeline.warmup import Progress
 from realtime.engine_process import EngineProcess, batch_counts, gpu_memory
 
 
@@ -138,18 +139,21 @@ def torch_threads_in_process(options: EngineOptions, stack: str) -> int | None:
     return family_named(stack).gpu_torch_threads
 
 
-def host_engine(options: EngineOptions, own_process: bool | None = None) -> HostedEngine:
+def host_engine(
+    options: EngineOptions, own_process: bool | None = None, progress: Progress | None = None
+) -> HostedEngine:
     """Start the engine and wait until it is warm (blocking: run it off the event loop), in
-    a process of its own unless told not to, and set this process's torch threads for it."""
+    a process of its own unless told not to, and set this process's torch threads for it.
+    `progress` hears each part of the start-up as it begins, from either process."""
     if own_process is None:
         own_process = engine_in_own_process(options)
     if own_process:
         if options.device == "cpu" and options.threads is None:
             options = dataclasses.replace(options, threads=cpu_engine_threads())
-        hosted = EngineProcess(options)
+        hosted = EngineProcess(options, progress)
         torch.set_num_threads(1)  # this process only runs the VAD now
         return hosted
-    engine, _ = start_engine(options)
+    engine, _ = start_engine(options, progress)
     threads = torch_threads_in_process(options, engine.cfg.family.stack)
     if threads is not None:
         torch.set_num_threads(threads)

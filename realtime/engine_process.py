@@ -36,6 +36,7 @@ from pipeline.logs import log_levels, setup_logging_as
 from pipeline.schedule import ChunkPlan, StreamStep
 from pipeline.startup import EngineOptions
 from pipeline.stream import FrameBatch, Reference, StartupReport, ready_pieces
+from pipeline.warmup import Progress
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ class EngineProcess:
 
     own_process = True
 
-    def __init__(self, options: EngineOptions) -> None:
+    def __init__(self, options: EngineOptions, progress: Progress | None = None) -> None:
+        """Blocks until the engine is warm; `progress` hears each part of its start-up."""
         ctx = mp.get_context("spawn")  # CUDA cannot be forked; a clean interpreter anyway
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(
@@ -65,7 +67,7 @@ class EngineProcess:
         self._next_id = 0
         self._next_call = 0
         self._waiting: dict[int, _Reply] = {}  # calls sent, by number, until answered
-        info = self._startup_reply()  # blocks until the engine is warm (or failed to start)
+        info = self._startup_reply(progress)  # until the engine is warm (or failed to start)
         self.cfg = info["cfg"]
         self.step_seconds: dict[str, float] = info["step_seconds"]
         self.startup: StartupReport = info["startup"]
@@ -164,16 +166,23 @@ class EngineProcess:
     def alive(self) -> bool:
         return self._proc.is_alive()
 
-    def _startup_reply(self):
-        try:
-            _, ok, value = self._conn.recv()
-        except (OSError, EOFError):
-            raise EngineProcessError(
-                f"the engine process died (exit {self._proc.exitcode})"
-            ) from None
-        if not ok:
-            raise EngineProcessError(value)
-        return value
+    def _startup_reply(self, progress: Progress | None):
+        """The child's start-up: each part as it begins (to `progress`), then the engine's
+        description, or why it failed."""
+        while True:
+            try:
+                _, ok, value = self._conn.recv()
+            except (OSError, EOFError):
+                raise EngineProcessError(
+                    f"the engine process died (exit {self._proc.exitcode})"
+                ) from None
+            if ok is None:  # a part of start-up begins
+                if progress is not None:
+                    progress(value)
+                continue
+            if not ok:
+                raise EngineProcessError(value)
+            return value
 
 
 _END = object()  # the last of a call's pieces
@@ -297,7 +306,7 @@ def _serve_engine(conn: Connection, options: EngineOptions, levels: dict[str, in
     setup_logging_as(levels)
 
     try:
-        engine, report = start_engine(options)
+        engine, report = start_engine(options, lambda phase: conn.send((0, None, phase)))
     except Exception as exc:
         conn.send((0, False, f"{type(exc).__name__}: {exc}"))
         return

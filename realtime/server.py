@@ -248,6 +248,7 @@ async def _healthz(request: web.Request) -> web.Response:
             body["batches"], body["batched_steps"] = counts
     else:
         body["starting_for_s"] = round(time.monotonic() - service.startup_began, 1)
+        body["phase"] = service.startup_phase  # e.g. the warm-up's compile, for minutes
         if service.startup_error:
             body["error"] = service.startup_error
     return web.json_response(body, status=200 if service.engine is not None else 503)

@@ -85,6 +85,7 @@ class Service:
         self.engine: HostedEngine | None = None  # None until it is warm
         self.startup_error: str | None = None
         self.startup_began = time.monotonic()
+        self.startup_phase = "starting"  # the part of start-up under way (/healthz)
         self.sink_factories = list(sink_factories)
         self.metrics = RealtimeMetrics()
         self.cycle: StepCycle | None = None  # the calls' places in the engine's steps
@@ -110,13 +111,18 @@ class Service:
         """Start the engine off the event loop, in a process of its own unless told not to
         (`realtime.engine_host`); sessions are refused until it is warm."""
         try:
-            engine = await asyncio.to_thread(host_engine, options, own_process)
+            engine = await asyncio.to_thread(host_engine, options, own_process, self._starting)
         except Exception as exc:  # reported by /healthz and by `serve`, which then exits
             self.startup_error = f"{type(exc).__name__}: {exc}"
             log.error("engine start-up failed: %s", self.startup_error)
             return
+        self._starting("preparing the reference")
         await asyncio.to_thread(self._prepare_reference, engine)
         self._mark_ready(engine)
+
+    def _starting(self, phase: str) -> None:
+        """Start-up's progress (from the engine's thread or its process's pipe)."""
+        self.startup_phase = phase
 
     def _prepare_reference(self, engine: HostedEngine) -> None:
         """The server's reference loaded, framed and once through the engine before the

@@ -49,14 +49,9 @@ def release(tmp_path_factory):
 def engine_options(release, model="flashhead-pro", size=32, overrides=(), **kw) -> EngineOptions:
     weights, wav2vec = release
     overrides = {"video.width": size, "video.height": size, **dict(overrides)}
+    kw = {"device": "cpu", "warmup": False, **kw}
     return EngineOptions(
-        model=model,
-        weights=str(weights),
-        wav2vec=str(wav2vec),
-        device="cpu",
-        warmup=False,
-        overrides=overrides,
-        **kw,
+        model=model, weights=str(weights), wav2vec=str(wav2vec), overrides=overrides, **kw
     )
 
 
@@ -186,6 +181,17 @@ def test_pro_has_the_next_chunks_motion_queued_before_a_chunks_last_frames_leave
     assert all(m is motions[0] for m in motions[1:4]) and motions[4] is not motions[0]
     assert stream.motion is motions[4]
     stream.close()
+
+
+def test_start_up_tells_the_batched_warm_up_too(release):
+    """An engine that batches its sessions' steps times batches at warm-up (its capacity):
+    start-up says so while it runs, after the single steps."""
+    phases: list[str] = []
+    start_engine(engine_options(release, warmup=True), phases.append)
+    assert phases[0] == "loading flashhead-pro" and phases[-2:] == [
+        "warm-up: timing a session's steps",
+        "warm-up: timing batched steps",
+    ], phases
 
 
 def test_speech_graphs_reach_the_engines_speech_encoder_and_change_no_frame(release):

@@ -78,6 +78,20 @@ def test_bad_serve_flags_exit_2_with_one_line(flags, capsys):
     assert len(err.splitlines()) == 1 and "error" in err, err
 
 
+def test_start_up_tells_each_part_as_it_begins():
+    """What /healthz says while a server starts: load, FP8's calibration where asked, then
+    the warm-up's parts, in order."""
+    from pipeline.startup import EngineOptions, start_engine
+
+    phases: list[str] = []
+    start_engine(EngineOptions(config="tiny", device="cpu", sdpa_pick=False), phases.append)
+    assert phases == [
+        "loading tiny",
+        "warm-up: every chunk shape once (a cold compile spends its minutes here)",
+        "warm-up: timing a session's steps",
+    ], phases
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -95,7 +109,7 @@ async def test_healthz_ready_only_after_warmup_and_the_first_call_is_served():
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
     )  # fmt: skip
     try:
-        seen, offer_while_starting = [], None
+        seen, phases, offer_while_starting = [], [], None
         async with aiohttp.ClientSession() as http:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
@@ -103,6 +117,7 @@ async def test_healthz_ready_only_after_warmup_and_the_first_call_is_served():
                     async with http.get(f"{url}/healthz") as r:
                         body = await r.json()
                         seen.append((r.status, body["status"]))
+                        phases.append(body.get("phase"))
                         if r.status == 200:
                             break
                     if offer_while_starting is None:
@@ -112,6 +127,9 @@ async def test_healthz_ready_only_after_warmup_and_the_first_call_is_served():
                     pass
                 await asyncio.sleep(0.05)
             assert seen and seen[0] == (503, "starting"), seen
+            # while it starts, /healthz says which part is under way, heard from the engine's
+            # own process (a CPU's engine runs in one)
+            assert any(p and p.startswith("warm-up: every chunk shape") for p in phases), phases
             assert seen[-1] == (200, "ok") and body["startup_seconds"] > 0, body
             assert offer_while_starting[0] == 503 and "starting" in offer_while_starting[1]
             metrics = await (await http.get(f"{url}/metrics")).text()
