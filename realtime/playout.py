@@ -504,6 +504,7 @@ class PlayoutControl:
         if self._cycle is not None:
             self._cycle.remove(self)
         self._agent_speech = lambda: False
+        self._engine_shift = lambda: 0.0  # it read the feed, which holds this control
         self._ingest = lambda pcm48, arrived: None
         self._send = lambda text: None
         steady = self._step_seconds()
