@@ -128,10 +128,11 @@ def start_engine(
     The same for every family: load; FP8 (before compile: the graphs are traced with it);
     kernel picks, compile and warm-up where the family has them. `progress` is told each
     part as it begins (a server's /healthz says it while it starts: minutes, compiling)."""
-    say = progress or no_progress
     from pipeline.compile import compile_engine, prepare
     from pipeline.offload import OffloadConfig
     from pipeline.placement import plan_placement
+
+    say = progress or no_progress
 
     opts.validate()
     if opts.threads is not None:
