@@ -87,7 +87,7 @@ speed)  # MODELS="flashhead-pro flashhead-lite", FLAGS_LIST a ;-separated list o
       name=$model$(echo "$flags" | tr -d ' -' | tr '=.' '__')
       clocks_start "$work/clocks_$name.csv"
       # shellcheck disable=SC2086
-      timeout 420 python3 -m facecast bench $w $flags --json "$out/$name.json" 2>"$logs/$name.log" \
+      timeout 560 python3 -m facecast bench $w $flags --json "$out/$name.json" 2>"$logs/$name.log" \
         || { echo "FAILED $model $flags"; tail -5 "$logs/$name.log"; }
       clocks_stop "$work/clocks_$name.csv"
     done
@@ -96,15 +96,19 @@ speed)  # MODELS="flashhead-pro flashhead-lite", FLAGS_LIST a ;-separated list o
   MODEL=flashhead-pro profile_step "--model flashhead-pro --weights $work/float32/release \
     --wav2vec $work/float32/wav2vec --device cuda" "${PRECISION:-fp8}"
   ;;
-gate)  # the quality gate on Pro: the eager bf16 stream recorded twice (its own run-to-run
-  # band), then each run compiled against it. GATE_RUNS: ;-separated runs, each a precision
+gate)  # the quality gate (Pro; MODEL=flashhead-lite, Lite): the eager bf16 stream recorded
+  # twice (its own run-to-run band), then each run compiled against it. GATE_RUNS: ;-separated runs, each a precision
   # and its settings ("fp8-fast flashhead.attention=fp8;default": `default` is bf16, the
   # reassociation tier); unset, GATE_PRECISION (fp8-fast) with each GATE_SETS variant (- none).
   # GATE_EAGER=1: the runs eager (seconds each, against ~4 min of compiling): which part of
   # a precision costs the frames; the compiled run still decides what ships. GATE_RECORD=0:
   # check against the baseline the last call recorded (the machine still warm)
-  [ -d "$work/float32/release" ] || python3 -m pipeline.flashhead.random_release "$work/float32" --shape full
-  w="--model flashhead-pro --weights $work/float32/release --wav2vec $work/float32/wav2vec --device cuda"
+  # MODEL=flashhead-lite: Lite's own weights and baseline, beside Pro's
+  model=${MODEL:-flashhead-pro}; lite=; [ "$model" = flashhead-lite ] && lite=--lite
+  weights=$work/float32; [ -n "$lite" ] && { weights=$work/lite; work=$work/lite; }
+  [ -d "$weights/release" ] || python3 -m pipeline.flashhead.random_release "$weights" \
+    --shape full $lite >/dev/null 2>&1
+  w="--model $model --weights $weights/release --wav2vec $weights/wav2vec --device cuda"
   # shellcheck disable=SC2086
   [ "${GATE_RECORD:-1}" = 0 ] || timeout 240 python3 -m facecast gate $w --baseline "$work/gate" \
     --record --seconds "${GATE_SECONDS:-4}" 2>"$logs/gate_record.log" | tail -1 \
