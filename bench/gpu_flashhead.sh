@@ -98,8 +98,9 @@ speed)  # MODELS="flashhead-pro flashhead-lite", FLAGS_LIST a ;-separated list o
   ;;
 gate)  # the quality gate (Pro; MODEL=flashhead-lite, Lite): the eager bf16 stream recorded
   # twice (its own run-to-run band), then each run compiled against it. GATE_RUNS:
-  # ;-separated runs, each a precision and its settings ("fp8-fast flashhead.attention=fp8;default": `default` is bf16, the
-  # reassociation tier); unset, GATE_PRECISION (fp8-fast) with each GATE_SETS variant (- none).
+  # ;-separated runs, each a precision and its settings ("fp8-fast flashhead.attention=fp8;
+  # default": `default` is bf16, the reassociation tier); unset, GATE_PRECISION (fp8-fast)
+  # with each GATE_SETS variant (- none).
   # GATE_EAGER=1: the runs eager (seconds each, against ~4 min of compiling): which part of
   # a precision costs the frames; the compiled run still decides what ships. GATE_RECORD=0:
   # check against the baseline the last call recorded (the machine still warm)
