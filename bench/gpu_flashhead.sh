@@ -16,6 +16,9 @@
 #                     stripped) and its pure/ folder as pure.zip (silero's .jit model only),
 #                     to stay under the 64 MiB that travels; the portrait and speech are the
 #                     project's own (pipeline/assets)
+#   .compile-cache/   what an earlier call compiled (`--compile-cache`), as it came back from
+#                     $OUT (compile-cache_*.xz): a fresh machine then starts Pro in about a
+#                     minute, not six. Each call that compiled something new sends its file back.
 # Usage there: bash bench/gpu_flashhead.sh parity|decode|speed|gate|serve|sessions|soak start|soak collect
 set -uo pipefail
 mode=${1:?parity|decode|speed|gate|serve|sessions|soak}
@@ -31,6 +34,16 @@ work=/tmp/fh
 mkdir -p "$work" "$work/logs"
 # a call returns at most 8 files: each step's log stays here, and their tails go back as one
 logs=$work/logs
+# the compile cache every compiled command here reads and writes (--compile-cache), filled
+# from what an earlier call sent back, where that was carried
+cc=$work/compile-cache; mkdir -p "$cc"
+for f in .compile-cache/compile-cache_*.xz; do
+  [ -f "$f" ] || continue
+  bin=$cc/$(basename "$f" .xz | sed 's/^compile-cache_//')
+  [ -f "$bin" ] || python3 -c "import lzma, shutil, sys
+with lzma.open(sys.argv[1]) as src, open(sys.argv[2], 'wb') as dst: shutil.copyfileobj(src, dst)" "$f" "$bin"
+done
+touch "$work/.call_start"  # what is newer was compiled in this call
 nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader
 
 clocks_start() {  # the GPU's clocks and power every 0.5 s into $1 (bench/gpu_clocks.py)
@@ -82,7 +95,7 @@ speed)  # MODELS="flashhead-pro flashhead-lite", FLAGS_LIST a ;-separated list o
   IFS=';' read -ra flag_sets <<< "${FLAGS_LIST:-;--compile;--compile --precision fp8}"
   for model in ${MODELS:-flashhead-pro}; do
     w="--model $model --weights $work/float32/release --wav2vec $work/float32/wav2vec"
-    w+=" --device cuda --seconds ${SECONDS_BENCH:-30}"
+    w+=" --device cuda --seconds ${SECONDS_BENCH:-30} --compile-cache $cc"
     for flags in "${flag_sets[@]}"; do
       name=$model$(echo "$flags" | tr -d ' -' | tr '=.' '__')
       clocks_start "$work/clocks_$name.csv"
@@ -110,6 +123,7 @@ gate)  # the quality gate (Pro; MODEL=flashhead-lite, Lite): the eager bf16 stre
   [ -d "$weights/release" ] || python3 -m pipeline.flashhead.random_release "$weights" \
     --shape full $lite >/dev/null 2>&1
   w="--model $model --weights $weights/release --wav2vec $weights/wav2vec --device cuda"
+  w+=" --compile-cache $cc"  # read only: the gate compiles as it runs, after its start-up
   # shellcheck disable=SC2086
   [ "${GATE_RECORD:-1}" = 0 ] || timeout 240 python3 -m facecast gate $w --baseline "$work/gate" \
     --record --seconds "${GATE_SECONDS:-4}" 2>"$logs/gate_record.log" | tail -1 \
@@ -160,6 +174,7 @@ sessions)  # the product bench (batched steps, capacity), then serve: an agent a
   lite=; [ "$model" = flashhead-lite ] && lite=--lite
   python3 -m pipeline.flashhead.random_release "$work/float32" --shape full $lite >/dev/null 2>&1
   w="--model $model --weights $work/float32/release --wav2vec $work/float32/wav2vec --device cuda"
+  w+=" --compile-cache $cc"
   sets="--set flashhead.batch_streams=${BATCH:-3}"
   for kv in ${SETS:-}; do sets+=" --set $kv"; done
   precision=${PRECISION:-fp8}  # PRECISION=fp8-fast: Hopper's fast FP8 accumulation
@@ -177,7 +192,7 @@ sessions)  # the product bench (batched steps, capacity), then serve: an agent a
   args="--serve-arg=--model=$model --serve-arg=--weights=$work/float32/release"
   args+=" --serve-arg=--wav2vec=$work/float32/wav2vec --serve-arg=--reference=pipeline/assets/reference.png"
   args+=" --serve-arg=--set=flashhead.frame_reference=false --serve-arg=--set=flashhead.batch_streams=${BATCH:-3}"
-  args+=" --serve-arg=--compile --serve-arg=--precision=$precision"
+  args+=" --serve-arg=--compile --serve-arg=--precision=$precision --serve-arg=--compile-cache=$cc"
   for kv in ${SETS:-}; do args+=" --serve-arg=--set=$kv"; done
   # unset: as many sessions as the engine measured it carries; set, the operator's limit
   [ -n "${MAX_SESSIONS:-}" ] && args+=" --serve-arg=--max-sessions=$MAX_SESSIONS"
@@ -207,6 +222,7 @@ soak)  # two live Pro calls for SOAK_S (600) seconds, longer than one command ma
     args="--serve-arg=--model=flashhead-pro --serve-arg=--weights=$work/float32/release"
     args+=" --serve-arg=--wav2vec=$work/float32/wav2vec --serve-arg=--reference=pipeline/assets/reference.png"
     args+=" --serve-arg=--set=flashhead.frame_reference=false --serve-arg=--compile"
+    args+=" --serve-arg=--compile-cache=$cc"
     args+=" --serve-arg=--set=flashhead.batch_streams=${BATCH:-3}"
     args+=" --serve-arg=--precision=${PRECISION:-fp8} --serve-arg=--max-sessions=2"
     for kv in ${SETS:-}; do args+=" --serve-arg=--set=$kv"; done
@@ -254,6 +270,15 @@ EOF
   esac
   ;;
 esac
+# a compile cache written in this call goes back, compressed (a file back is at most 16 MiB):
+# put it in .compile-cache/ here and carry that folder
+for bin in $(find "$cc" -name '*.bin' -newer "$work/.call_start"); do
+  xz=$out/compile-cache_$(basename "$bin").xz
+  python3 -c "import lzma, shutil, sys
+with open(sys.argv[1], 'rb') as src, lzma.open(sys.argv[2], 'wb', preset=6) as dst: shutil.copyfileobj(src, dst)" "$bin" "$xz"
+  echo "compile cache: $(basename "$bin") $(du -m "$bin" | cut -f1) MB, $(du -m "$xz" | cut -f1) MB packed"
+  [ "$(stat -c %s "$xz")" -le 16777216 ] || { echo "  over the 16 MiB a file may come back: kept there only"; rm -f "$xz"; }
+done
 for f in "$logs"/*.log; do [ -f "$f" ] && { echo "== $(basename "$f")"; tail -n 40 "$f"; }; done >"$out/logs.txt"
 rm -f "$logs"/*.log  # the next call on a warm machine starts with its own
 ls -la "$out"

@@ -65,6 +65,8 @@ class EngineOptions:
     wav2vec: str | None = None  # a wav2vec2 model folder (FlashHead; LiveAvatar: optional)
     lora: str | None = None  # a LoRA file or folder (LiveAvatar)
     prompt: str | None = None  # what the model is told to show (LiveAvatar)
+    # a folder where compiled kernels are kept between starts (`pipeline.compile_cache`)
+    compile_cache: str | None = None
 
     def validate(self) -> None:
         if self.attention is not None and self.attention not in ATTENTION_BACKENDS:
@@ -129,8 +131,6 @@ def start_engine(
     kernel picks, compile and warm-up where the family has them. `progress` is told each
     part as it begins (a server's /healthz says it while it starts: minutes, compiling)."""
     from pipeline.compile import compile_engine, prepare
-    from pipeline.offload import OffloadConfig
-    from pipeline.placement import plan_placement
 
     say = progress or no_progress
 
@@ -141,39 +141,15 @@ def start_engine(
     name, overrides = opts.config_and_overrides()
     cfg = load_config(name, overrides=overrides)
     family = family_of(cfg)
-    wanted = {
-        "--compile": opts.compile,
-        "--offload": opts.offload,
-        "--precision": opts.precision != "default",
-    }
-    allowed = {
-        "--compile": family.compiles,
-        "--offload": family.offloads,
-        "--precision": family.fp8,
-    }
-    refused = [flag for flag, on in wanted.items() if on and not allowed[flag]]
-    if refused:
-        raise ConfigError(
-            f"config {cfg.name!r} ({family.summary}): {', '.join(refused)} does not apply to it"
-        )
+    _refuse_flags_the_family_lacks(cfg, opts)
     device = torch.device(resolve_device(opts.device))
-    cap = None
-    if opts.memory_cap_gb and device.type == "cuda":
-        cap = int(opts.memory_cap_gb * 1e9)
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device.index or 0)
-    placement = None
-    if family.offloads:
-        offload = (
-            OffloadConfig(
-                prefetch=opts.prefetch,
-                budget_gb=opts.offload_budget_gb,
-                record_stalls=opts.record_stalls,
-            )
-            if opts.offload
-            else opts.offload  # False: resident; None: the plan decides
-        )
-        placement = plan_placement(cfg, device, offload, memory_cap_bytes=cap)
+    placement = _placement(cfg, device, opts)
+    cache = None
+    if opts.compile_cache is not None:
+        from pipeline.compile_cache import CompileCache
+
+        say("compile cache: loading")
+        cache = CompileCache.open(opts.compile_cache, device)
     say(f"loading {name}")
     engine = load_engine(cfg, str(device), placement)
     if device.type == "cuda":
@@ -201,10 +177,59 @@ def start_engine(
         if opts.warmup:
             report.prepare["warmup_seconds"] = engine.warmup(progress=progress)
     report.prepare |= engine.kernels
+    if cache is not None:
+        if opts.warmup:  # everything the engine runs is compiled by now
+            say("compile cache: saving")
+            cache.save()
+        report.prepare["compile_cache"] = cache.report()
     report.seconds = time.perf_counter() - t
     log.info("start-up: ready in %.1f s", report.seconds)
     engine.startup = report
     return engine, report
+
+
+def _refuse_flags_the_family_lacks(cfg: FacecastConfig, opts: EngineOptions) -> None:
+    family = family_of(cfg)
+    wanted = {
+        "--compile": opts.compile,
+        "--offload": opts.offload,
+        "--precision": opts.precision != "default",
+    }
+    allowed = {
+        "--compile": family.compiles,
+        "--offload": family.offloads,
+        "--precision": family.fp8,
+    }
+    refused = [flag for flag, on in wanted.items() if on and not allowed[flag]]
+    if refused:
+        raise ConfigError(
+            f"config {cfg.name!r} ({family.summary}): {', '.join(refused)} does not apply to it"
+        )
+
+
+def _placement(cfg: FacecastConfig, device: torch.device, opts: EngineOptions) -> Placement | None:
+    """The memory cap set, and where the weights go (families that offload; None for the
+    others)."""
+    from pipeline.offload import OffloadConfig
+    from pipeline.placement import plan_placement
+
+    cap = None
+    if opts.memory_cap_gb and device.type == "cuda":
+        cap = int(opts.memory_cap_gb * 1e9)
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device.index or 0)
+    if not family_of(cfg).offloads:
+        return None
+    offload = (
+        OffloadConfig(
+            prefetch=opts.prefetch,
+            budget_gb=opts.offload_budget_gb,
+            record_stalls=opts.record_stalls,
+        )
+        if opts.offload
+        else opts.offload  # False: resident; None: the plan decides
+    )
+    return plan_placement(cfg, device, offload, memory_cap_bytes=cap)
 
 
 def freeze_long_lived_objects() -> None:

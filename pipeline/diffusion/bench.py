@@ -51,6 +51,7 @@ class BenchOptions:
     device: str = "auto"
     attention: str | None = None  # override runtime.attention (sdpa, flex, facecast)
     compile: bool = False
+    compile_cache: str | None = None  # a folder for what --compile builds
     sdpa_pick: bool = True
     offload: bool = False
     prefetch: int = 2
@@ -123,6 +124,7 @@ def engine_options(opts: BenchOptions):
         device=opts.device,
         attention=opts.attention,
         compile=opts.compile,
+        compile_cache=opts.compile_cache,
         sdpa_pick=opts.sdpa_pick,
         offload=opts.offload,  # False: resident even when large (the resident rows)
         prefetch=opts.prefetch,
