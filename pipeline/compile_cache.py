@@ -119,14 +119,15 @@ class CompileCache:
             return
         self.saved_bytes = len(data)
         log.info(
-            "compile cache: %.1f MB saved to %s (%d graphs compiled afresh)",
+            "compile cache: %.1f MB saved to %s (graphs compiled here %d, found in a cache %d)",
             len(data) / 1e6,
             self.path,
             self.compiled,
+            self.found,
         )
 
     def report(self) -> dict:
-        """For the start-up report (`/healthz`, the bench JSON)."""
+        """For the start-up report (a bench's JSON under `startup`)."""
         out: dict = {
             "file": str(self.path),
             "graphs_loaded": self.loaded_graphs,
