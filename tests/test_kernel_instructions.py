@@ -24,6 +24,7 @@ SHARES = {
 }
 
 
+@pytest.mark.slow  # compiles every form for Hopper in a process of its own (~35 s on 2 cores)
 def test_the_compiled_forms_take_fewer_instructions(tmp_path):
     pytest.importorskip("triton")
     # its own interpreter: a test of the interpreted frame-attention kernel may have set
