@@ -69,9 +69,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, default_config: str) -
     parser.add_argument(
         "--compile-cache",
         metavar="DIR",
-        help="keep what --compile builds in DIR and load it at the next start: a fresh "
-        "machine starts in about a minute instead of several (one file per torch build "
-        "and GPU kind)",
+        help="keep what --compile builds in DIR and load it at the next start, so that a "
+        "fresh machine need not compile it again (one file per torch build and GPU kind)",
     )
     parser.add_argument(
         "--offload", action="store_true", help="keep DiT blocks in host memory, stream them in"

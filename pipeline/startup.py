@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pipeline.config import FacecastConfig
+    from pipeline.families import Family
     from pipeline.family_engine import FamilyEngine
     from pipeline.placement import Placement
 
@@ -141,9 +142,9 @@ def start_engine(
     name, overrides = opts.config_and_overrides()
     cfg = load_config(name, overrides=overrides)
     family = family_of(cfg)
-    _refuse_flags_the_family_lacks(cfg, opts)
+    _refuse_flags_the_family_lacks(cfg, family, opts)
     device = torch.device(resolve_device(opts.device))
-    placement = _placement(cfg, device, opts)
+    placement = _placement(cfg, family, device, opts)
     cache = None
     if opts.compile_cache is not None:
         from pipeline.compile_cache import CompileCache
@@ -188,8 +189,9 @@ def start_engine(
     return engine, report
 
 
-def _refuse_flags_the_family_lacks(cfg: FacecastConfig, opts: EngineOptions) -> None:
-    family = family_of(cfg)
+def _refuse_flags_the_family_lacks(
+    cfg: FacecastConfig, family: Family, opts: EngineOptions
+) -> None:
     wanted = {
         "--compile": opts.compile,
         "--offload": opts.offload,
@@ -207,7 +209,9 @@ def _refuse_flags_the_family_lacks(cfg: FacecastConfig, opts: EngineOptions) -> 
         )
 
 
-def _placement(cfg: FacecastConfig, device: torch.device, opts: EngineOptions) -> Placement | None:
+def _placement(
+    cfg: FacecastConfig, family: Family, device: torch.device, opts: EngineOptions
+) -> Placement | None:
     """The memory cap set, and where the weights go (families that offload; None for the
     others)."""
     from pipeline.offload import OffloadConfig
@@ -218,7 +222,7 @@ def _placement(cfg: FacecastConfig, device: torch.device, opts: EngineOptions) -
         cap = int(opts.memory_cap_gb * 1e9)
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device.index or 0)
-    if not family_of(cfg).offloads:
+    if not family.offloads:
         return None
     offload = (
         OffloadConfig(
