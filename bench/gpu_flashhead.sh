@@ -272,7 +272,11 @@ EOF
 esac
 # a compile cache written in this call goes back, compressed (a file back is at most 16 MiB):
 # put it in .compile-cache/ here and carry that folder
+# (Pro's file is ~377 MB, compiled for an H100: it cannot pack under 16 MiB, and packing it took
+# the last ~100 s of a 600-s call, so a file over 128 MiB is only reported)
 for bin in $(find "$cc" -name '*.bin' -newer "$work/.call_start"); do
+  mb=$(du -m "$bin" | cut -f1)
+  [ "$mb" -le 128 ] || { echo "compile cache: $(basename "$bin") $mb MB, too large to come back"; continue; }
   xz=$out/compile-cache_$(basename "$bin").xz
   python3 -c "import lzma, shutil, sys
 with open(sys.argv[1], 'rb') as src, lzma.open(sys.argv[2], 'wb', preset=6) as dst: shutil.copyfileobj(src, dst)" "$bin" "$xz"

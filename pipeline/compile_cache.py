@@ -39,7 +39,7 @@ def artifacts_file(folder: str | Path, device: torch.device) -> Path:
         kind = torch.cuda.get_device_name(device)
     else:
         kind = device.type
-    name = re.sub(r"[^A-Za-z0-9._+-]+", "-", f"torch-{torch.__version__}_{kind}").strip("-")
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", f"torch-{torch.__version__}_{kind}").strip("-")
     return Path(folder) / f"{name}.bin"
 
 
