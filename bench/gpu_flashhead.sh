@@ -88,7 +88,9 @@ decode)  # the Wan VAE's decode schedules and layouts, one chunk
   python3 bench/wan_decode_bench.py --json "$out/wan_decode.json" 2>"$logs/wan_decode.log" \
     || { echo "decode bench FAILED"; tail -20 "$logs/wan_decode.log"; }
   ;;
-speed)  # MODELS="flashhead-pro flashhead-lite", FLAGS_LIST a ;-separated list of flag sets
+speed)  # MODELS="flashhead-pro flashhead-lite", FLAGS_LIST a ;-separated list of flag sets;
+  # FRESH_INDUCTOR=1: each bench with empty Inductor and Triton folders, as on a fresh machine,
+  # so a second run of the same flags starts from the --compile-cache file alone
   lite=; case "${MODELS:-}" in *lite*) lite=--lite;; esac
   [ -d "$work/float32/release/Model_Lite" ] || [ -d "$work/float32/release" -a -z "$lite" ] \
     || python3 -m pipeline.flashhead.random_release "$work/float32" --shape full $lite
@@ -99,8 +101,10 @@ speed)  # MODELS="flashhead-pro flashhead-lite", FLAGS_LIST a ;-separated list o
     for flags in "${flag_sets[@]}"; do
       name=$model$(echo "$flags" | tr -d ' -' | tr '=.' '__')
       clocks_start "$work/clocks_$name.csv"
+      fresh=(); [ -z "${FRESH_INDUCTOR:-}" ] || { d=$(mktemp -d); fresh=(env
+        "TORCHINDUCTOR_CACHE_DIR=$d/inductor" "TRITON_CACHE_DIR=$d/triton"); }
       # shellcheck disable=SC2086
-      timeout 560 python3 -m facecast bench $w $flags --json "$out/$name.json" 2>"$logs/$name.log" \
+      timeout 560 "${fresh[@]}" python3 -m facecast bench $w $flags --json "$out/$name.json" 2>"$logs/$name.log" \
         || { echo "FAILED $model $flags"; tail -5 "$logs/$name.log"; }
       clocks_stop "$work/clocks_$name.csv"
     done
