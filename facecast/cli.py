@@ -384,9 +384,12 @@ def cmd_gate(args: argparse.Namespace) -> int:
     report = gate.check(engine, args.baseline, args.tolerance_db)
     if args.precision != "default":
         report = gate.precision_tier(report, args.fp8_floor_db)
+    report.kernels = dict(engine.kernels)
     if args.json:
         Path(args.json).write_text(report.to_json())
     print(("PASS " if report.passed else "FAIL ") + report.message)
+    if report.kernels:
+        print("  (kernels: " + ", ".join(f"{k} {v}" for k, v in report.kernels.items()) + ")")
     return 0 if report.passed else 1
 
 

@@ -75,6 +75,9 @@ class GateReport:
     band_psnr_pooled: float | None = None
     # how far the lowest frame may fall under the band's lowest (criterion 2)
     worst_allowance_db: float | None = None
+    # the kernels the engine under test chose at start-up ({"self_attention": "fp8"}): a
+    # precision's verdict is the verdict on these
+    kernels: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)

@@ -945,3 +945,23 @@ def test_the_paced_bench_starts_each_step_when_a_microphone_would_have_its_audio
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     assert all(gap >= chunk - 0.01 for gap in gaps), (gaps, chunk)
     assert "steps paced as a live call's" in stream_summary(res)
+
+
+def test_the_gate_says_which_self_attention_its_verdict_is_on(release, tmp_path, capsys):
+    """`facecast gate` on a real model's layout: the report names the kernels the engine
+    under test chose (FlashHead: its self-attention), so a verdict is never read as one on
+    kernels that did not run."""
+    from facecast.cli import main
+
+    weights, wav2vec = release
+    report = tmp_path / "gate.json"
+    args = [
+        "gate", "--model", "flashhead-lite", "--weights", str(weights), "--wav2vec", str(wav2vec),
+        "--baseline", str(tmp_path / "base"), "--seconds", "1", "--device", "cpu",
+        "--set", "video.width=32", "--set", "video.height=32", "--json", str(report),
+    ]  # fmt: skip
+    assert main(args) == 0
+    verdict = json.loads(report.read_text())
+    assert verdict["tier"] == 1  # the same eager engine: every frame identical
+    assert verdict["kernels"] == {"self_attention": "sdpa"}  # bf16 keeps the exact SDPA
+    assert "self_attention sdpa" in capsys.readouterr().out
